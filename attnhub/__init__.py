@@ -1,0 +1,40 @@
+"""attnhub: exact scaled-dot-product attention, dispatched to the best backend for each request.
+
+Importing attnhub loads no framework (torch, tensorflow, jax, triton, poptorch): backends load
+their frameworks lazily, when a request of theirs arrives.
+"""
+
+from __future__ import annotations
+
+from attnhub.api import BackendRecord, attention, backends, explain
+from attnhub.backend import FEATURES, Backend
+from attnhub.dispatch import Explanation, use_backend
+from attnhub.errors import AttnhubError, BackendUnsupported, NoBackendError, SpecError
+from attnhub.hookspecs import hookimpl
+from attnhub.registry import REGISTRY
+from attnhub.request import Request
+from attnhub.rules import Causal, ExplicitMask, Full, Local
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FEATURES",
+    "REGISTRY",
+    "AttnhubError",
+    "Backend",
+    "BackendRecord",
+    "BackendUnsupported",
+    "Causal",
+    "ExplicitMask",
+    "Explanation",
+    "Full",
+    "Local",
+    "NoBackendError",
+    "Request",
+    "SpecError",
+    "attention",
+    "backends",
+    "explain",
+    "hookimpl",
+    "use_backend",
+]

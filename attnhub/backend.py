@@ -1,0 +1,121 @@
+"""The backend contract: what a backend declares, how it says no, and the calls the core makes.
+
+Backends receive canonical arrays of the caller's framework: q (B, Hq, Nq, Dqk), k (B, Hkv, Nk,
+Dqk), v (B, Hkv, Nk, Dv), the sequence flattened row-major (``req.seq_q`` keeps its shape), and an
+explicit mask, when there is one, as a rank-4 array broadcastable to (B, Hq, Nq, Nk). They return
+out (B, Hq, Nq, Dv) in the input dtype and lse (B, Hq, Nq) in float32 (float64 for float64).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from attnhub.frameworks import FLOAT_DTYPES
+from attnhub.request import Request
+from attnhub.rules import ExplicitMask
+
+#: Feature names a backend may declare in ``features``.
+FEATURES = (
+    "1d",
+    "2d",
+    "full",
+    "causal",
+    "local",
+    "explicit_mask",
+    "gqa",
+    "lse",
+    "backward",
+    "deterministic",
+    "tf32",
+)
+
+
+class Backend:
+    """Base class of every backend; override the class attributes and the two compute methods."""
+
+    name: ClassVar[str] = ""
+    priority: ClassVar[int] = 0
+    frameworks: ClassVar[tuple[str, ...]] = ()
+    device_types: ClassVar[tuple[str, ...]] = ("cpu",)
+    dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
+    features: ClassVar[frozenset[str]] = frozenset(
+        {"1d", "2d", "full", "causal", "local", "gqa", "lse"}
+    )
+    max_head_dim: ClassVar[int | None] = None
+    #: Name and version of what the backend runs on, for ``attnhub info``.
+    requires: ClassVar[tuple[str, ...]] = ()
+
+    def availability(self) -> str | None:
+        """None when the backend can run on this machine, else a reason a user can act on."""
+        return None
+
+    def version(self) -> str | None:
+        """Version of the framework or toolchain the backend runs on (for ``attnhub info``)."""
+        return None
+
+    def check(self, req: Request) -> list[str]:
+        """Reasons this backend cannot serve ``req``; an empty list means it can."""
+        reasons: list[str] = []
+        if req.framework not in self.frameworks:
+            reasons.append(
+                f"takes {', '.join(self.frameworks) or 'no'} arrays, got a {req.framework} array"
+            )
+        if req.device_type not in self.device_types:
+            reasons.append(
+                f"runs on {', '.join(self.device_types)} devices, the inputs are on {req.device}"
+            )
+        if req.dtype not in self.dtypes:
+            reasons.append(f"supports dtypes {', '.join(self.dtypes)}, got {req.dtype}")
+        feats = self.features
+        if f"{req.ndim}d" not in feats:
+            reasons.append(f"does not support {req.ndim}-d sequences")
+        rule = req.rule
+        if isinstance(rule, ExplicitMask):
+            if "explicit_mask" not in feats:
+                reasons.append("does not read explicit mask arrays; express the mask as a rule (Causal/Local)")
+        else:
+            kind = type(rule).__name__.lower()
+            if kind not in feats:
+                reasons.append(f"does not support the {kind} rule")
+        if req.heads_q != req.heads_kv and "gqa" not in feats:
+            reasons.append(f"needs Hq == Hkv (no GQA/MQA), got Hq={req.heads_q} Hkv={req.heads_kv}")
+        if req.return_lse and "lse" not in feats:
+            reasons.append("cannot return lse")
+        if req.needs_grad and "backward" not in feats:
+            reasons.append("has no backward; call it under torch.no_grad() or on tensors without grad")
+        if self.max_head_dim is not None and max(req.dim_qk, req.dim_v) > self.max_head_dim:
+            reasons.append(
+                f"head dims up to {self.max_head_dim}, got Dqk={req.dim_qk} Dv={req.dim_v}"
+            )
+        reasons.extend(self.extra_reasons(req))
+        return reasons
+
+    def extra_reasons(self, req: Request) -> list[str]:
+        """Backend-specific reasons beyond the declared attributes (override as needed)."""
+        return []
+
+    def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
+        """Compute (out, lse) on canonical arrays (see the module docstring)."""
+        raise NotImplementedError
+
+    def backward(
+        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
+    ) -> tuple[Any, Any, Any]:
+        """(dq, dk, dv) for upstream gradient ``dout``; called by the framework glue."""
+        raise NotImplementedError(f"backend {self.name!r} has no backward")
+
+    def run(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
+        """Forward, wrapped in the framework's autograd when gradients may be asked for."""
+        if "backward" in self.features:
+            if req.framework == "torch" and req.needs_grad:
+                from attnhub.glue.torch_autograd import run_with_autograd
+
+                return run_with_autograd(self, q, k, v, req, mask)
+            if req.framework == "tensorflow":
+                from attnhub.glue.tf_gradient import run_with_gradient
+
+                return run_with_gradient(self, q, k, v, req, mask)
+        return self.forward(q, k, v, req, mask)
+
+    def __repr__(self) -> str:
+        return f"<attnhub backend {self.name!r} priority={self.priority}>"

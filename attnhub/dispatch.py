@@ -1,0 +1,142 @@
+"""Choosing a backend for a request: overrides, capability checks, priority, a per-signature cache."""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from attnhub.backend import Backend
+from attnhub.errors import BackendUnsupported, NoBackendError
+from attnhub.registry import REGISTRY
+from attnhub.request import Request
+
+_forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("attnhub_backend", default=None)
+
+
+@contextmanager
+def use_backend(name: str) -> Iterator[None]:
+    """Within the block, ``backend="auto"`` means ``name`` (an explicit ``backend=`` still wins)."""
+    token = _forced.set(name)
+    try:
+        yield
+    finally:
+        _forced.reset(token)
+
+
+def _disabled() -> frozenset[str]:
+    raw = os.environ.get("ATTNHUB_DISABLE", "")
+    return frozenset(n.strip() for n in raw.split(",") if n.strip())
+
+
+@dataclass
+class Verdict:
+    """Why one backend was or was not chosen."""
+
+    name: str
+    priority: int
+    reasons: list[str]
+    chosen: bool = False
+
+
+@dataclass
+class Explanation:
+    """Result of :func:`attnhub.explain`: the chosen backend name and every backend's verdict."""
+
+    request: Request
+    mode: str
+    chosen: str | None
+    verdicts: list[Verdict] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"request: {self.request.describe()}", f"mode: {self.mode}"]
+        width = max([len(v.name) for v in self.verdicts] + [7])
+        lines.append(f"{'backend':<{width}}  prio  verdict")
+        for v in self.verdicts:
+            if v.chosen:
+                verdict = "CHOSEN"
+            elif not v.reasons:
+                verdict = "can run it (lower priority)"
+            else:
+                verdict = "; ".join(v.reasons)
+            lines.append(f"{v.name:<{width}}  {v.priority:>4}  {verdict}")
+        lines.append(f"chosen: {self.chosen or 'none'}")
+        return "\n".join(lines)
+
+
+def _mode(backend: str) -> tuple[str, str | None]:
+    """('explicit', name), ('forced', name) from use_backend/ATTNHUB_BACKEND, or ('auto', None)."""
+    if backend != "auto":
+        return "explicit", backend
+    forced = _forced.get()
+    if forced:
+        return "use_backend", forced
+    env = os.environ.get("ATTNHUB_BACKEND")
+    if env and env != "auto":
+        return "ATTNHUB_BACKEND", env
+    return "auto", None
+
+
+def backend_reasons(b: Backend, req: Request, disabled: frozenset[str]) -> list[str]:
+    """Every reason ``b`` cannot serve ``req`` (empty: it can)."""
+    if b.name in disabled:
+        return ["disabled by ATTNHUB_DISABLE"]
+    why = b.availability()
+    if why:
+        return [f"unavailable: {why}"]
+    return b.check(req)
+
+
+def explain_request(req: Request, backend: str = "auto") -> Explanation:
+    """Evaluate every registered backend for ``req`` and say which one runs it."""
+    mode, name = _mode(backend)
+    disabled = _disabled()
+    table = REGISTRY.backends()
+    verdicts = [Verdict(b.name, b.priority, backend_reasons(b, req, disabled)) for b in table.values()]
+    chosen: str | None = None
+    if name is not None:
+        if name not in table:
+            verdicts.append(Verdict(name, 0, ["no backend of that name is registered"]))
+        else:
+            v = next(v for v in verdicts if v.name == name)
+            chosen = name if not v.reasons else None
+    else:
+        chosen = next((v.name for v in verdicts if not v.reasons), None)
+    for v in verdicts:
+        v.chosen = v.name == chosen
+    return Explanation(req, mode, chosen, verdicts)
+
+
+class Dispatcher:
+    """Caches the chosen backend per (request signature, overrides); safe to share across threads."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple, Backend] = {}
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+    def choose(self, req: Request, backend: str = "auto") -> Backend:
+        key = (req, backend, _forced.get(), os.environ.get("ATTNHUB_BACKEND"), os.environ.get("ATTNHUB_DISABLE"))
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        exp = explain_request(req, backend)
+        if exp.chosen is None:
+            mode, name = _mode(backend)
+            if name is not None:
+                reasons = next(v.reasons for v in exp.verdicts if v.name == name)
+                raise BackendUnsupported(name, reasons)
+            raise NoBackendError({v.name: v.reasons for v in exp.verdicts})
+        chosen = REGISTRY.backends()[exp.chosen]
+        with self._lock:
+            self._cache[key] = chosen
+        return chosen
+
+
+DISPATCHER = Dispatcher()

@@ -1,0 +1,1 @@
+"""Framework autograd glue: wraps a backend's forward and backward for torch, TensorFlow and JAX."""

@@ -1,0 +1,86 @@
+"""Positions on the common grid (SPEC §2) and rule evaluation from positions (SPEC §3), in NumPy.
+
+These functions are the single written-down form of the mask semantics: the reference backend,
+`show-mask` and the tests use them, and other backends may too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnhub.errors import SpecError
+from attnhub.rules import SYNC_MODES, Causal, Full, Local, Rule
+
+
+def axis_positions(lq: int, lk: int, sync: str) -> tuple[np.ndarray, np.ndarray]:
+    """Query and key positions along one sequence dimension under ``sync``."""
+    m = max(lq, lk)
+    i = np.arange(lq, dtype=np.int64)
+    j = np.arange(lk, dtype=np.int64)
+    if sync == "none_front":
+        return i, j
+    if sync == "none_end":
+        return i + (m - lq), j + (m - lk)
+    sq = m // lq if lq else 1
+    sk = m // lk if lk else 1
+    if sync == "scale_front":
+        return i * sq, j * sk
+    if sync == "scale_end":
+        return (i + 1) * sq - 1, (j + 1) * sk - 1
+    raise SpecError("sync", "one of " + ", ".join(SYNC_MODES), sync)
+
+
+def grid_positions(
+    seq_q: tuple[int, ...], seq_k: tuple[int, ...], sync: str
+) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray, np.ndarray]:
+    """Per-dimension positions of every (row-major flattened) query and key, and flat indices.
+
+    Returns ``(pq, pk, fq, fk)``: ``pq[d]`` has one entry per flattened query, ``fq`` is the flat
+    index on the common grid (row-major over ``M_d = max(Lq_d, Lk_d)``).
+    """
+    axes = [axis_positions(a, b, sync) for a, b in zip(seq_q, seq_k, strict=True)]
+    grids_q = np.meshgrid(*[a[0] for a in axes], indexing="ij")
+    grids_k = np.meshgrid(*[a[1] for a in axes], indexing="ij")
+    pq = [g.reshape(-1) for g in grids_q]
+    pk = [g.reshape(-1) for g in grids_k]
+    extents = [max(a, b) for a, b in zip(seq_q, seq_k, strict=True)]
+    fq = np.zeros(pq[0].shape if pq else (1,), dtype=np.int64)
+    fk = np.zeros(pk[0].shape if pk else (1,), dtype=np.int64)
+    for d, m in enumerate(extents):
+        fq = fq * m + pq[d]
+        fk = fk * m + pk[d]
+    return pq, pk, fq, fk
+
+
+def rule_mask(
+    rule: Rule,
+    pq: list[np.ndarray],
+    pk: list[np.ndarray],
+    fq: np.ndarray,
+    fk: np.ndarray,
+) -> np.ndarray:
+    """Boolean ``len(fq) x len(fk)`` matrix: True where the query attends the key."""
+    shape = (fq.shape[0], fk.shape[0])
+    if isinstance(rule, Full):
+        return np.ones(shape, dtype=bool)
+    if isinstance(rule, Causal):
+        return fq[:, None] >= fk[None, :]
+    if isinstance(rule, Local):
+        windows = rule.windows(len(pq))
+        s = rule.stride
+        keep = np.ones(shape, dtype=bool)
+        for d, w in enumerate(windows):
+            delta = np.abs(pq[d][:, None] - pk[d][None, :])
+            keep &= (delta % s == 0) & (delta // s < w)
+        if rule.causal:
+            keep &= fq[:, None] >= fk[None, :]
+        return keep
+    raise TypeError(f"rule_mask cannot evaluate {rule!r}")
+
+
+def dense_rule_mask(
+    rule: Rule, seq_q: tuple[int, ...], seq_k: tuple[int, ...], sync: str
+) -> np.ndarray:
+    """The whole ``Nq x Nk`` boolean mask of a rule (small sizes: tests and show-mask)."""
+    pq, pk, fq, fk = grid_positions(seq_q, seq_k, sync)
+    return rule_mask(rule, pq, pk, fq, fk)

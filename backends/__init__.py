@@ -1,0 +1,1 @@
+"""attnhub's built-in backends, importable as ``attnhub_backends.<name>``."""
