@@ -1,0 +1,45 @@
+# Quick start: `make demo` (CPU backends demo) and `make test` (ruff + the whole test suite).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip install -q -c constraints-ci.txt
+# Backends certified with --quick on the CPU by `make test` (CI).
+CPU_BACKENDS := reference
+
+.PHONY: demo test lint certify-quick gpu-test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.demo: $(BIN)/python pyproject.toml constraints-ci.txt
+	$(PIP) -e ".[cpu,viz]"
+	touch $@
+
+$(VENV)/.dev: $(BIN)/python pyproject.toml constraints-ci.txt
+	$(PIP) -e ".[dev]"
+	touch $@
+
+demo: $(VENV)/.demo
+	$(BIN)/attnhub demo
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/python -m pytest -q
+	$(MAKE) certify-quick
+
+certify-quick: $(VENV)/.dev
+	@set -e; for b in $(CPU_BACKENDS); do \
+		echo "== attnhub certify $$b --quick"; \
+		$(BIN)/attnhub certify $$b --quick --report reports/$$b-quick; \
+	done
+
+# On a machine with an NVIDIA GPU (the device machine): the GPU-marked tests.
+gpu-test:
+	python -m pytest -q -m gpu
+
+clean:
+	rm -rf $(VENV) reports .pytest_cache
