@@ -1,0 +1,77 @@
+"""The ``triton`` backend class: what it declares, when it says no, and the calls into ``launch``."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, ClassVar
+
+from attnhub.backend import Backend
+from attnhub.request import Request
+from attnhub_backends.triton.loader import interpret_mode
+
+
+class TritonBackend(Backend):
+    """FlashAttention-2 in Triton for torch CUDA tensors (CPU tensors under ``TRITON_INTERPRET=1``)."""
+
+    name: ClassVar[str] = "triton"
+    priority: ClassVar[int] = 100
+    frameworks: ClassVar[tuple[str, ...]] = ("torch",)
+    dtypes: ClassVar[tuple[str, ...]] = ("float16", "bfloat16", "float32")
+    features: ClassVar[frozenset[str]] = frozenset(
+        {"1d", "2d", "full", "causal", "local", "gqa", "lse", "backward", "deterministic"}
+    )
+    max_head_dim: ClassVar[int | None] = 256
+    requires: ClassVar[tuple[str, ...]] = ("torch", "triton")
+
+    @property  # type: ignore[override]
+    def device_types(self) -> tuple[str, ...]:
+        """CUDA devices; also the CPU while ``TRITON_INTERPRET=1`` (Triton's interpreter, for CI)."""
+        return ("cuda", "cpu") if interpret_mode() else ("cuda",)
+
+    def availability(self) -> str | None:
+        for mod in ("torch", "triton"):
+            if importlib.util.find_spec(mod) is None:
+                return f"{mod} is not installed: pip install 'attnhub[triton]'"
+        if interpret_mode():
+            return None
+        import torch
+
+        if not torch.cuda.is_available():
+            return (
+                "no CUDA GPU is visible to torch (set TRITON_INTERPRET=1 to run the kernels "
+                "slowly on the CPU under Triton's interpreter)"
+            )
+        return None
+
+    def version(self) -> str | None:
+        try:
+            import triton
+
+            return f"triton {triton.__version__}" + (" (interpreter)" if interpret_mode() else "")
+        except ImportError:
+            return None
+
+    def extra_reasons(self, req: Request) -> list[str]:
+        reasons: list[str] = []
+        if req.device_type == "cuda" and req.dtype == "bfloat16" and not interpret_mode():
+            import torch
+
+            index = int(req.device.split(":", 1)[1]) if ":" in req.device else None
+            major, minor = torch.cuda.get_device_capability(index)
+            if major < 8:
+                reasons.append(f"bfloat16 needs compute capability 8.0 or newer, the GPU has {major}.{minor}")
+        if req.nq >= (1 << 31) or req.nk >= (1 << 31):
+            reasons.append("sequence lengths must stay under 2**31 (int32 positions)")
+        return reasons
+
+    def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
+        from attnhub_backends.triton import launch
+
+        return launch.forward(q, k, v, req)
+
+    def backward(
+        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
+    ) -> tuple[Any, Any, Any]:
+        from attnhub_backends.triton import launch
+
+        return launch.backward(q, k, v, out, lse, dout, req)

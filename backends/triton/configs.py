@@ -1,0 +1,126 @@
+"""Tile shapes, warps and pipeline stages: small candidate sets per GPU family, a short tuner.
+
+The first candidate of a set is the default. On a CUDA device, a request whose work is large enough
+times each candidate once (a few runs, median) and keeps the fastest per signature bucket, so that
+tuning stays short; ``ATTNHUB_TRITON_TUNE=0`` turns tuning off. Under the interpreter one small
+shape is used (block shapes differ between query and key tiles to exercise the tile plans).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Cfg:
+    """Query tile rows ``bm``, key tile rows ``bn``, warps and software-pipelining stages."""
+
+    bm: int
+    bn: int
+    warps: int = 4
+    stages: int = 2
+
+
+INTERPRET = {"fwd": Cfg(32, 16, 1, 1), "dkdv": Cfg(16, 32, 1, 1), "dq": Cfg(32, 16, 1, 1)}
+
+# (kernel, head-dim bucket, element size) -> candidates; for Hopper (sm90) and Ampere/Ada alike,
+# Hopper gets the deeper pipelines first.
+_HOPPER: dict[tuple[str, int, int], list[Cfg]] = {
+    ("fwd", 64, 2): [Cfg(128, 64, 4, 3), Cfg(128, 128, 8, 3), Cfg(128, 64, 4, 4), Cfg(64, 64, 4, 3)],
+    ("fwd", 128, 2): [Cfg(128, 64, 8, 3), Cfg(128, 128, 8, 3), Cfg(128, 64, 4, 3), Cfg(64, 64, 4, 3)],
+    ("fwd", 256, 2): [Cfg(64, 64, 4, 2), Cfg(128, 64, 8, 2), Cfg(64, 32, 4, 2)],
+    ("fwd", 64, 4): [Cfg(64, 64, 4, 2), Cfg(64, 32, 4, 2), Cfg(128, 32, 8, 2)],
+    ("fwd", 128, 4): [Cfg(64, 32, 4, 2), Cfg(64, 64, 8, 2), Cfg(32, 32, 4, 2)],
+    ("fwd", 256, 4): [Cfg(32, 32, 4, 1), Cfg(64, 32, 8, 1), Cfg(32, 16, 4, 1)],
+    ("dkdv", 64, 2): [Cfg(32, 128, 4, 3), Cfg(64, 128, 8, 3), Cfg(64, 64, 4, 3)],
+    ("dkdv", 128, 2): [Cfg(32, 128, 4, 3), Cfg(64, 128, 8, 2), Cfg(64, 64, 4, 2)],
+    ("dkdv", 256, 2): [Cfg(32, 64, 4, 1), Cfg(64, 64, 8, 1), Cfg(32, 32, 4, 1)],
+    ("dkdv", 64, 4): [Cfg(32, 64, 4, 2), Cfg(32, 32, 4, 2)],
+    ("dkdv", 128, 4): [Cfg(32, 64, 4, 1), Cfg(32, 32, 4, 2)],
+    ("dkdv", 256, 4): [Cfg(16, 32, 4, 1), Cfg(32, 32, 8, 1)],
+    ("dq", 64, 2): [Cfg(128, 32, 4, 3), Cfg(128, 64, 8, 3), Cfg(64, 64, 4, 3)],
+    ("dq", 128, 2): [Cfg(128, 32, 4, 3), Cfg(128, 64, 8, 2), Cfg(64, 64, 4, 2)],
+    ("dq", 256, 2): [Cfg(64, 32, 4, 1), Cfg(64, 64, 8, 1), Cfg(32, 32, 4, 1)],
+    ("dq", 64, 4): [Cfg(64, 32, 4, 2), Cfg(32, 32, 4, 2)],
+    ("dq", 128, 4): [Cfg(64, 32, 4, 1), Cfg(32, 32, 4, 2)],
+    ("dq", 256, 4): [Cfg(32, 16, 4, 1), Cfg(32, 32, 8, 1)],
+}
+
+
+def _older(cfg: Cfg) -> Cfg:
+    """Pre-Hopper parts have less shared memory: fewer stages."""
+    return Cfg(cfg.bm, cfg.bn, cfg.warps, max(1, min(cfg.stages, 2)))
+
+
+def candidates(kernel: str, head_dim: int, elem_size: int, capability: tuple[int, int]) -> list[Cfg]:
+    """Candidate configs, default first, for a padded head dim and element size."""
+    bucket = 64 if head_dim <= 64 else 128 if head_dim <= 128 else 256
+    found = _HOPPER[(kernel, bucket, 4 if elem_size >= 4 else 2)]
+    if capability[0] < 9:
+        found = list(dict.fromkeys(_older(c) for c in found))
+    return found
+
+
+def tuning_enabled() -> bool:
+    return os.environ.get("ATTNHUB_TRITON_TUNE", "1") != "0"
+
+
+def bucket(n: int) -> int:
+    """Power-of-two bucket of a length, for tuning keys."""
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+_CHOSEN: dict[tuple, Cfg] = {}
+
+
+def choose(key: tuple, cands: list[Cfg], run: Callable[[Cfg], object], work: int) -> Cfg:
+    """The tuned config for ``key``: time each candidate with ``run`` when ``work`` is large."""
+    hit = _CHOSEN.get(key)
+    if hit is not None:
+        return hit
+    if not tuning_enabled() or work < (1 << 26) or len(cands) == 1:
+        # Small problems: the default, falling back to the next candidate if it does not compile.
+        for cfg in cands:
+            try:
+                run(cfg)
+            except Exception as exc:  # noqa: BLE001 - out of resources on this part
+                if "OutOfResources" not in type(exc).__name__ and "resources" not in str(exc):
+                    raise
+                continue
+            _CHOSEN[key] = cfg
+            return cfg
+        raise RuntimeError(f"no Triton config fits this GPU for {key}")
+    import torch
+
+    best, best_ms = None, math.inf
+    for cfg in cands:
+        try:
+            run(cfg)  # compile and warm up
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(5):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                run(cfg)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+        except Exception as exc:  # noqa: BLE001
+            if "OutOfResources" not in type(exc).__name__ and "resources" not in str(exc):
+                raise
+            continue
+        ms = sorted(times)[len(times) // 2]
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    if best is None:
+        raise RuntimeError(f"no Triton config fits this GPU for {key}")
+    _CHOSEN[key] = best
+    return best
+
+
+def chosen() -> dict[tuple, Cfg]:
+    """The configs picked so far (for benchmark reports)."""
+    return dict(_CHOSEN)

@@ -1,0 +1,673 @@
+"""Triton kernels: FlashAttention-2 forward, backward preprocess, dk/dv and dq, with rule masks.
+
+Masks are evaluated in the kernel from positions (SPEC §2-3); no mask tensor is read. Each query
+tile (forward, dq) or key tile (dk/dv) visits a contiguous run of tiles that need no mask, then a
+list of tiles that do (see ``plan.py``); tiles a rule masks entirely are never visited.
+Logits are kept in the log2 domain (``log2(e)`` folded into the scale) so that ``exp2`` is used.
+
+This module is executed once per mode (compiled or ``TRITON_INTERPRET=1``) by ``loader.py``.
+"""
+
+import triton
+import triton.language as tl
+
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """IEEE: 0 = the dtype's tensor-core product, 1 = exact float32 (no tf32), 2 = upcast first
+    (Triton's interpreter multiplies bfloat16 operands wrongly)."""
+    if IEEE == 1:
+        return tl.dot(a, b, input_precision="ieee")
+    elif IEEE == 2:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _keep(
+    offs_m,
+    offs_n,
+    Nk,
+    XQ,
+    XK,
+    AQY,
+    BQY,
+    AKY,
+    BKY,
+    AQX,
+    BQX,
+    AKX,
+    BKX,
+    MX,
+    WY,
+    WX,
+    NDIM: tl.constexpr,
+    RULE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    LOG2S: tl.constexpr,
+):
+    """Boolean (len(offs_m), len(offs_n)) tile: query attends key, by the rule, from positions."""
+    keep = (offs_n < Nk)[None, :] & (offs_m >= 0)[:, None]
+    if NDIM == 2:
+        pqy = AQY * (offs_m // XQ) + BQY
+        pky = AKY * (offs_n // XK) + BKY
+        pqx = AQX * (offs_m % XQ) + BQX
+        pkx = AKX * (offs_n % XK) + BKX
+    else:
+        pqy = offs_m * 0
+        pky = offs_n * 0
+        pqx = AQX * offs_m + BQX
+        pkx = AKX * offs_n + BKX
+    if CAUSAL:
+        fq = pqy * MX + pqx
+        fk = pky * MX + pkx
+        keep = keep & (fq[:, None] >= fk[None, :])
+    if RULE == 2:
+        dx = tl.abs(pqx[:, None] - pkx[None, :])
+        keep = keep & ((dx & ((1 << LOG2S) - 1)) == 0) & ((dx >> LOG2S) < WX)
+        if NDIM == 2:
+            dy = tl.abs(pqy[:, None] - pky[None, :])
+            keep = keep & ((dy & ((1 << LOG2S) - 1)) == 0) & ((dy >> LOG2S) < WY)
+    return keep
+
+
+@triton.jit
+def _fwd_step(
+    q,
+    k_base,
+    v_base,
+    start_n,
+    offs_m,
+    offs_n,
+    offs_dq,
+    offs_dv,
+    m_i,
+    l_i,
+    acc,
+    qk_scale,
+    skn,
+    skd,
+    svn,
+    svd,
+    Nk,
+    XQ,
+    XK,
+    AQY,
+    BQY,
+    AKY,
+    BKY,
+    AQX,
+    BQX,
+    AKX,
+    BKX,
+    MX,
+    WY,
+    WX,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    BDQK: tl.constexpr,
+    BDV: tl.constexpr,
+    MASKED: tl.constexpr,
+    NDIM: tl.constexpr,
+    RULE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    LOG2S: tl.constexpr,
+    IEEE: tl.constexpr,
+    NEG: tl.constexpr,
+):
+    cols = start_n + offs_n
+    kv_ok = cols < Nk if MASKED else cols >= 0  # noqa: SIM108 - constexpr branch
+    k_mask = kv_ok[None, :]
+    v_mask = kv_ok[:, None]
+    if BDQK != DQK:
+        k_mask = k_mask & (offs_dq < DQK)[:, None]
+    if BDV != DV:
+        v_mask = v_mask & (offs_dv < DV)[None, :]
+    kt = tl.load(k_base + cols[None, :] * skn + offs_dq[:, None] * skd, mask=k_mask, other=0.0)
+    qk = _dot(q, kt, IEEE)
+    if MASKED:
+        keep = _keep(
+            offs_m, cols, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
+            NDIM, RULE, CAUSAL, LOG2S,
+        )  # fmt: skip
+        qk = tl.where(keep, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_use[:, None])
+    elif not NEG:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_use = m_new
+        p = tl.math.exp2(qk * qk_scale - m_use[:, None])
+    else:
+        qk = qk * qk_scale
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_use = m_new
+        p = tl.math.exp2(qk - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_base + cols[:, None] * svn + offs_dv[None, :] * svd, mask=v_mask, other=0.0)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def fwd_kernel(
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    PLAN,
+    plan_stride,
+    sqb,
+    sqh,
+    sqn,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    sob,
+    soh,
+    son,
+    sod,
+    H,
+    GROUP,
+    Nq,
+    Nk,
+    qk_scale,
+    XQ,
+    XK,
+    AQY,
+    BQY,
+    AKY,
+    BKY,
+    AQX,
+    BQX,
+    AKX,
+    BKX,
+    MX,
+    WY,
+    WX,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    BDQK: tl.constexpr,
+    BDV: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    NDIM: tl.constexpr,
+    RULE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    LOG2S: tl.constexpr,
+    IEEE: tl.constexpr,
+    NEG: tl.constexpr,
+):
+    """One (query tile, head, batch) program: out and natural-log lse of its rows."""
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heavy (late) tiles first under causal
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    hk = h // GROUP
+    q_base = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
+    k_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
+    v_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = tl.arange(0, BN)
+    offs_dq = tl.arange(0, BDQK)
+    offs_dv = tl.arange(0, BDV)
+    q = tl.load(
+        q_base + offs_m[:, None] * sqn + offs_dq[None, :] * sqd,
+        mask=(offs_m < Nq)[:, None] & (offs_dq < DQK)[None, :],
+        other=0.0,
+    )
+    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    acc = tl.zeros([BM, BDV], dtype=tl.float32)
+    row = PLAN + pid_m * plan_stride
+    full_lo = tl.load(row)
+    full_hi = tl.load(row + 1)
+    count = tl.load(row + 2)
+    for t in range(0, count):
+        start_n = tl.load(row + 3 + t) * BN
+        m_i, l_i, acc = _fwd_step(
+            q, k_base, v_base, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc, qk_scale,
+            skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
+            DQK, DV, BDQK, BDV, True, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG,
+        )  # fmt: skip
+    for start_n in range(full_lo * BN, full_hi * BN, BN):
+        m_i, l_i, acc = _fwd_step(
+            q, k_base, v_base, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc, qk_scale,
+            skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
+            DQK, DV, BDQK, BDV, False, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG,
+        )  # fmt: skip
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    o_base = O + b.to(tl.int64) * sob + h.to(tl.int64) * soh
+    tl.store(
+        o_base + offs_m[:, None] * son + offs_dv[None, :] * sod,
+        out.to(O.dtype.element_ty),
+        mask=(offs_m < Nq)[:, None] & (offs_dv < DV)[None, :],
+    )
+    lse_base = LSE + (b.to(tl.int64) * tl.num_programs(1) + h) * Nq
+    tl.store(lse_base + offs_m, lse, mask=offs_m < Nq)
+
+
+@triton.jit
+def bwd_prep_kernel(
+    O,
+    DO,
+    LSE,
+    DELTA,
+    LSE2,
+    sob,
+    soh,
+    son,
+    sod,
+    sdb,
+    sdh,
+    sdn,
+    sdd,
+    H,
+    Nq,
+    DV: tl.constexpr,
+    BDV: tl.constexpr,
+    BM: tl.constexpr,
+):
+    """delta = rowsum(dO * O); lse2 = lse * log2(e), with +inf for fully masked rows (p = 0)."""
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, BDV)
+    msk = (offs_m < Nq)[:, None] & (offs_d < DV)[None, :]
+    o = tl.load(
+        O + b.to(tl.int64) * sob + h.to(tl.int64) * soh + offs_m[:, None] * son + offs_d[None, :] * sod,
+        mask=msk,
+        other=0.0,
+    ).to(tl.float32)
+    do = tl.load(
+        DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh + offs_m[:, None] * sdn + offs_d[None, :] * sdd,
+        mask=msk,
+        other=0.0,
+    ).to(tl.float32)
+    delta = tl.sum(o * do, 1)
+    row = (b.to(tl.int64) * H + h) * Nq + offs_m
+    lse = tl.load(LSE + row, mask=offs_m < Nq, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    tl.store(DELTA + row, delta, mask=offs_m < Nq)
+    tl.store(LSE2 + row, lse2, mask=offs_m < Nq)
+
+
+@triton.jit
+def _dkdv_step(
+    k,
+    v,
+    dk,
+    dv,
+    q_base,
+    do_base,
+    lse2_base,
+    delta_base,
+    start_m,
+    offs_n,
+    offs_mb,
+    offs_dq,
+    offs_dv,
+    qk_scale,
+    sqn,
+    sqd,
+    sdn,
+    sdd,
+    Nq,
+    Nk,
+    XQ,
+    XK,
+    AQY,
+    BQY,
+    AKY,
+    BKY,
+    AQX,
+    BQX,
+    AKX,
+    BKX,
+    MX,
+    WY,
+    WX,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    MASKED: tl.constexpr,
+    NDIM: tl.constexpr,
+    RULE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    LOG2S: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    rows = start_m + offs_mb
+    ok = rows < Nq
+    q = tl.load(
+        q_base + rows[:, None] * sqn + offs_dq[None, :] * sqd,
+        mask=ok[:, None] & (offs_dq < DQK)[None, :],
+        other=0.0,
+    )
+    do = tl.load(
+        do_base + rows[:, None] * sdn + offs_dv[None, :] * sdd,
+        mask=ok[:, None] & (offs_dv < DV)[None, :],
+        other=0.0,
+    )
+    lse2 = tl.load(lse2_base + rows, mask=ok, other=float("inf"))
+    delta = tl.load(delta_base + rows, mask=ok, other=0.0)
+    qkt = _dot(k, tl.trans(q), IEEE)  # (BN, BM)
+    pt = tl.math.exp2(qkt * qk_scale - lse2[None, :])
+    if MASKED:
+        keep = _keep(
+            rows, offs_n, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
+            NDIM, RULE, CAUSAL, LOG2S,
+        )  # fmt: skip
+        pt = tl.where(tl.trans(keep), pt, 0.0)
+    dv += _dot(pt.to(do.dtype), do, IEEE)
+    dpt = _dot(v, tl.trans(do), IEEE)
+    dst = pt * (dpt - delta[None, :])
+    dk += _dot(dst.to(q.dtype), q, IEEE)
+    return dk, dv
+
+
+@triton.jit
+def dkdv_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE2,
+    DELTA,
+    DK,
+    DV_,
+    PLAN,
+    plan_stride,
+    sqb,
+    sqh,
+    sqn,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    sdb,
+    sdh,
+    sdn,
+    sdd,
+    HQ,
+    HKV,
+    GROUP,
+    Nq,
+    Nk,
+    qk_scale,
+    sm_scale,
+    XQ,
+    XK,
+    AQY,
+    BQY,
+    AKY,
+    BKY,
+    AQX,
+    BQX,
+    AKX,
+    BKX,
+    MX,
+    WY,
+    WX,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    BDQK: tl.constexpr,
+    BDV: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    NDIM: tl.constexpr,
+    RULE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    LOG2S: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """One (key tile, kv head, batch) program: dk and dv summed over the query heads of its group."""
+    pid_n = tl.program_id(0)
+    hk = tl.program_id(1)
+    b = tl.program_id(2)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_mb = tl.arange(0, BM)
+    offs_dq = tl.arange(0, BDQK)
+    offs_dv = tl.arange(0, BDV)
+    n_ok = offs_n < Nk
+    k = tl.load(
+        K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh + offs_n[:, None] * skn + offs_dq[None, :] * skd,
+        mask=n_ok[:, None] & (offs_dq < DQK)[None, :],
+        other=0.0,
+    )
+    v = tl.load(
+        V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh + offs_n[:, None] * svn + offs_dv[None, :] * svd,
+        mask=n_ok[:, None] & (offs_dv < DV)[None, :],
+        other=0.0,
+    )
+    dk = tl.zeros([BN, BDQK], dtype=tl.float32)
+    dv = tl.zeros([BN, BDV], dtype=tl.float32)
+    row = PLAN + pid_n * plan_stride
+    full_lo = tl.load(row)
+    full_hi = tl.load(row + 1)
+    count = tl.load(row + 2)
+    for g in range(0, GROUP):
+        h = hk * GROUP + g
+        q_base = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
+        do_base = DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh
+        lse2_base = LSE2 + (b.to(tl.int64) * HQ + h) * Nq
+        delta_base = DELTA + (b.to(tl.int64) * HQ + h) * Nq
+        for t in range(0, count):
+            start_m = tl.load(row + 3 + t) * BM
+            dk, dv = _dkdv_step(
+                k, v, dk, dv, q_base, do_base, lse2_base, delta_base, start_m, offs_n, offs_mb,
+                offs_dq, offs_dv, qk_scale, sqn, sqd, sdn, sdd, Nq, Nk, XQ, XK, AQY, BQY, AKY, BKY,
+                AQX, BQX, AKX, BKX, MX, WY, WX, DQK, DV, True, NDIM, RULE, CAUSAL, LOG2S, IEEE,
+            )  # fmt: skip
+        for start_m in range(full_lo * BM, full_hi * BM, BM):
+            dk, dv = _dkdv_step(
+                k, v, dk, dv, q_base, do_base, lse2_base, delta_base, start_m, offs_n, offs_mb,
+                offs_dq, offs_dv, qk_scale, sqn, sqd, sdn, sdd, Nq, Nk, XQ, XK, AQY, BQY, AKY, BKY,
+                AQX, BQX, AKX, BKX, MX, WY, WX, DQK, DV, False, NDIM, RULE, CAUSAL, LOG2S, IEEE,
+            )  # fmt: skip
+    dk = dk * sm_scale
+    base = (b.to(tl.int64) * HKV + hk) * Nk
+    tl.store(
+        DK + (base + offs_n[:, None]) * DQK + offs_dq[None, :],
+        dk.to(DK.dtype.element_ty),
+        mask=n_ok[:, None] & (offs_dq < DQK)[None, :],
+    )
+    tl.store(
+        DV_ + (base + offs_n[:, None]) * DV + offs_dv[None, :],
+        dv.to(DV_.dtype.element_ty),
+        mask=n_ok[:, None] & (offs_dv < DV)[None, :],
+    )
+
+
+@triton.jit
+def _dq_step(
+    q,
+    do,
+    dq,
+    lse2,
+    delta,
+    k_base,
+    v_base,
+    start_n,
+    offs_m,
+    offs_n,
+    offs_dq,
+    offs_dv,
+    qk_scale,
+    skn,
+    skd,
+    svn,
+    svd,
+    Nk,
+    XQ,
+    XK,
+    AQY,
+    BQY,
+    AKY,
+    BKY,
+    AQX,
+    BQX,
+    AKX,
+    BKX,
+    MX,
+    WY,
+    WX,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    MASKED: tl.constexpr,
+    NDIM: tl.constexpr,
+    RULE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    LOG2S: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    cols = start_n + offs_n
+    ok = cols < Nk
+    kt = tl.load(
+        k_base + cols[None, :] * skn + offs_dq[:, None] * skd,
+        mask=ok[None, :] & (offs_dq < DQK)[:, None],
+        other=0.0,
+    )
+    vt = tl.load(
+        v_base + cols[None, :] * svn + offs_dv[:, None] * svd,
+        mask=ok[None, :] & (offs_dv < DV)[:, None],
+        other=0.0,
+    )
+    qk = _dot(q, kt, IEEE)
+    p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+    if MASKED:
+        keep = _keep(
+            offs_m, cols, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
+            NDIM, RULE, CAUSAL, LOG2S,
+        )  # fmt: skip
+        p = tl.where(keep, p, 0.0)
+    dp = _dot(do, vt, IEEE)
+    ds = p * (dp - delta[:, None])
+    dq += _dot(ds.to(kt.dtype), tl.trans(kt), IEEE)
+    return dq
+
+
+@triton.jit
+def dq_kernel(
+    Q,
+    K,
+    V,
+    DO,
+    LSE2,
+    DELTA,
+    DQ,
+    PLAN,
+    plan_stride,
+    sqb,
+    sqh,
+    sqn,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    sdb,
+    sdh,
+    sdn,
+    sdd,
+    HQ,
+    GROUP,
+    Nq,
+    Nk,
+    qk_scale,
+    sm_scale,
+    XQ,
+    XK,
+    AQY,
+    BQY,
+    AKY,
+    BKY,
+    AQX,
+    BQX,
+    AKX,
+    BKX,
+    MX,
+    WY,
+    WX,
+    DQK: tl.constexpr,
+    DV: tl.constexpr,
+    BDQK: tl.constexpr,
+    BDV: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    NDIM: tl.constexpr,
+    RULE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    LOG2S: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """One (query tile, head, batch) program: dq of its rows."""
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    hk = h // GROUP
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = tl.arange(0, BN)
+    offs_dq = tl.arange(0, BDQK)
+    offs_dv = tl.arange(0, BDV)
+    ok = offs_m < Nq
+    q = tl.load(
+        Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + offs_m[:, None] * sqn + offs_dq[None, :] * sqd,
+        mask=ok[:, None] & (offs_dq < DQK)[None, :],
+        other=0.0,
+    )
+    do = tl.load(
+        DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh + offs_m[:, None] * sdn + offs_dv[None, :] * sdd,
+        mask=ok[:, None] & (offs_dv < DV)[None, :],
+        other=0.0,
+    )
+    row_base = (b.to(tl.int64) * HQ + h) * Nq
+    lse2 = tl.load(LSE2 + row_base + offs_m, mask=ok, other=float("inf"))
+    delta = tl.load(DELTA + row_base + offs_m, mask=ok, other=0.0)
+    k_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
+    v_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
+    dq = tl.zeros([BM, BDQK], dtype=tl.float32)
+    row = PLAN + pid_m * plan_stride
+    full_lo = tl.load(row)
+    full_hi = tl.load(row + 1)
+    count = tl.load(row + 2)
+    for t in range(0, count):
+        start_n = tl.load(row + 3 + t) * BN
+        dq = _dq_step(
+            q, do, dq, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_dq, offs_dv, qk_scale,
+            skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
+            DQK, DV, True, NDIM, RULE, CAUSAL, LOG2S, IEEE,
+        )  # fmt: skip
+    for start_n in range(full_lo * BN, full_hi * BN, BN):
+        dq = _dq_step(
+            q, do, dq, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_dq, offs_dv, qk_scale,
+            skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
+            DQK, DV, False, NDIM, RULE, CAUSAL, LOG2S, IEEE,
+        )  # fmt: skip
+    dq = dq * sm_scale
+    tl.store(
+        DQ + (row_base + offs_m[:, None]) * DQK + offs_dq[None, :],
+        dq.to(DQ.dtype.element_ty),
+        mask=ok[:, None] & (offs_dq < DQK)[None, :],
+    )

@@ -1,0 +1,179 @@
+"""Host side: mask parameters from the request, tile plans, configs, and the kernel launches."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from attnhub.request import Request
+from attnhub.rules import Causal, Full, Local
+from attnhub_backends.triton import configs, plan
+from attnhub_backends.triton.loader import interpret_mode, kernels
+
+LOG2E = 1.4426950408889634
+
+
+def _affine(lq: int, lk: int, sync: str) -> tuple[int, int, int, int]:
+    """(a_q, b_q, a_k, b_k) with P(i) = a_q i + b_q and R(j) = a_k j + b_k (SPEC §2)."""
+    m = max(lq, lk)
+    if sync == "none_front":
+        return 1, 0, 1, 0
+    if sync == "none_end":
+        return 1, m - lq, 1, m - lk
+    sq, sk = m // lq, m // lk
+    if sync == "scale_front":
+        return sq, 0, sk, 0
+    return sq, sq - 1, sk, sk - 1  # scale_end
+
+
+def mask_args(req: Request) -> tuple[list[int], dict[str, Any]]:
+    """Runtime scalars (XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX) and constexprs."""
+    rule = req.rule
+    if req.ndim == 2:
+        (yq, xq), (yk, xk) = req.seq_q, req.seq_k
+        ay = _affine(yq, yk, req.sync)
+    else:
+        (xq,), (xk,) = req.seq_q, req.seq_k
+        ay = (1, 0, 1, 0)
+    ax = _affine(xq, xk, req.sync)
+    mx = max(xq, xk)
+    wy = wx = 1
+    log2s = 0
+    if isinstance(rule, Local):
+        ws = rule.windows(req.ndim)
+        wy, wx = (ws[0], ws[1]) if req.ndim == 2 else (1, ws[0])
+        log2s = rule.log2_stride
+    kind = 0 if isinstance(rule, Full) else 1 if isinstance(rule, Causal) else 2
+    causal = isinstance(rule, Causal) or (isinstance(rule, Local) and rule.causal)
+    scalars = [xq, xk, *ay, *ax, mx, wy, wx]
+    consts = {"NDIM": req.ndim, "RULE": kind, "CAUSAL": causal, "LOG2S": log2s}
+    return scalars, consts
+
+
+def _dot_mode(x: torch.Tensor) -> int:
+    """0: tensor-core product in the input dtype; 1: exact float32; 2: upcast (interpreter bf16)."""
+    if x.dtype == torch.float32:
+        return 1
+    if x.dtype == torch.bfloat16 and interpret_mode():
+        return 2
+    return 0
+
+
+def _pad(d: int) -> int:
+    return max(16, 1 << math.ceil(math.log2(d)))
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device)
+    return (0, 0)
+
+
+def _cfgs(kernel: str, req: Request, x: torch.Tensor) -> list[configs.Cfg]:
+    if interpret_mode() or x.device.type != "cuda":
+        return [configs.INTERPRET[kernel]]
+    d = max(_pad(req.dim_qk), _pad(req.dim_v))
+    return configs.candidates(kernel, d, x.element_size(), _capability(x.device))
+
+
+def _key(kernel: str, req: Request, x: torch.Tensor) -> tuple:
+    rule = req.rule
+    return (
+        kernel, str(x.device), _capability(x.device), req.dtype, _pad(req.dim_qk), _pad(req.dim_v),
+        type(rule).__name__, getattr(rule, "causal", False), req.ndim, configs.bucket(req.nq),
+        configs.bucket(req.nk), interpret_mode(),
+    )  # fmt: skip
+
+
+def _work(req: Request) -> int:
+    return req.batch * req.heads_q * req.nq * req.nk * (req.dim_qk + req.dim_v)
+
+
+def forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, req: Request
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) for canonical torch tensors (any strides)."""
+    kern = kernels()
+    b, hq, nq, dqk = q.shape
+    hkv, nk, dv = k.shape[1], k.shape[2], v.shape[3]
+    out = torch.empty((b, hq, nq, dv), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, hq, nq), dtype=torch.float32, device=q.device)
+    scalars, consts = mask_args(req)
+    qk_scale = req.scale * LOG2E
+
+    def run(cfg: configs.Cfg) -> None:
+        pl = plan.plan(req.rule, req.seq_q, req.seq_k, req.sync, cfg.bm, cfg.bn, q.device)
+        grid = (triton_cdiv(nq, cfg.bm), hq, b)
+        kern.fwd_kernel[grid](
+            q, k, v, out, lse, pl.rows, pl.rows.stride(0),
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+            hq, hq // hkv, nq, nk, qk_scale, *scalars,
+            DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=cfg.bm, BN=cfg.bn,
+            IEEE=_dot_mode(q), NEG=req.scale < 0, num_warps=cfg.warps,
+            num_stages=cfg.stages, **consts,
+        )  # fmt: skip
+
+    cfg = configs.choose(_key("fwd", req, q), _cfgs("fwd", req, q), run, _work(req))
+    run(cfg)
+    return out, lse
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    req: Request,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv): FA2 backward, deterministic (no atomics; GQA summed inside the dk/dv program)."""
+    kern = kernels()
+    b, hq, nq, dqk = q.shape
+    hkv, nk, dv = k.shape[1], k.shape[2], v.shape[3]
+    group = hq // hkv
+    lse = lse.contiguous()
+    delta = torch.empty((b, hq, nq), dtype=torch.float32, device=q.device)
+    lse2 = torch.empty_like(delta)
+    bm_prep = 64 if not interpret_mode() else 32
+    kern.bwd_prep_kernel[(triton_cdiv(nq, bm_prep), hq, b)](
+        out, dout, lse, delta, lse2, *out.stride(), *dout.stride(), hq, nq,
+        DV=dv, BDV=_pad(dv), BM=bm_prep,
+    )  # fmt: skip
+    dq = torch.empty((b, hq, nq, dqk), dtype=q.dtype, device=q.device)
+    dk = torch.empty((b, hkv, nk, dqk), dtype=q.dtype, device=q.device)
+    dvv = torch.empty((b, hkv, nk, dv), dtype=q.dtype, device=q.device)
+    scalars, consts = mask_args(req)
+    qk_scale = req.scale * LOG2E
+    common = dict(
+        DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), IEEE=_dot_mode(q), **consts
+    )  # fmt: skip
+
+    def run_dkdv(cfg: configs.Cfg) -> None:
+        pl = plan.plan(req.rule, req.seq_q, req.seq_k, req.sync, cfg.bm, cfg.bn, q.device, transposed=True)
+        kern.dkdv_kernel[(triton_cdiv(nk, cfg.bn), hkv, b)](
+            q, k, v, dout, lse2, delta, dk, dvv, pl.cols, pl.cols.stride(0),
+            *q.stride(), *k.stride(), *v.stride(), *dout.stride(),
+            hq, hkv, group, nq, nk, qk_scale, req.scale, *scalars,
+            BM=cfg.bm, BN=cfg.bn, num_warps=cfg.warps, num_stages=cfg.stages, **common,
+        )  # fmt: skip
+
+    def run_dq(cfg: configs.Cfg) -> None:
+        pl = plan.plan(req.rule, req.seq_q, req.seq_k, req.sync, cfg.bm, cfg.bn, q.device)
+        kern.dq_kernel[(triton_cdiv(nq, cfg.bm), hq, b)](
+            q, k, v, dout, lse2, delta, dq, pl.rows, pl.rows.stride(0),
+            *q.stride(), *k.stride(), *v.stride(), *dout.stride(),
+            hq, group, nq, nk, qk_scale, req.scale, *scalars,
+            BM=cfg.bm, BN=cfg.bn, num_warps=cfg.warps, num_stages=cfg.stages, **common,
+        )  # fmt: skip
+
+    work = _work(req)
+    run_dkdv(configs.choose(_key("dkdv", req, q), _cfgs("dkdv", req, q), run_dkdv, work))
+    run_dq(configs.choose(_key("dq", req, q), _cfgs("dq", req, q), run_dq, work))
+    return dq, dk, dvv

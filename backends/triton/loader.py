@@ -1,0 +1,50 @@
+"""Load the kernels module in the mode of the moment: compiled, or interpreted on the CPU.
+
+``triton.jit`` decides at decoration time whether a function runs compiled or under the
+interpreter (``TRITON_INTERPRET=1``). The kernel source is therefore executed once per mode into
+its own module, so that a process can hold both (tests switch the variable per test).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+
+_LOCK = threading.Lock()
+_LOADED: dict[bool, ModuleType] = {}
+
+
+def interpret_mode() -> bool:
+    """True when ``TRITON_INTERPRET`` asks for Triton's CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def kernels(interpret: bool | None = None) -> ModuleType:
+    """The kernels module for ``interpret`` (default: the current ``TRITON_INTERPRET``)."""
+    mode = interpret_mode() if interpret is None else interpret
+    found = _LOADED.get(mode)
+    if found is not None:
+        return found
+    with _LOCK:
+        if mode in _LOADED:
+            return _LOADED[mode]
+        name = f"attnhub_backends.triton._kernels_{'interpreted' if mode else 'compiled'}"
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("kernels.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        saved = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "1" if mode else "0"
+        try:
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        finally:
+            if saved is None:
+                os.environ.pop("TRITON_INTERPRET", None)
+            else:
+                os.environ["TRITON_INTERPRET"] = saved
+        _LOADED[mode] = module
+        return module
