@@ -1,0 +1,181 @@
+"""Arrays of one framework and device for the suite: building inputs, reading results, gradients.
+
+Inputs are drawn in NumPy (float64, N(0, 1)), rounded to the test dtype and only then converted,
+so the backend and the float64 reference see the same values. Frameworks are imported lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from attnhub.frameworks import numpy_dtype
+
+FRAMEWORKS = ("numpy", "torch", "tensorflow", "jax")
+
+
+def round_to(a: np.ndarray, dtype: str) -> np.ndarray:
+    """``a`` rounded to ``dtype`` and back to float64 (what the backend and the reference both see)."""
+    return a.astype(numpy_dtype(dtype)).astype(np.float64)
+
+
+def to_layout(a: np.ndarray, seq: tuple[int, ...], layout: str) -> np.ndarray:
+    """Canonical (B, H, N, D) -> the user-facing layout with the sequence shape ``seq``."""
+    b, h, _, d = a.shape
+    x = a.reshape(b, h, *seq, d)
+    if layout == "bshd":
+        return np.moveaxis(x, 1, -2)
+    if layout == "bhds":
+        return np.moveaxis(x, -1, 2)
+    return x
+
+
+def from_layout(a: np.ndarray, layout: str) -> np.ndarray:
+    """The user-facing layout -> canonical (B, H, N, D)."""
+    if layout == "bshd":
+        a = np.moveaxis(a, -2, 1)
+    elif layout == "bhds":
+        a = np.moveaxis(a, 2, -1)
+    b, h, d = a.shape[0], a.shape[1], a.shape[-1]
+    return a.reshape(b, h, -1, d)
+
+
+def noncontiguous_np(a: np.ndarray, kind: str) -> np.ndarray:
+    """A non-contiguous NumPy view equal to ``a``: a transposed copy viewed back, or a slice of a
+    wider NaN-padded buffer (a backend reading past the view's end gets NaN)."""
+    if kind == "transposed":
+        return np.ascontiguousarray(np.swapaxes(a, 1, 2)).swapaxes(1, 2)
+    if kind == "sliced":
+        buf = np.full((*a.shape[:-1], a.shape[-1] + 8), np.nan, dtype=a.dtype)
+        buf[..., : a.shape[-1]] = a
+        return buf[..., : a.shape[-1]]
+    return a
+
+
+class Ops:
+    """Framework- and device-specific operations used by the runner."""
+
+    def __init__(self, framework: str, device: str) -> None:
+        if framework not in FRAMEWORKS:
+            raise ValueError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
+        self.framework = framework
+        self.device = device
+        self.cuda = device.startswith("cuda")
+        if framework == "torch":
+            import torch
+
+            self.torch = torch
+            self.torch_device = torch.device(device)
+        elif framework == "tensorflow":
+            import tensorflow as tf
+
+            self.tf = tf
+            self.tf_device = "/GPU:0" if self.cuda else "/CPU:0"
+        elif framework == "jax":
+            import jax
+            import jax.numpy as jnp
+
+            self.jax, self.jnp = jax, jnp
+            self.jax_device = jax.devices("gpu" if self.cuda else "cpu")[0]
+        elif self.cuda:
+            raise ValueError("NumPy arrays live on the CPU; use --framework torch or jax for CUDA")
+
+    # -- building -------------------------------------------------------------------------------
+    def array(self, a: np.ndarray, dtype: str, noncontig: str = "", grad: bool = False) -> Any:
+        """Convert float64 (already rounded) ``a`` to the framework in ``dtype``; maybe a strided view."""
+        fw = self.framework
+        if fw == "numpy":
+            return noncontiguous_np(a.astype(numpy_dtype(dtype)), noncontig)
+        if fw == "torch":
+            torch = self.torch
+            tdt = getattr(torch, dtype)
+            if noncontig == "transposed":
+                base = torch.from_numpy(np.ascontiguousarray(np.swapaxes(a, 1, 2)))
+                base = base.to(device=self.torch_device, dtype=tdt).requires_grad_(grad)
+                return base.transpose(1, 2)
+            if noncontig == "sliced":
+                buf = np.full((*a.shape[:-1], a.shape[-1] + 8), np.nan)
+                buf[..., : a.shape[-1]] = a
+                base = torch.from_numpy(buf).to(device=self.torch_device, dtype=tdt).requires_grad_(grad)
+                return base[..., : a.shape[-1]]
+            t = torch.from_numpy(np.ascontiguousarray(a)).to(device=self.torch_device, dtype=tdt)
+            return t.requires_grad_(grad)
+        if fw == "tensorflow":
+            tf = self.tf
+            with tf.device(self.tf_device):
+                return tf.cast(tf.constant(a), dtype)
+        jnp = self.jnp
+        return self.jax.device_put(jnp.asarray(a.astype(numpy_dtype(dtype))), self.jax_device)
+
+    def mask(self, m: np.ndarray, dtype: str) -> Any:
+        """An explicit mask (bool, or additive float64 already rounded) in the framework."""
+        if m.dtype == np.bool_:
+            if self.framework == "numpy":
+                return m.copy()
+            if self.framework == "torch":
+                return self.torch.from_numpy(m.copy()).to(self.torch_device)
+            if self.framework == "tensorflow":
+                with self.tf.device(self.tf_device):
+                    return self.tf.constant(m)
+            return self.jax.device_put(self.jnp.asarray(m), self.jax_device)
+        return self.array(m, dtype)
+
+    # -- reading --------------------------------------------------------------------------------
+    def to_numpy(self, x: Any) -> np.ndarray:
+        """A NumPy copy in the array's own dtype (bfloat16 through ml_dtypes)."""
+        fw = self.framework
+        if fw == "numpy":
+            return np.array(x, copy=True)
+        if fw == "torch":
+            t = x.detach().cpu()
+            if t.dtype == self.torch.bfloat16:
+                return t.float().numpy().astype(numpy_dtype("bfloat16"))
+            return t.numpy().copy()
+        if fw == "tensorflow":
+            return np.array(x.numpy(), copy=True)
+        return np.array(x, copy=True)
+
+    def to_f64(self, x: Any) -> np.ndarray:
+        return self.to_numpy(x).astype(np.float64)
+
+    def framework_of(self, x: Any) -> str:
+        from attnhub.frameworks import adapter_for
+
+        return adapter_for(x).name
+
+    # -- hygiene --------------------------------------------------------------------------------
+    def poison(self, nbytes: int) -> None:
+        """Fill the torch CUDA caching allocator's free blocks with NaN so unwritten output shows.
+
+        A large NaN tensor (large pool) and a few 1 MiB ones (small pool) are allocated and freed;
+        the allocator hands their blocks to the backend's next allocations.
+        """
+        if not (self.framework == "torch" and self.cuda):
+            return
+        torch = self.torch
+        big = max(64 << 20, 4 * nbytes)
+        blocks = [torch.full((big // 4,), float("nan"), device=self.torch_device)]
+        blocks += [torch.full(((1 << 20) // 4,), float("nan"), device=self.torch_device) for _ in range(8)]
+        torch.cuda.synchronize(self.torch_device)
+        del blocks
+
+    # -- gradients ------------------------------------------------------------------------------
+    def grads(self, fn: Callable[..., Any], inputs: Sequence[Any], dout: Any) -> list[Any]:
+        """d(fn(*inputs) . dout) / d inputs, computed by the framework's own autodiff."""
+        fw = self.framework
+        if fw == "torch":
+            out = fn(*inputs)
+            return list(self.torch.autograd.grad(out, list(inputs), grad_outputs=dout))
+        if fw == "tensorflow":
+            tf = self.tf
+            with tf.GradientTape() as tape:
+                for x in inputs:
+                    tape.watch(x)
+                out = fn(*inputs)
+            return list(tape.gradient(out, list(inputs), output_gradients=dout))
+        if fw == "jax":
+            _, vjp = self.jax.vjp(fn, *inputs)
+            return list(vjp(dout))
+        raise ValueError("NumPy has no autodiff: the runner calls backend.backward directly")

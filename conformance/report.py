@@ -1,0 +1,218 @@
+"""Support matrix from case results: aggregation, the JSON and Markdown reports, the rich table.
+
+A cell (feature x dtype) is ``FAIL`` when an accepted case with that feature failed, ``pass`` when
+accepted cases passed (with the count of declined ones, if any), ``declined (reason)`` when the
+backend declined every case, and ``-`` when no case of the grid has that combination.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import sys
+from collections import Counter
+from typing import Any
+
+from attnhub_conformance.cases import DTYPES, FEATURE_ROWS
+from attnhub_conformance.runner import Result
+
+SCHEMA = "attnhub-certify-report/1"
+
+
+def results_from(payload: dict[str, Any]) -> list[Result]:
+    return [Result(**r) for r in payload["results"]]
+
+
+def aggregate(results: list[Result]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``matrix[feature][dtype]`` = {status, passed, failed, declined, reason, failing (ids)}."""
+    cells: dict[str, dict[str, dict[str, Any]]] = {
+        f: {d: {"passed": 0, "failed": 0, "declined": 0, "reasons": Counter(), "failing": []} for d in DTYPES}
+        for f in FEATURE_ROWS
+    }
+    for r in results:
+        if r.dtype not in DTYPES:
+            continue
+        if r.status == "FAIL":
+            for f in r.failed_features():
+                if f in cells:
+                    cells[f][r.dtype]["failed"] += 1
+                    cells[f][r.dtype]["failing"].append(r.id)
+            continue
+        for f in r.features:
+            if f not in cells:
+                continue
+            c = cells[f][r.dtype]
+            if r.status == "pass":
+                c["passed"] += 1
+            else:
+                c["declined"] += 1
+                c["reasons"][r.reasons[0] if r.reasons else "declined"] += 1
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for f, row in cells.items():
+        out[f] = {}
+        for d, c in row.items():
+            reason = c["reasons"].most_common(1)[0][0] if c["reasons"] else ""
+            if c["failed"]:
+                status = "FAIL"
+            elif c["passed"]:
+                status = "pass"
+            elif c["declined"]:
+                status = "declined"
+            else:
+                status = "untested"
+            out[f][d] = {
+                "status": status,
+                "passed": c["passed"],
+                "failed": c["failed"],
+                "declined": c["declined"],
+                "reason": reason,
+                "failing": c["failing"][:5],
+            }
+    return out
+
+
+def cell_text(cell: dict[str, Any], short: bool = False) -> str:
+    s = cell["status"]
+    if s == "FAIL":
+        return f"FAIL ({cell['failed']})"
+    if s == "pass":
+        return "pass" + (f" ({cell['declined']} declined)" if cell["declined"] and not short else "")
+    if s == "declined":
+        reason = cell["reason"]
+        if short and len(reason) > 48:
+            reason = reason[:45] + "..."
+        return f"declined ({reason})"
+    return "-"
+
+
+def device_description(framework: str, device: str) -> str:
+    """A human description of where the run happened (CPU model or GPU name)."""
+    if device.startswith("cuda"):
+        try:
+            import torch
+
+            return f"GPU: {torch.cuda.get_device_name(0)}"
+        except Exception:
+            return "GPU (cuda)"
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"CPU: {model}, {os.cpu_count()} logical cores"
+
+
+def build_report(payload: dict[str, Any], elapsed_s: float, command: str) -> dict[str, Any]:
+    """The full JSON report: run metadata, the matrix, a summary and every case result."""
+    import attnhub
+    from attnhub.registry import REGISTRY
+
+    results = results_from(payload)
+    b = REGISTRY.backends()[payload["backend"]]
+    failed = [r for r in results if r.status == "FAIL"]
+    summary = Counter(r.status for r in results)
+    return {
+        "schema": SCHEMA,
+        "backend": payload["backend"],
+        "backend_info": {
+            "priority": b.priority,
+            "frameworks": list(b.frameworks),
+            "device_types": list(b.device_types),
+            "dtypes": list(b.dtypes),
+            "features": sorted(b.features),
+            "max_head_dim": b.max_head_dim,
+        },
+        "mode": payload["mode"],
+        "seed": payload["seed"],
+        "framework": payload["framework"],
+        "device": payload["device"],
+        "device_description": device_description(payload["framework"], payload["device"]),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "attnhub_version": attnhub.__version__,
+        "python": sys.version.split()[0],
+        "command": command,
+        "elapsed_s": round(elapsed_s, 1),
+        "random_examples": payload.get("random_examples", 0),
+        "summary": {
+            "cases": len(results),
+            "passed": summary.get("pass", 0),
+            "failed": summary.get("FAIL", 0),
+            "declined": summary.get("declined", 0),
+            "certified": not failed and summary.get("pass", 0) > 0,
+        },
+        "features": list(FEATURE_ROWS),
+        "dtypes": list(DTYPES),
+        "matrix": aggregate(results),
+        "failures": [
+            {"id": r.id, "check": r.check, "message": r.message, "request": r.request, "repro": r.repro}
+            for r in failed
+        ],
+        "results": payload["results"],
+    }
+
+
+def verdict(report: dict[str, Any]) -> str:
+    s = report["summary"]
+    if s["failed"]:
+        return f"FAILED: {s['failed']} accepted case(s) fail"
+    if not s["passed"]:
+        return "certifies nothing: every case was declined"
+    return "certified"
+
+
+def markdown(report: dict[str, Any], heading: str = "#") -> str:
+    """The report as Markdown: metadata, the support matrix, and each failure with its command."""
+    s = report["summary"]
+    lines = [
+        f"{heading} attnhub certify {report['backend']} ({report['mode']} mode): {verdict(report)}",
+        "",
+        f"- device: {report['device_description']} (inputs: {report['framework']} on {report['device']})",
+        f"- date: {report['date']}; attnhub {report['attnhub_version']}; Python {report['python']}",
+        f"- command: `{report['command']}` (seed {report['seed']}, {report['elapsed_s']} s)",
+        f"- cases: {s['cases']} ({s['passed']} pass, {s['failed']} FAIL, {s['declined']} declined)"
+        + (f", including {report['random_examples']} randomised" if report.get("random_examples") else ""),
+        "",
+        matrix_table(report),
+    ]
+    if report["failures"]:
+        lines += ["", f"{heading}# Failures", ""]
+        for f in report["failures"]:
+            lines.append(f"- `{f['id']}`: {f['message']}  \n  reproduce: `{f['repro']}`")
+    return "\n".join(lines) + "\n"
+
+
+def matrix_table(report: dict[str, Any]) -> str:
+    dtypes = report["dtypes"]
+    rows = ["| feature | " + " | ".join(dtypes) + " |", "|---|" + "---|" * len(dtypes)]
+    for f in report["features"]:
+        cells = [cell_text(report["matrix"][f][d]) for d in dtypes]
+        rows.append(f"| {f} | " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows)
+
+
+def rich_table(report: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=f"attnhub certify {report['backend']} ({report['mode']}): {verdict(report)}")
+    t.add_column("feature")
+    for d in report["dtypes"]:
+        t.add_column(d)
+    style = {"FAIL": "bold red", "pass": "green", "declined": "yellow", "untested": "dim"}
+    for f in report["features"]:
+        cells = []
+        for d in report["dtypes"]:
+            c = report["matrix"][f][d]
+            cells.append(f"[{style[c['status']]}]{_escape(cell_text(c, short=True))}[/]")
+        t.add_row(f, *cells)
+    return t
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)

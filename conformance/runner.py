@@ -1,0 +1,371 @@
+"""Run one conformance case against one backend and judge it against the float64 reference.
+
+For every case the backend's capability check decides: an accepted case must match the reference
+(SPEC §6 tolerances), write every output element, keep the inputs intact, and give gradients and
+bitwise repeats where declared; a declined case must be refused by ``attention(backend=NAME)``
+with the same reasons and never be picked by ``auto``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import attnhub
+from attnhub.backend import Backend
+from attnhub.errors import BackendUnsupported
+from attnhub.frameworks import adapter_for, numpy_dtype
+from attnhub.registry import REGISTRY
+from attnhub.request import Request, build_request, to_canonical
+from attnhub_backends.reference import kernel
+from attnhub_conformance.arrays import Ops, from_layout, round_to, to_layout
+from attnhub_conformance.cases import CHECK_FEATURES, Case
+
+#: SPEC §6: (forward, gradients) tolerance per dtype; float32 with tf32 is looser.
+TOLERANCES = {
+    "float64": (1e-10, 1e-9),
+    "float32": (2e-5, 1e-4),
+    "float16": (2e-3, 8e-3),
+    "bfloat16": (1.6e-2, 4e-2),
+}
+TF32_TOLERANCES = (5e-4, 2e-3)
+
+
+class CaseFailure(AssertionError):
+    """An accepted case did not conform; ``check`` names what failed (out, lse, dq, hygiene, ...)."""
+
+    def __init__(self, check: str, message: str) -> None:
+        self.check = check
+        super().__init__(f"[{check}] {message}")
+
+
+@dataclass
+class Result:
+    """The outcome of one case, as the reports store it."""
+
+    id: str
+    dtype: str
+    features: list[str]
+    status: str = "pass"  # "pass" | "FAIL" | "declined"
+    reasons: list[str] = field(default_factory=list)
+    check: str = ""
+    message: str = ""
+    request: str = ""
+    repro: str = ""
+
+    def failed_features(self) -> list[str]:
+        """Rows this result marks FAIL: check-specific rows only when that check failed."""
+        own = CHECK_FEATURES.get(self.check_family())
+        return [f for f in self.features if f not in CHECK_FEATURES or f == own]
+
+    def check_family(self) -> str:
+        c = self.check
+        if c.startswith("lse"):
+            return "lse"
+        if c in ("dq", "dk", "dv") or c.startswith("grad"):
+            return "backward"
+        if c.startswith("deterministic"):
+            return "deterministic"
+        return c
+
+
+@dataclass
+class Data:
+    """The float64 (rounded) canonical inputs of one case, its upstream gradient and mask."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    dout: np.ndarray
+    mask: np.ndarray | None
+
+
+def make_data(case: Case, rng: np.random.Generator) -> Data:
+    """N(0, 1) inputs rounded to the case's dtype (q scaled by 8 for large logits), in float64."""
+    b, hq, hkv, nq, nk = case.batch, case.heads_q, case.heads_kv, case.nq, case.nk
+    q = rng.standard_normal((b, hq, nq, case.dim_qk)) * (8.0 if case.large_logits else 1.0)
+    k = rng.standard_normal((b, hkv, nk, case.dim_qk))
+    v = rng.standard_normal((b, hkv, nk, case.dim_v))
+    dout = rng.standard_normal((b, hq, nq, case.dim_v))
+    q, k, v, dout = (round_to(a, case.dtype) for a in (q, k, v, dout))
+    mask = None
+    if isinstance(case.rule, str):
+        shape = (1, 1, nq, nk) if case.mask_shape == "bcast" else (b, hq, nq, nk)
+        rows = np.arange(nq)
+        empty = np.unique([0, nq // 2]) if case.mask_empty_rows else np.array([], dtype=int)
+        if case.rule == "bool":
+            mask = rng.random(shape) < 0.7
+            mask[..., rows, rows % nk] = True  # no row empty by chance
+            mask[..., empty, :] = False
+        else:
+            mask = round_to(rng.standard_normal(shape) * 2.0, case.dtype)
+            mask[rng.random(shape) < 0.2] = -np.inf
+            mask[..., rows, rows % nk] = 0.0
+            mask[..., empty, :] = -np.inf
+    return Data(q, k, v, dout, mask)
+
+
+def errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    """(relative L2 error, max error relative to max |ref|) over the elements finite in both."""
+    fin = np.isfinite(got) & np.isfinite(ref)
+    e, r = got[fin] - ref[fin], ref[fin]
+    if e.size == 0:
+        return 0.0, 0.0
+    nr, mr = float(np.linalg.norm(r)), float(np.abs(r).max())
+    ne, me = float(np.linalg.norm(e)), float(np.abs(e).max())
+    return (ne / nr if nr else ne), (me / mr if mr else me)
+
+
+def compare(check: str, got: np.ndarray, ref: np.ndarray, tol: float, dtype: str) -> None:
+    """Raise :class:`CaseFailure` unless ``got`` matches ``ref`` within ``tol`` (SPEC §6)."""
+    if got.shape != ref.shape:
+        raise CaseFailure(check, f"shape {got.shape}, the reference has {ref.shape}")
+    bad = np.isnan(got) & ~np.isnan(ref)
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise CaseFailure(
+            check, f"{int(bad.sum())} NaN element(s) where the reference is finite (first at {first})"
+        )
+    inf = (np.isinf(got) | np.isinf(ref)) & (got != ref)
+    if inf.any():
+        first = tuple(int(i) for i in np.argwhere(inf)[0])
+        raise CaseFailure(
+            check, f"{int(inf.sum())} infinite element(s) differ from the reference (first at {first}: "
+            f"got {got[first]}, expected {ref[first]})",
+        )  # fmt: skip
+    rel, mx = errors(got, ref)
+    if not (rel <= tol and mx <= tol):
+        raise CaseFailure(
+            check, f"relative error {rel:.3g}, max error {mx:.3g}; SPEC §6 tolerance for {dtype} is {tol:g}"
+        )
+
+
+def require_zero_rows(check: str, got: np.ndarray, empty: np.ndarray) -> None:
+    """Fully masked query rows (``empty``, shape B x H x Nq) must be exactly 0 (SPEC §4)."""
+    if empty.any():
+        rows = got[empty]
+        if not np.all(rows == 0):
+            raise CaseFailure(
+                check, f"fully masked query rows must be exactly 0 (SPEC §4); "
+                f"{int((rows != 0).any(axis=-1).sum())} of {rows.shape[0]} are not",
+            )  # fmt: skip
+
+
+class Certifier:
+    """Runs cases against the backend ``name`` and keeps every :class:`Result`."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        seed: int,
+        framework: str | None = None,
+        device: str | None = None,
+    ) -> None:
+        table = REGISTRY.backends()
+        if name not in table:
+            raise KeyError(name)
+        self.name = name
+        self.backend: Backend = table[name]
+        self.seed = seed
+        self.framework = framework or (self.backend.frameworks[0] if self.backend.frameworks else "numpy")
+        self.device = device or default_device(self.backend)
+        self.ops = Ops(self.framework, self.device)
+        self.results: dict[str, Result] = {}
+        self.repro_base = f"attnhub certify {name}"
+        self.repro_extra = ""
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+    def tolerances(self, dtype: str) -> tuple[float, float]:
+        if dtype == "float32" and "tf32" in self.backend.features:
+            return TF32_TOLERANCES
+        return TOLERANCES[dtype]
+
+    def repro(self, case: Case) -> str:
+        return f"{self.repro_base} --case {case.id} --seed {self.seed}{self.repro_extra}"
+
+    def run(self, case: Case) -> Result:
+        """Certify one case; records its result and raises :class:`CaseFailure` when it fails."""
+        res = Result(case.id, case.dtype, list(case.features), repro=self.repro(case))
+        try:
+            self._run(case, res)
+        except CaseFailure as exc:
+            res.status, res.check, res.message = "FAIL", exc.check, str(exc)
+            raise
+        except Exception as exc:  # an accepted case that crashes fails
+            res.status, res.check, res.message = "FAIL", "error", f"{type(exc).__name__}: {exc}"
+            raise CaseFailure("error", res.message) from exc
+        finally:
+            self.results[case.id] = res
+        return res
+
+    # -- one case -------------------------------------------------------------------------------
+    def _run(self, case: Case, res: Result) -> None:
+        ops, b = self.ops, self.backend
+        rng = np.random.default_rng([self.seed, zlib.crc32(case.id.encode())])
+        data = make_data(case, rng)
+        torch_grad = case.grad and self.framework == "torch"
+        xs = [
+            ops.array(to_layout(a, seq, case.layout), case.dtype, case.noncontig, grad=torch_grad)
+            for a, seq in ((data.q, case.seq_q), (data.k, case.seq_k), (data.v, case.seq_k))
+        ]
+        mask = ops.mask(data.mask, case.dtype) if data.mask is not None else case.mask
+        kw: dict[str, Any] = dict(
+            mask=mask, sync=case.sync, scale=case.scale, layout=case.layout, return_lse=case.lse
+        )
+        req, _ = build_request(xs[0], xs[1], xs[2], mask, case.sync, case.scale, case.layout, case.lse)
+        res.request = req.describe()
+
+        reasons = b.check(req)
+        if reasons:
+            self._honest_decline(xs, kw, reasons)
+            res.status, res.reasons = "declined", reasons
+            return
+        greq = dataclasses.replace(req, needs_grad=True)
+        if case.grad and (why := b.check(greq)):
+            res.status, res.reasons = "declined", why
+            return
+        if case.repeat and "deterministic" not in b.features:
+            res.status, res.reasons = "declined", ["does not declare deterministic"]
+            return
+
+        before = [ops.to_numpy(x) for x in xs]
+        out, lse = self._forward(xs, kw, req, case)
+        ref_out, ref_lse = kernel.forward(data.q, data.k, data.v, req, data.mask)
+        fwd_tol, grad_tol = self.tolerances(case.dtype)
+        empty = np.isneginf(ref_lse)
+        got = from_layout(ops.to_f64(out), case.layout)
+        compare("out", got, ref_out, fwd_tol, case.dtype)
+        require_zero_rows("out", got, empty)
+        got_lse = None
+        if case.lse:
+            got_lse = ops.to_f64(lse).reshape(ref_lse.shape)
+            compare("lse", got_lse, ref_lse, fwd_tol, case.dtype)
+        self._unchanged(xs, before, "forward")
+
+        grads = None
+        if case.grad:
+            grads = self._grads(xs, kw, req, greq, data, case, res)
+            if grads is None:
+                return
+            refs = kernel.backward(data.q, data.k, data.v, data.dout, req, data.mask)
+            for name, g, r in zip(("dq", "dk", "dv"), grads, refs):
+                compare(name, g, r, grad_tol, case.dtype)
+            require_zero_rows("dq", grads[0], empty)
+            self._unchanged(xs, before, "backward")
+
+        if case.repeat:
+            out2, lse2 = self._forward(xs, kw, req, case)
+            if not np.array_equal(from_layout(ops.to_f64(out2), case.layout), got, equal_nan=True):
+                raise CaseFailure("deterministic out", "a repeated forward is not bitwise identical")
+            if case.lse and not np.array_equal(
+                ops.to_f64(lse2).reshape(ref_lse.shape), got_lse, equal_nan=True
+            ):
+                raise CaseFailure("deterministic lse", "a repeated forward's lse is not bitwise identical")
+            if grads is not None:
+                again = self._grads(xs, kw, req, greq, data, case, res)
+                for name, g, h in zip(("dq", "dk", "dv"), grads, again or ()):
+                    if not np.array_equal(g, h, equal_nan=True):
+                        raise CaseFailure(
+                            "deterministic grad", f"a repeated backward's {name} is not bitwise identical"
+                        )
+
+    def _forward(self, xs: list[Any], kw: dict[str, Any], req: Request, case: Case) -> tuple[Any, Any]:
+        ops = self.ops
+        nbytes = req.batch * req.heads_q * req.nq * (req.dim_v + 1) * 8
+        ops.poison(nbytes)
+        result = attnhub.attention(*xs, backend=self.name, **kw)
+        out, lse = result if case.lse else (result, None)
+        self._hygiene("out", out, expected_out_shape(case), req.dtype, req.device)
+        if case.lse:
+            lse_dtype = "float64" if req.dtype == "float64" else "float32"
+            self._hygiene("lse", lse, (req.batch, req.heads_q, *req.seq_q), lse_dtype, req.device)
+        return out, lse
+
+    def _grads(
+        self, xs, kw, req: Request, greq: Request, data: Data, case: Case, res: Result
+    ) -> list[np.ndarray] | None:
+        """(dq, dk, dv) canonical float64, by the framework's autodiff (NumPy: backend.backward)."""
+        ops, b = self.ops, self.backend
+        if self.framework == "numpy":
+            ad = adapter_for(xs[0])
+            qc, kc, vc = (to_canonical(ad, x, case.layout) for x in xs)
+            mc = None if data.mask is None else kw["mask"].reshape(req.rule.shape)  # type: ignore[union-attr]
+            before = [x.copy() for x in (qc, kc, vc)]
+            dout = data.dout.astype(numpy_dtype(case.dtype))
+            ops.poison(0)
+            out, lse = b.forward(qc, kc, vc, greq, mc)
+            grads = b.backward(qc, kc, vc, out, lse, dout, greq, mc)
+            for name, g, x in zip(("dq", "dk", "dv"), grads, (qc, kc, vc)):
+                self._hygiene(f"grad {name}", g, x.shape, case.dtype, req.device)
+            for x, y in zip((qc, kc, vc), before):
+                if not np.array_equal(x, y, equal_nan=True):
+                    raise CaseFailure("inputs modified", "backend.backward wrote into its inputs")
+            return [np.asarray(g, dtype=np.float64) for g in grads]
+        gkw = dict(kw, return_lse=False)
+        dout = ops.array(to_layout(data.dout, case.seq_q, case.layout), case.dtype)
+        try:
+            ops.poison(0)
+            grads = ops.grads(lambda q, k, v: attnhub.attention(q, k, v, backend=self.name, **gkw), xs, dout)
+        except BackendUnsupported as exc:  # e.g. a traced (jax.vjp) request the backend declines
+            res.status, res.reasons = "declined", [f"gradient call: {r}" for r in exc.reasons]
+            return None
+        for name, g, x in zip(("dq", "dk", "dv"), grads, xs):
+            if g is None:
+                raise CaseFailure(f"grad {name}", "the framework returned no gradient")
+            self._hygiene(f"grad {name}", g, tuple(int(s) for s in x.shape), case.dtype, req.device)
+        return [from_layout(ops.to_f64(g), case.layout) for g in grads]
+
+    # -- checks ---------------------------------------------------------------------------------
+    def _hygiene(self, what: str, x: Any, shape: tuple[int, ...], dtype: str, device: str) -> None:
+        try:
+            ad = adapter_for(x)
+        except Exception:
+            raise CaseFailure(f"hygiene {what}", f"not an array: {type(x).__name__}") from None
+        if ad.name != self.framework:
+            raise CaseFailure(f"hygiene {what}", f"a {ad.name} array, the inputs are {self.framework}")
+        if ad.shape(x) != tuple(shape):
+            raise CaseFailure(f"hygiene {what}", f"shape {ad.shape(x)}, expected {tuple(shape)}")
+        if ad.dtype_name(x) != dtype:
+            raise CaseFailure(f"hygiene {what}", f"dtype {ad.dtype_name(x)}, expected {dtype}")
+        if ad.device(x) != device:
+            raise CaseFailure(f"hygiene {what}", f"on device {ad.device(x)}, the inputs are on {device}")
+
+    def _unchanged(self, xs: list[Any], before: list[np.ndarray], when: str) -> None:
+        for name, x, old in zip("qkv", xs, before):
+            if not np.array_equal(self.ops.to_numpy(x), old, equal_nan=True):
+                raise CaseFailure("inputs modified", f"the {when} pass modified the caller's {name}")
+
+    def _honest_decline(self, xs: list[Any], kw: dict[str, Any], reasons: list[str]) -> None:
+        """A declined request: ``backend=NAME`` raises with the same reasons; ``auto`` avoids it."""
+        try:
+            attnhub.attention(*xs, backend=self.name, **kw)
+        except BackendUnsupported as exc:
+            if exc.reasons != reasons:
+                raise CaseFailure(
+                    "honesty", f"check() gave {reasons} but attention(backend=NAME) raised {exc.reasons}"
+                ) from None
+        else:
+            raise CaseFailure("honesty", f"check() declined ({'; '.join(reasons)}) but the call ran")
+        chosen = attnhub.explain(*xs, **kw).chosen
+        if chosen == self.name:
+            raise CaseFailure("honesty", "auto dispatch chose the backend for a request it declines")
+
+
+def expected_out_shape(case: Case) -> tuple[int, ...]:
+    canon = (case.batch, case.heads_q, case.nq, case.dim_v)
+    return to_layout(np.empty(canon, dtype=np.int8), case.seq_q, case.layout).shape
+
+
+def default_device(backend: Backend) -> str:
+    """cpu when the backend runs there, else cuda when it declares cuda, else its first device type."""
+    types = tuple(backend.device_types)
+    if "cpu" in types or not types:
+        return "cpu"
+    if "cuda" in types:
+        return "cuda"
+    return "cpu"
