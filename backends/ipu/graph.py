@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 from attnhub_backends.ipu.plan import Plan
 
 
@@ -67,8 +68,7 @@ class ChunkedAttention(torch.nn.Module):
             if self.plan.tiles[i]:
                 o_i, l_i = self._query_chunk(q_i, kg, vg, i)
             else:  # the rule masks every key for this query chunk: out 0, lse -inf
-                tied = (q_i,) if self.plan.num_pairs else (q_i, k, v)
-                o_i = _zeros_like_tied(q_i[..., :1], tied).expand(*q_i.shape[:-1], self.dim_v)
+                o_i = _zeros_tied_to(q_i[..., :1]).expand(*q_i.shape[:-1], self.dim_v)
                 l_i = torch.full_like(q_i[..., 0], -math.inf).detach()
             outs.append(o_i)
             lses.append(l_i)
@@ -111,14 +111,10 @@ class ChunkedAttention(torch.nn.Module):
         return out, lse
 
 
-def _zeros_like_tied(like: torch.Tensor, tied: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Zeros shaped like ``like`` that stay in the autograd graph of ``tied`` with zero gradients.
+def _zeros_tied_to(x: torch.Tensor) -> torch.Tensor:
+    """Zeros shaped like ``x`` that stay in the autograd graph of ``x`` with zero gradients.
 
-    ``torch.where`` selects the zeros (NaN or Inf in ``tied`` cannot leak) and sends a zero
-    gradient to the unselected branch, so a fully masked request still yields zero gradients.
+    ``torch.where`` selects the zeros (NaN or Inf in ``x`` cannot leak into the output) and sends
+    a zero gradient to the unselected branch.
     """
-    anchor = like
-    for x in tied[1:]:
-        anchor = anchor + x.float().sum()
-    never = torch.zeros_like(like, dtype=torch.bool)
-    return torch.where(never, anchor, torch.zeros_like(like))
+    return torch.where(torch.zeros_like(x, dtype=torch.bool), x, torch.zeros_like(x))
