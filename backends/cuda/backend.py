@@ -1,0 +1,233 @@
+"""The ``cuda`` backend: torch CUDA tensors in, NVRTC-compiled CUDA C++ kernels, autograd through the core."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from attnhub.backend import Backend
+from attnhub.errors import AttnhubError
+from attnhub.request import Request
+from attnhub_backends.cuda import compiler
+from attnhub_backends.cuda.launch import arch_of, ceil_div, grid_ok, i64, launch, mask_args, ptr
+
+_HALF = ("float16", "bfloat16")
+
+
+class CudaBackend(Backend):
+    """Flash attention in CUDA C++: mma.sync tensor cores for float16/bfloat16 at head dims 64/128,
+    a SIMT kernel for float32/float64 (and other head dims up to 128), SIMT backward kernels."""
+
+    name: ClassVar[str] = "cuda"
+    priority: ClassVar[int] = 90
+    frameworks: ClassVar[tuple[str, ...]] = ("torch",)
+    device_types: ClassVar[tuple[str, ...]] = ("cuda",)
+    dtypes: ClassVar[tuple[str, ...]] = ("float16", "bfloat16", "float32", "float64")
+    features: ClassVar[frozenset[str]] = frozenset(
+        {"1d", "2d", "full", "causal", "local", "gqa", "lse", "backward"}
+    )
+    max_head_dim: ClassVar[int | None] = 128
+    requires: ClassVar[tuple[str, ...]] = ("torch", "cuda-core", "nvidia-cuda-nvrtc")
+
+    def availability(self) -> str | None:
+        try:
+            import torch
+        except ImportError:
+            return "needs torch with CUDA: pip install 'attnhub[cuda]'"
+        try:
+            compiler._core("Program")
+            compiler._include_dirs()
+            compiler.nvrtc_version()
+        except (ImportError, AttnhubError, RuntimeError, OSError) as exc:
+            return f"needs cuda-python's NVRTC (pip install 'attnhub[cuda]'): {exc}"
+        if not torch.cuda.is_available():
+            return "no CUDA GPU is visible to torch (torch.cuda.is_available() is False)"
+        return None
+
+    def version(self) -> str | None:
+        try:
+            return f"nvrtc {compiler.nvrtc_version()}"
+        except Exception:  # pragma: no cover - shown by availability()
+            return None
+
+    def extra_reasons(self, req: Request) -> list[str]:
+        reasons = grid_ok(req)
+        if req.symbolic:
+            reasons.append("needs concrete torch tensors")
+        if req.device_type == "cuda":
+            import torch
+
+            major, _ = torch.cuda.get_device_capability(req.device)
+            if major < 8:
+                reasons.append(
+                    f"needs compute capability 8.0 or newer (cp.async, mma.sync), {req.device} has {major}.x"
+                )
+        return reasons
+
+    # ---------------------------------------------------------------- forward
+
+    def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
+        import torch
+
+        dev = q.device
+        with torch.cuda.device(dev):
+            out = torch.empty((req.batch, req.heads_q, req.nq, req.dim_v), dtype=q.dtype, device=dev)
+            lse_dtype = torch.float64 if req.dtype == "float64" else torch.float32
+            lse = torch.empty((req.batch, req.heads_q, req.nq), dtype=lse_dtype, device=dev)
+            if use_mma(req):
+                _forward_mma(q, k, v, out, lse, req)
+            else:
+                _forward_simt(q, k, v, out, lse, req)
+        return out, lse
+
+    # ---------------------------------------------------------------- backward
+
+    def backward(
+        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
+    ) -> tuple[Any, Any, Any]:
+        import torch
+
+        dev = q.device
+        with torch.cuda.device(dev):
+            q, k, v, out, dout = (x.contiguous() for x in (q, k, v, out, dout))
+            acc = torch.float64 if req.dtype == "float64" else torch.float32
+            lse = lse.to(acc).contiguous()
+            delta = torch.empty((req.batch, req.heads_q, req.nq), dtype=acc, device=dev)
+            dq = torch.zeros((req.batch, req.heads_q, req.nq, req.dim_qk), dtype=acc, device=dev)
+            dk = torch.empty_like(k)
+            dv = torch.empty_like(v)
+            arch = arch_of(dev)
+            var = compiler.bwd_variant(req.dtype)
+            idx = dev.index if dev.index is not None else torch.cuda.current_device()
+            rows = req.batch * req.heads_q * req.nq
+            pre = compiler.load_kernel(var, "attn_bwd_pre", idx, arch)
+            launch(
+                pre,
+                dev,
+                (ceil_div(rows, 8),),
+                256,
+                0,
+                ptr(out),
+                ptr(dout),
+                ptr(delta),
+                i64(rows),
+                _i32(req.dim_v),
+            )
+            el = 8 if req.dtype == "float64" else 4
+            smem = el * (32 * (req.dim_qk + 1) * 2 + 32 * (req.dim_v + 1) * 2 + 2 * 32 * 33 + 64)
+            kern = compiler.load_kernel(var, "attn_bwd_simt", idx, arch, smem)
+            launch(
+                kern,
+                dev,
+                (ceil_div(req.nk, 32), req.heads_kv, req.batch),
+                256,
+                smem,
+                ptr(q),
+                ptr(k),
+                ptr(v),
+                ptr(dout),
+                ptr(lse),
+                ptr(delta),
+                ptr(dq),
+                ptr(dk),
+                ptr(dv),
+                _i32(req.heads_q),
+                _i32(req.heads_kv),
+                _i32(req.nq),
+                _i32(req.nk),
+                _i32(req.dim_qk),
+                _i32(req.dim_v),
+                _f64(req.scale),
+                *mask_args(req),
+            )
+            return dq.to(q.dtype), dk, dv
+
+
+def use_mma(req: Request) -> bool:
+    """True when the tensor-core kernel serves ``req`` (half types, head dims 64/128)."""
+    return req.dtype in _HALF and req.dim_qk in compiler.MMA_DIMS and req.dim_v in compiler.MMA_DIMS
+
+
+def _i32(x: int) -> Any:
+    import numpy as np
+
+    return np.int32(x)
+
+
+def _f64(x: float) -> Any:
+    import numpy as np
+
+    return np.float64(x)
+
+
+def _strided(x: Any, align: int) -> Any:
+    """``x`` itself when its rows are unit-stride and ``align``-element aligned, else a contiguous copy."""
+    ok = (
+        x.stride(-1) == 1 and all(s % align == 0 for s in x.stride()[:-1]) and x.data_ptr() % (2 * align) == 0
+    )
+    return x if ok else x.contiguous()
+
+
+def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> None:
+    import numpy as np
+    import torch
+
+    q, k, v = (_strided(x, 8) for x in (q, k, v))
+    dev = q.device
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    var = compiler.mma_variant(req.dtype, req.dim_qk, req.dim_v)
+    smem = compiler.mma_smem_bytes(req.dim_qk, req.dim_v)
+    kern = compiler.load_kernel(var, "attn_fwd_mma", idx, arch_of(dev), smem)
+    bm = 16 * compiler.MMA_WARPS
+    launch(
+        kern,
+        dev,
+        (ceil_div(req.nq, bm), req.heads_q, req.batch),
+        32 * compiler.MMA_WARPS,
+        smem,
+        ptr(q),
+        ptr(k),
+        ptr(v),
+        ptr(out),
+        ptr(lse),
+        *(i64(s) for x in (q, k, v) for s in x.stride()[:3]),
+        _i32(req.heads_q),
+        _i32(req.group),
+        _i32(req.nq),
+        _i32(req.nk),
+        np.float32(req.scale * math.log2(math.e)),
+        *mask_args(req),
+    )
+
+
+def _forward_simt(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> None:
+    import torch
+
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    dev = q.device
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    var = compiler.simt_variant(req.dtype)
+    el = 8 if req.dtype == "float64" else 4
+    smem = el * (32 * req.dim_qk + 32 * (req.dim_qk + 1) + 32 * 32 * ceil_div(req.dim_v, 32))
+    kern = compiler.load_kernel(var, "attn_fwd_simt", idx, arch_of(dev), smem)
+    launch(
+        kern,
+        dev,
+        (ceil_div(req.nq, 32), req.heads_q, req.batch),
+        256,
+        smem,
+        ptr(q),
+        ptr(k),
+        ptr(v),
+        ptr(out),
+        ptr(lse),
+        *(i64(s) for x in (q, k, v) for s in x.stride()[:3]),
+        _i32(req.heads_q),
+        _i32(req.group),
+        _i32(req.nq),
+        _i32(req.nk),
+        _i32(req.dim_qk),
+        _i32(req.dim_v),
+        _f64(req.scale),
+        *mask_args(req),
+    )

@@ -1,0 +1,209 @@
+"""NVRTC compilation of the CUDA kernels through ``cuda.core``, with a disk cache of cubins.
+
+A kernel *variant* is one kernel source plus a few ``#define`` lines (dtype, head dims, tile sizes).
+Its cubin is cached under ``$ATTNHUB_CACHE_DIR`` (default ``~/.cache/attnhub/cuda``) in a file named
+by the SHA-256 of the full source text, the compiler options, the GPU architecture and the NVRTC
+version, so a second process loads the cubin without compiling, and any change to a kernel, an
+option or the toolchain compiles afresh. Nothing here needs a GPU except :func:`load_kernel`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnhub.errors import AttnhubError
+
+KERNEL_DIR = Path(__file__).with_name("kernels")
+DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}
+#: Head dims (Dqk, Dv) served by the tensor-core kernel; anything else up to 128 uses SIMT.
+MMA_DIMS = (64, 128)
+#: Query rows per block of the tensor-core kernel (16 per warp) and keys per tile.
+MMA_WARPS = 8
+MMA_BN = 64
+_STD = "c++17"
+
+#: Number of NVRTC compilations this process ran (tests read it to prove cache hits).
+COMPILES = 0
+_lock = threading.Lock()
+_kernels: dict[tuple[str, int], Any] = {}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled program: a source file, its defines and the kernels it exports."""
+
+    source: str
+    defines: tuple[tuple[str, int], ...]
+    kernels: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        tail = "_".join(f"{k.lower()}{v}" for k, v in self.defines)
+        return f"{Path(self.source).stem}_{tail}"
+
+    def text(self) -> str:
+        """The whole translation unit NVRTC compiles (defines, common header, kernel source)."""
+        lines = [f"#define {k} {v}" for k, v in self.defines]
+        common = (KERNEL_DIR / "common.cuh").read_text()
+        body = (KERNEL_DIR / self.source).read_text()
+        return "\n".join(lines) + "\n" + common + "\n" + body
+
+
+def mma_variant(dtype: str, dqk: int, dv: int) -> Variant:
+    defines = (
+        ("ATT_DTYPE", DTYPE_CODES[dtype]),
+        ("DQK", dqk),
+        ("DV", dv),
+        ("NWARPS", MMA_WARPS),
+        ("BN", MMA_BN),
+    )
+    return Variant("fwd_mma.cu", defines, ("attn_fwd_mma",))
+
+
+def simt_variant(dtype: str) -> Variant:
+    return Variant("fwd_simt.cu", (("ATT_DTYPE", DTYPE_CODES[dtype]),), ("attn_fwd_simt",))
+
+
+def bwd_variant(dtype: str) -> Variant:
+    return Variant("bwd_simt.cu", (("ATT_DTYPE", DTYPE_CODES[dtype]),), ("attn_bwd_pre", "attn_bwd_simt"))
+
+
+def all_variants() -> list[Variant]:
+    """Every program the backend may compile (the CI compile check walks this list)."""
+    out = [mma_variant(dt, a, b) for dt in ("float16", "bfloat16") for a in MMA_DIMS for b in MMA_DIMS]
+    out += [simt_variant(dt) for dt in DTYPE_CODES]
+    out += [bwd_variant(dt) for dt in DTYPE_CODES]
+    return out
+
+
+def mma_smem_bytes(dqk: int, dv: int) -> int:
+    """Dynamic shared memory of the tensor-core kernel: Q tile plus double-buffered K and V tiles."""
+    return 2 * (16 * MMA_WARPS * dqk + 2 * MMA_BN * (dqk + dv))
+
+
+def _core(*names: str) -> tuple[Any, ...]:
+    """Objects of ``cuda.core`` (``cuda.core.experimental`` in cuda-core < 0.4)."""
+    try:
+        import cuda.core as core
+
+        getattr(core, names[0])
+    except (ImportError, AttributeError):
+        import cuda.core.experimental as core  # type: ignore[no-redef]
+    return tuple(getattr(core, n) for n in names)
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("ATTNHUB_CACHE_DIR")
+    if env:
+        return Path(env) / "cuda"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "attnhub" / "cuda"
+
+
+def _include_dirs() -> list[str]:
+    try:
+        from cuda.pathfinder import find_nvidia_header_directory
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise AttnhubError(
+            "the cuda backend needs cuda-pathfinder to find cuda_fp16.h/cuda_bf16.h: pip install 'attnhub[cuda]'"
+        ) from exc
+    inc = find_nvidia_header_directory("cudart")
+    if inc is None:
+        raise AttnhubError(
+            "cuda_fp16.h/cuda_bf16.h not found: install the CUDA runtime headers "
+            "(pip install nvidia-cuda-runtime-cu12, part of 'attnhub[cuda]')"
+        )
+    return [str(inc)]
+
+
+def nvrtc_version() -> str:
+    from cuda.bindings import nvrtc
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    return f"{major}.{minor}"
+
+
+def _options(arch: str) -> tuple[str, ...]:
+    return (f"arch={arch}", f"std={_STD}", f"nvrtc={nvrtc_version()}")
+
+
+def cache_key(variant: Variant, arch: str) -> str:
+    h = hashlib.sha256()
+    h.update(variant.text().encode())
+    h.update(repr(_options(arch)).encode())
+    return h.hexdigest()
+
+
+def compile_variant(variant: Variant, arch: str) -> bytes:
+    """Compile ``variant`` for ``arch`` (e.g. ``"sm_90"``) with NVRTC; AttnhubError with the log on failure."""
+    global COMPILES
+    Program, ProgramOptions = _core("Program", "ProgramOptions")
+
+    opts = ProgramOptions(arch=arch, std=_STD, include_path=_include_dirs(), name=variant.name)
+    try:
+        prog = Program(variant.text(), "c++", options=opts)
+        obj = prog.compile("cubin")
+    except Exception as exc:
+        raise AttnhubError(
+            f"NVRTC could not compile the cuda kernel {variant.name} for {arch}:\n{exc}"
+        ) from exc
+    with _lock:
+        COMPILES += 1
+    return bytes(obj.code)
+
+
+def get_cubin(variant: Variant, arch: str) -> bytes:
+    """The cubin of ``variant`` for ``arch``: from the disk cache, else compiled and stored there."""
+    path = cache_dir() / f"{cache_key(variant, arch)}.cubin"
+    try:
+        return path.read_bytes()
+    except OSError:
+        pass
+    data = compile_variant(variant, arch)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs a compile per process
+    return data
+
+
+def load_kernel(variant: Variant, name: str, device_index: int, arch: str, smem: int = 0) -> Any:
+    """A launchable ``cuda.core`` kernel for the current device, allowing ``smem`` bytes of dynamic smem."""
+    key = (f"{variant.name}:{name}:{arch}", device_index)
+    kern = _kernels.get(key)
+    if kern is not None:
+        return kern
+    Device, ObjectCode = _core("Device", "ObjectCode")
+
+    Device(device_index).set_current()
+    obj = ObjectCode.from_cubin(get_cubin(variant, arch))
+    kern = obj.get_kernel(name)
+    if smem > 48 * 1024:
+        _allow_smem(kern, smem, device_index)
+    _kernels[key] = kern
+    _kernels[(key[0] + ":obj", device_index)] = obj  # keep the module alive
+    return kern
+
+
+def _allow_smem(kern: Any, smem: int, device_index: int) -> None:
+    from cuda.bindings import driver
+
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    handle = kern.handle
+    if isinstance(handle, driver.CUkernel):
+        dev = driver.CUdevice(device_index)
+        (err,) = driver.cuKernelSetAttribute(attr, smem, handle, dev)
+    else:
+        (err,) = driver.cuFuncSetAttribute(handle, attr, smem)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise AttnhubError(f"cannot allow {smem} bytes of shared memory for the cuda kernel: {err}")

@@ -1,0 +1,142 @@
+// attnhub CUDA backend: shared helpers (mask rules from positions, tile classification, cp.async).
+// Prepended to every kernel source by the compiler module; NVRTC sees one translation unit.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+typedef unsigned int u32;
+typedef long long i64;
+
+#define ATT_NEG_INF __int_as_float(0xff800000)
+
+// Sequence positions (SPEC §2) and rules (SPEC §3). Every request is treated as 2-d: a 1-d request
+// has Y lengths of 1. A flattened index n maps to (iy, ix) = (n / lx, n % lx); its position along a
+// dimension is i * a + b, where (a, b) encode the sync mode. Flat index F = Py * mx + Px.
+struct Mask {
+  int lqx, lkx;            // x lengths of queries and keys
+  int aqy, bqy, aqx, bqx;  // query position = i * a + b per dimension
+  int aky, bky, akx, bkx;  // key position = j * a + b per dimension
+  int mx;                  // common-grid extent along x (row length of the flat index)
+  int rule;                // 0 full, 1 causal, 2 local
+  int wy, wx;              // local half-window per dimension
+  int log2s;               // local stride exponent
+  int lcausal;             // local rule also causal
+
+  __device__ __forceinline__ void qpos(int n, int& py, int& px, i64& f) const {
+    int iy = n / lqx, ix = n - iy * lqx;
+    py = iy * aqy + bqy;
+    px = ix * aqx + bqx;
+    f = (i64)py * mx + px;
+  }
+  __device__ __forceinline__ void kpos(int n, int& py, int& px, i64& f) const {
+    int iy = n / lkx, ix = n - iy * lkx;
+    py = iy * aky + bky;
+    px = ix * akx + bkx;
+    f = (i64)py * mx + px;
+  }
+  __device__ __forceinline__ i64 qflat(int n) const { int a, b; i64 f; qpos(n, a, b, f); return f; }
+  __device__ __forceinline__ i64 kflat(int n) const { int a, b; i64 f; kpos(n, a, b, f); return f; }
+
+  __device__ __forceinline__ bool attend(int qy, int qx, i64 fq, int ky, int kx, i64 fk) const {
+    if (rule == 0) return true;
+    if (rule == 1) return fq >= fk;
+    int dy = qy > ky ? qy - ky : ky - qy;
+    int dx = qx > kx ? qx - kx : kx - qx;
+    int sm = (1 << log2s) - 1;
+    bool ok = ((dy & sm) == 0) && ((dy >> log2s) < wy) && ((dx & sm) == 0) && ((dx >> log2s) < wx);
+    if (lcausal) ok = ok && (fq >= fk);
+    return ok;
+  }
+
+  // Range of positions along each dimension covered by flattened indices [n0, n1] (inclusive).
+  __device__ __forceinline__ static void ranges(int n0, int n1, int lx, int ay, int by, int ax, int bx,
+                                                 i64& y0, i64& y1, i64& x0, i64& x1) {
+    int iy0 = n0 / lx, iy1 = n1 / lx;
+    y0 = (i64)iy0 * ay + by;
+    y1 = (i64)iy1 * ay + by;
+    if (iy0 == iy1) {
+      x0 = (i64)(n0 - iy0 * lx) * ax + bx;
+      x1 = (i64)(n1 - iy1 * lx) * ax + bx;
+    } else {
+      x0 = bx;
+      x1 = (i64)(lx - 1) * ax + bx;
+    }
+  }
+
+  // Classify the tile of queries [q0, q1] x keys [k0, k1] (inclusive, in range):
+  // 0 = no pair attended (skip), 1 = some pairs (evaluate per element), 2 = every pair attended.
+  __device__ __forceinline__ int tile(int q0, int q1, int k0, int k1) const {
+    if (rule == 0) return 2;
+    if (rule == 1 || lcausal) {
+      // Flat indices grow with the flattened index (row-major, strictly increasing positions).
+      if (qflat(q1) < kflat(k0)) return 0;
+      if (rule == 1) return qflat(q0) >= kflat(k1) ? 2 : 1;
+    }
+    i64 qy0, qy1, qx0, qx1, ky0, ky1, kx0, kx1;
+    ranges(q0, q1, lqx, aqy, bqy, aqx, bqx, qy0, qy1, qx0, qx1);
+    ranges(k0, k1, lkx, aky, bky, akx, bkx, ky0, ky1, kx0, kx1);
+    i64 dy = ky0 > qy1 ? ky0 - qy1 : (qy0 > ky1 ? qy0 - ky1 : 0);
+    i64 dx = kx0 > qx1 ? kx0 - qx1 : (qx0 > kx1 ? qx0 - kx1 : 0);
+    if (dy >= ((i64)wy << log2s) || dx >= ((i64)wx << log2s)) return 0;
+    return 1;
+  }
+};
+
+#define MASK_PARAMS                                                                                    \
+  int lqx, int lkx, int aqy, int bqy, int aqx, int bqx, int aky, int bky, int akx, int bkx, int mx,   \
+      int rule, int wy, int wx, int log2s, int lcausal
+#define MASK_INIT {lqx, lkx, aqy, bqy, aqx, bqx, aky, bky, akx, bkx, mx, rule, wy, wx, log2s, lcausal}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  u32 s = (u32)__cvta_generic_to_shared(smem);
+  int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ double to_f(double x) { return x; }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <typename T> __device__ __forceinline__ T from_d(double x);
+template <> __device__ __forceinline__ double from_d<double>(double x) { return x; }
+
+// Storage type T and accumulation type ACC of the SIMT kernels, chosen by ATT_DTYPE:
+// 0 float16, 1 bfloat16, 2 float32, 3 float64.
+#if defined(ATT_DTYPE)
+#if ATT_DTYPE == 0
+typedef __half T;
+typedef float ACC;
+#elif ATT_DTYPE == 1
+typedef __nv_bfloat16 T;
+typedef float ACC;
+#elif ATT_DTYPE == 2
+typedef float T;
+typedef float ACC;
+#else
+typedef double T;
+typedef double ACC;
+#endif
+#endif
+
+__device__ __forceinline__ float acc_exp(float x) { return expf(x); }
+__device__ __forceinline__ double acc_exp(double x) { return exp(x); }
+__device__ __forceinline__ float acc_log(float x) { return logf(x); }
+__device__ __forceinline__ double acc_log(double x) { return log(x); }
+__device__ __forceinline__ float acc_inf(float) { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ double acc_inf(double) { return __longlong_as_double(0x7ff0000000000000LL); }
+__device__ __forceinline__ T store_t(ACC x) {
+#if ATT_DTYPE == 3
+  return x;
+#else
+  return from_f<T>(x);
+#endif
+}

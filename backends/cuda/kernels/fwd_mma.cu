@@ -1,0 +1,237 @@
+// attnhub CUDA backend: tensor-core forward for float16 / bfloat16 (sm_80+).
+// mma.sync m16n8k16 with float32 accumulators, online softmax in registers, Q/K/V tiles loaded with
+// cp.async into XOR-swizzled shared memory, K/V double-buffered, fully masked tiles skipped.
+// Compile-time parameters (defined by the host): ATT_DTYPE (0 f16, 1 bf16), DQK, DV, NWARPS, BN.
+
+#if ATT_DTYPE == 1
+#define MMA_T "bf16"
+__device__ __forceinline__ u32 pack2(float a, float b) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<u32*>(&h);
+}
+#else
+#define MMA_T "f16"
+__device__ __forceinline__ u32 pack2(float a, float b) {
+  __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<u32*>(&h);
+}
+#endif
+
+constexpr int BM = 16 * NWARPS;
+constexpr int NT = 32 * NWARPS;
+
+__device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_T "." MMA_T
+               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldsm_x4(u32* r, const void* p) {
+  u32 s = (u32)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32* r, const void* p) {
+  u32 s = (u32)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+// Element offset of (row, 16-byte chunk) in a swizzled tile whose rows hold D elements.
+template <int D>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+// Copy rows [row0, row0 + R) of a (N, D) matrix with row stride `ld` into a swizzled tile; rows past
+// N are zero-filled.
+template <int R, int D>
+__device__ __forceinline__ void load_tile(T* s, const T* g, i64 ld, int row0, int n, int tid) {
+  constexpr int CH = D / 8;
+#pragma unroll
+  for (int c = tid; c < R * CH; c += NT) {
+    int r = c / CH, ch = c % CH;
+    int gr = row0 + r;
+    bool ok = gr < n;
+    const T* src = ok ? g + (i64)gr * ld + ch * 8 : g;
+    cp_async16(s + swz<D>(r, ch), src, ok);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+    float* __restrict__ lse, i64 qsb, i64 qsh, i64 qsn, i64 ksb, i64 ksh, i64 ksn, i64 vsb, i64 vsh,
+    i64 vsn, int Hq, int group, int Nq, int Nk, float scale_log2, MASK_PARAMS) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + BM * DQK;
+  T* sV = sK + 2 * BN * DQK;
+  const Mask m = MASK_INIT;
+
+  const int ntq = (Nq + BM - 1) / BM;
+  const int qt = ntq - 1 - (int)blockIdx.x;  // heaviest (latest) query tiles first under causal rules
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / group;
+  const T* qp = q + b * qsb + h * qsh;
+  const T* kp = k + b * ksb + hk * ksh;
+  const T* vp = v + b * vsb + hk * vsh;
+  const i64 bh = (i64)b * Hq + h;
+  T* op = o + bh * Nq * DV;
+  float* lp = lse + bh * Nq;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int q0 = qt * BM, q1 = min(q0 + BM, Nq) - 1;
+  const int nkt = (Nk + BN - 1) / BN;
+
+  load_tile<BM, DQK>(sQ, qp, qsn, q0, Nq, tid);
+  int j = 0;
+  while (j < nkt && m.tile(q0, q1, j * BN, min(j * BN + BN, Nk) - 1) == 0) ++j;
+  if (j < nkt) {
+    load_tile<BN, DQK>(sK, kp, ksn, j * BN, Nk, tid);
+    load_tile<BN, DV>(sV, vp, vsn, j * BN, Nk, tid);
+  }
+  cp_async_commit();
+
+  // Positions of this thread's two rows.
+  const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+  int qy[2], qx[2];
+  i64 fq[2];
+  m.qpos(min(r0, Nq - 1), qy[0], qx[0], fq[0]);
+  m.qpos(min(r1, Nq - 1), qy[1], qx[1], fq[1]);
+
+  float mrow[2] = {ATT_NEG_INF, ATT_NEG_INF}, lrow[2] = {0.f, 0.f};
+  float oacc[DV / 8][4];
+#pragma unroll
+  for (int i = 0; i < DV / 8; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+  u32 qf[DQK / 16][4];
+  bool have_q = false;
+  int buf = 0;
+
+  while (j < nkt) {
+    int jn = j + 1;
+    while (jn < nkt && m.tile(q0, q1, jn * BN, min(jn * BN + BN, Nk) - 1) == 0) ++jn;
+    if (jn < nkt) {
+      load_tile<BN, DQK>(sK + (buf ^ 1) * BN * DQK, kp, ksn, jn * BN, Nk, tid);
+      load_tile<BN, DV>(sV + (buf ^ 1) * BN * DV, vp, vsn, jn * BN, Nk, tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    if (!have_q) {
+#pragma unroll
+      for (int kk = 0; kk < DQK / 16; ++kk) {
+        int row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        ldsm_x4(qf[kk], sQ + swz<DQK>(row, kk * 2 + (lane >> 4)));
+      }
+      have_q = true;
+    }
+
+    // S = Q K^T for this warp's 16 rows and BN keys.
+    float s[BN / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    const T* sKb = sK + buf * BN * DQK;
+#pragma unroll
+    for (int kk = 0; kk < DQK / 16; kk += 2) {
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+        u32 bf[4];
+        ldsm_x4(bf, sKb + swz<DQK>(nt * 8 + (lane & 7), kk * 2 + (lane >> 3)));
+        mma16816(s[nt], qf[kk], bf[0], bf[1]);
+        mma16816(s[nt], qf[kk + 1], bf[2], bf[3]);
+      }
+    }
+
+    // Scale into the log2 domain, then mask.
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
+    const int k0 = j * BN;
+    const int cls = m.tile(q0, q1, k0, min(k0 + BN, Nk) - 1);
+    if (cls != 2 || k0 + BN > Nk) {
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          int kn = k0 + nt * 8 + 2 * t4 + e;
+          bool ok = kn < Nk;
+          int ky = 0, kx = 0;
+          i64 fk = 0;
+          if (ok) m.kpos(kn, ky, kx, fk);
+          if (!(ok && m.attend(qy[0], qx[0], fq[0], ky, kx, fk))) s[nt][e] = ATT_NEG_INF;
+          if (!(ok && m.attend(qy[1], qx[1], fq[1], ky, kx, fk))) s[nt][2 + e] = ATT_NEG_INF;
+        }
+    }
+
+    // Online softmax; row r of this thread lives in s[*][2r], s[*][2r+1] across the quad.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx_ = mrow[r];
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) mx_ = fmaxf(mx_, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+      mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 1));
+      mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 2));
+      const float mu = (mx_ == ATT_NEG_INF) ? 0.f : mx_;
+      const float alpha = exp2f(mrow[r] - mu);
+      mrow[r] = mx_;
+      float rs = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+        s[nt][2 * r] = exp2f(s[nt][2 * r] - mu);
+        s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - mu);
+        rs += s[nt][2 * r] + s[nt][2 * r + 1];
+      }
+      lrow[r] = lrow[r] * alpha + rs;
+#pragma unroll
+      for (int dt = 0; dt < DV / 8; ++dt) {
+        oacc[dt][2 * r] *= alpha;
+        oacc[dt][2 * r + 1] *= alpha;
+      }
+    }
+
+    // O += P V
+    const T* sVb = sV + buf * BN * DV;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      u32 a[4];
+      a[0] = pack2(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dt = 0; dt < DV / 8; dt += 2) {
+        u32 bf[4];
+        int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        ldsm_x4_t(bf, sVb + swz<DV>(row, dt + (lane >> 4)));
+        mma16816(oacc[dt], a, bf[0], bf[1]);
+        mma16816(oacc[dt + 1], a, bf[2], bf[3]);
+      }
+    }
+    __syncthreads();
+    buf ^= 1;
+    j = jn;
+  }
+  cp_async_wait<0>();
+
+  // Normalise and store; a row with no attended key gets out = 0 and lse = -inf.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = lrow[r];
+    l += __shfl_xor_sync(0xffffffff, l, 1);
+    l += __shfl_xor_sync(0xffffffff, l, 2);
+    const float inv = (l == 0.f) ? 0.f : 1.f / l;
+    const int row = r ? r1 : r0;
+    if (row < Nq) {
+      T* orow = op + (i64)row * DV;
+#pragma unroll
+      for (int dt = 0; dt < DV / 8; ++dt) {
+        u32 pk = pack2(oacc[dt][2 * r] * inv, oacc[dt][2 * r + 1] * inv);
+        *reinterpret_cast<u32*>(orow + dt * 8 + 2 * t4) = pk;
+      }
+      if (t4 == 0) lp[row] = (l == 0.f) ? ATT_NEG_INF : (mrow[r] + log2f(l)) * 0.6931471805599453f;
+    }
+  }
+}

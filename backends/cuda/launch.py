@@ -1,0 +1,118 @@
+"""Host side of the CUDA kernels: mask parameters, argument packing, launches on torch's stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from attnhub.request import Request
+from attnhub.rules import Causal, Full, Local
+from attnhub_backends.cuda import compiler
+
+#: Largest window value passed to the kernels (larger windows behave identically: no position is farther).
+_WINDOW_CAP = 1 << 30
+
+
+def _axis(lq: int, lk: int, sync: str) -> tuple[int, int, int, int]:
+    """(a_q, b_q, a_k, b_k) with position = index * a + b along one dimension (SPEC §2)."""
+    m = max(lq, lk)
+    if sync == "none_front":
+        return 1, 0, 1, 0
+    if sync == "none_end":
+        return 1, m - lq, 1, m - lk
+    sq, sk = m // lq, m // lk
+    if sync == "scale_front":
+        return sq, 0, sk, 0
+    return sq, sq - 1, sk, sk - 1  # scale_end
+
+
+def mask_args(req: Request) -> list[np.int32]:
+    """The 16 integers of the kernels' ``Mask`` struct for ``req`` (1-d requests as 2-d with Y = 1)."""
+    seq_q, seq_k = req.seq_q, req.seq_k
+    if len(seq_q) == 1:
+        seq_q, seq_k = (1, *seq_q), (1, *seq_k)
+    (lqy, lqx), (lky, lkx) = seq_q, seq_k
+    aqy, bqy, aky, bky = _axis(lqy, lky, req.sync)
+    aqx, bqx, akx, bkx = _axis(lqx, lkx, req.sync)
+    mx = max(lqx, lkx)
+    rule = req.rule
+    wy = wx = 1
+    log2s = lcausal = 0
+    if isinstance(rule, Full):
+        code = 0
+    elif isinstance(rule, Causal):
+        code = 1
+    elif isinstance(rule, Local):
+        code = 2
+        ws = rule.windows(req.ndim)
+        ws = (1, *ws) if len(ws) == 1 else ws
+        wy, wx = (min(w, _WINDOW_CAP) for w in ws)
+        log2s, lcausal = rule.log2_stride, int(rule.causal)
+    else:  # pragma: no cover - explicit masks are declined by check()
+        raise TypeError(f"the cuda backend cannot evaluate {rule!r}")
+    vals = [lqx, lkx, aqy, bqy, aqx, bqx, aky, bky, akx, bkx, mx, code, wy, wx, log2s, lcausal]
+    return [np.int32(x) for x in vals]
+
+
+class _StreamRef:
+    """A foreign stream for ``cuda.core`` (the ``__cuda_stream__`` protocol)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+_streams: dict[int, Any] = {}
+
+
+def current_stream(device: Any) -> Any:
+    """The caller's current torch stream on ``device``, as a ``cuda.core`` stream."""
+    import torch
+
+    handle = int(torch.cuda.current_stream(device).cuda_stream)
+    st = _streams.get(handle)
+    if st is None:
+        (Device,) = compiler._core("Device")
+        dev = Device(device.index if device.index is not None else torch.cuda.current_device())
+        dev.set_current()
+        st = dev.create_stream(_StreamRef(handle))
+        _streams[handle] = st
+    return st
+
+
+def arch_of(device: Any) -> str:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def launch(kernel: Any, device: Any, grid: tuple[int, ...], block: int, smem: int, *args: Any) -> None:
+    (LaunchConfig, launch_fn) = compiler._core("LaunchConfig", "launch")
+    cfg = LaunchConfig(grid=grid, block=block, shmem_size=smem)
+    launch_fn(current_stream(device), cfg, kernel, *args)
+
+
+def ptr(t: Any) -> np.uint64:
+    return np.uint64(t.data_ptr())
+
+
+def i64(x: int) -> np.int64:
+    return np.int64(x)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def grid_ok(req: Request) -> list[str]:
+    """Limits of the launch grid and of 32-bit index arithmetic."""
+    reasons = []
+    if max(req.nq, req.nk) >= 1 << 30:
+        reasons.append(f"sequences up to 2**30 positions, got Nq={req.nq} Nk={req.nk}")
+    if req.heads_q > 65535 or req.batch > 65535:
+        reasons.append(f"batch and heads up to 65535, got B={req.batch} Hq={req.heads_q}")
+    return reasons
