@@ -5,39 +5,79 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from attnhub.dispatch import DISPATCHER, Explanation, _disabled, explain_request
+from attnhub.backend import Backend
+from attnhub.dispatch import DISPATCHER, Explanation, _disabled, explain_request, override_state
 from attnhub.frameworks import Adapter, adapter_for
 from attnhub.registry import REGISTRY
 from attnhub.request import Request, build_request, from_canonical, to_canonical
-
-# Validated requests by raw call signature, so that a repeated call skips validation.
-_REQUESTS: dict[tuple, tuple[Request, Adapter]] = {}
+from attnhub.rules import Causal, Full, Local
 
 
-def _raw_key(ad: Adapter, x: Any) -> tuple:
-    return (type(x), tuple(x.shape), x.dtype, ad.device(x))
+class _Plan:
+    """Everything decided once per call signature: the request, the backend, the layout moves."""
 
+    __slots__ = ("req", "ad", "run", "reshape_in", "reshape_out", "lse_shape")
 
-def _prepare(q, k, v, mask, sync, scale, layout, return_lse) -> tuple[Request, Adapter]:
-    try:
-        ad = adapter_for(q)
-        if isinstance(mask, (str, type(None))) or not hasattr(mask, "shape"):
-            mkey: Any = mask
+    def __init__(self, req: Request, ad: Adapter, backend: Backend) -> None:
+        self.req, self.ad, self.run = req, ad, backend.run
+        # A 1-d bhsd request is already canonical: no reshape on the hot path.
+        self.reshape_in = not (req.layout == "bhsd" and req.ndim == 1)
+        self.reshape_out = self.reshape_in
+        self.lse_shape = (req.batch, req.heads_q, *req.seq_q)
+
+    def execute(self, q: Any, k: Any, v: Any, mask: Any) -> Any:
+        req, ad = self.req, self.ad
+        if req.is_empty:
+            return _empty_result(ad, q, req)
+        if self.reshape_in:
+            q, k, v = (to_canonical(ad, x, req.layout) for x in (q, k, v))
+        if mask is not None and hasattr(mask, "shape") and not isinstance(mask, str):
+            mask = adapter_for(mask).reshape(mask, req.rule.shape)  # type: ignore[union-attr]
         else:
-            mkey = ("array",) + _raw_key(adapter_for(mask), mask)
+            mask = None
+        out, lse = self.run(q, k, v, req, mask)
+        if self.reshape_out:
+            out = from_canonical(ad, out, req)
+        if req.return_lse:
+            if req.ndim > 1:
+                lse = ad.reshape(lse, self.lse_shape)
+            return out, lse
+        return out
+
+
+# Plans by raw call signature and dispatch overrides, so that a repeated call skips validation
+# and backend choice; dropped whenever the registry changes.
+_PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 4096
+REGISTRY.on_reset.append(_PLANS.clear)
+
+
+def _mask_key(mask: Any) -> Any:
+    if mask is None or isinstance(mask, (str, Full, Causal, Local)):
+        return mask
+    if hasattr(mask, "shape") and hasattr(mask, "dtype"):
+        mad = adapter_for(mask)
+        return ("array", type(mask), tuple(mask.shape), mask.dtype, mad.device(mask))
+    return ("other", id(mask))
+
+
+def _plan(q, k, v, mask, sync, scale, layout, return_lse, backend) -> _Plan:
+    ad = adapter_for(q)
+    try:
         key = (
-            _raw_key(ad, q), _raw_key(ad, k), _raw_key(ad, v), mkey, sync, scale, layout, return_lse,
-            ad.requires_grad(q) or ad.requires_grad(k) or ad.requires_grad(v),
+            ad.call_key(q, k, v), _mask_key(mask), sync, scale, layout, return_lse, backend,
+            override_state(),
         )  # fmt: skip
-        hit = _REQUESTS.get(key)
-    except TypeError:  # something unhashable: validate without the cache
+        hit = _PLANS.get(key)
+    except TypeError:  # something unhashable (an odd scale object): plan without the cache
         key, hit = None, None
     if hit is not None:
         return hit
-    found = build_request(q, k, v, mask, sync, scale, layout, return_lse)
-    if key is not None and len(_REQUESTS) < 4096:
-        _REQUESTS[key] = found
-    return found
+    req, ad = build_request(q, k, v, mask, sync, scale, layout, return_lse)
+    plan = _Plan(req, ad, DISPATCHER.choose(req, backend))
+    if key is not None and len(_PLANS) < _MAX_PLANS:
+        _PLANS[key] = plan
+    return plan
 
 
 def attention(
@@ -58,21 +98,7 @@ def attention(
     ``return_lse=True``. ``backend="auto"`` picks the highest-priority backend able to run the
     request; a named backend that cannot raises :class:`attnhub.BackendUnsupported`.
     """
-    req, ad = _prepare(q, k, v, mask, sync, scale, layout, return_lse)
-    chosen = DISPATCHER.choose(req, backend)
-    if req.is_empty:
-        return _empty_result(ad, q, req)
-    qc = to_canonical(ad, q, layout)
-    kc = to_canonical(ad, k, layout)
-    vc = to_canonical(ad, v, layout)
-    mc = None
-    if hasattr(mask, "shape") and not isinstance(mask, str):
-        mc = adapter_for(mask).reshape(mask, req.rule.shape)  # type: ignore[union-attr]
-    out, lse = chosen.run(qc, kc, vc, req, mc)
-    out = from_canonical(ad, out, req)
-    if return_lse:
-        return out, ad.reshape(lse, (req.batch, req.heads_q, *req.seq_q))
-    return out
+    return _plan(q, k, v, mask, sync, scale, layout, return_lse, backend).execute(q, k, v, mask)
 
 
 def _empty_result(ad: Adapter, like: Any, req: Request) -> Any:

@@ -38,9 +38,7 @@ class Backend:
     frameworks: ClassVar[tuple[str, ...]] = ()
     device_types: ClassVar[tuple[str, ...]] = ("cpu",)
     dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
-    features: ClassVar[frozenset[str]] = frozenset(
-        {"1d", "2d", "full", "causal", "local", "gqa", "lse"}
-    )
+    features: ClassVar[frozenset[str]] = frozenset({"1d", "2d", "full", "causal", "local", "gqa", "lse"})
     max_head_dim: ClassVar[int | None] = None
     #: Name and version of what the backend runs on, for ``attnhub info``.
     requires: ClassVar[tuple[str, ...]] = ()
@@ -57,13 +55,9 @@ class Backend:
         """Reasons this backend cannot serve ``req``; an empty list means it can."""
         reasons: list[str] = []
         if req.framework not in self.frameworks:
-            reasons.append(
-                f"takes {', '.join(self.frameworks) or 'no'} arrays, got a {req.framework} array"
-            )
+            reasons.append(f"takes {', '.join(self.frameworks) or 'no'} arrays, got a {req.framework} array")
         if req.device_type not in self.device_types:
-            reasons.append(
-                f"runs on {', '.join(self.device_types)} devices, the inputs are on {req.device}"
-            )
+            reasons.append(f"runs on {', '.join(self.device_types)} devices, the inputs are on {req.device}")
         if req.dtype not in self.dtypes:
             reasons.append(f"supports dtypes {', '.join(self.dtypes)}, got {req.dtype}")
         feats = self.features
@@ -72,7 +66,9 @@ class Backend:
         rule = req.rule
         if isinstance(rule, ExplicitMask):
             if "explicit_mask" not in feats:
-                reasons.append("does not read explicit mask arrays; express the mask as a rule (Causal/Local)")
+                reasons.append(
+                    "does not read explicit mask arrays; express the mask as a rule (Causal/Local)"
+                )
         else:
             kind = type(rule).__name__.lower()
             if kind not in feats:
@@ -84,9 +80,7 @@ class Backend:
         if req.needs_grad and "backward" not in feats:
             reasons.append("has no backward; call it under torch.no_grad() or on tensors without grad")
         if self.max_head_dim is not None and max(req.dim_qk, req.dim_v) > self.max_head_dim:
-            reasons.append(
-                f"head dims up to {self.max_head_dim}, got Dqk={req.dim_qk} Dv={req.dim_v}"
-            )
+            reasons.append(f"head dims up to {self.max_head_dim}, got Dqk={req.dim_qk} Dv={req.dim_v}")
         reasons.extend(self.extra_reasons(req))
         return reasons
 

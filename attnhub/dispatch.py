@@ -27,6 +27,31 @@ def use_backend(name: str) -> Iterator[None]:
         _forced.reset(token)
 
 
+def _environ_reader():
+    """A fast reader of one environment variable for the hot path (``os.environ.get`` costs ~1 us).
+
+    ``os.environ`` keeps its values in ``_data`` keyed by the encoded name on POSIX; reading it
+    directly still sees every change made through ``os.environ``. Elsewhere fall back to ``get``.
+    """
+    data = getattr(os.environ, "_data", None)
+    if os.name == "posix" and isinstance(data, dict):
+
+        def read(name: str, _data=data, _fsencode=os.fsencode) -> str | None:
+            raw = _data.get(_fsencode(name))
+            return None if raw is None else os.fsdecode(raw)
+
+        return read
+    return os.environ.get
+
+
+env_value = _environ_reader()
+
+
+def override_state() -> tuple:
+    """What besides the request decides the choice: use_backend and the two environment variables."""
+    return (_forced.get(), env_value("ATTNHUB_BACKEND"), env_value("ATTNHUB_DISABLE"))
+
+
 def _disabled() -> frozenset[str]:
     raw = os.environ.get("ATTNHUB_DISABLE", "")
     return frozenset(n.strip() for n in raw.split(",") if n.strip())
@@ -122,7 +147,13 @@ class Dispatcher:
             self._cache.clear()
 
     def choose(self, req: Request, backend: str = "auto") -> Backend:
-        key = (req, backend, _forced.get(), os.environ.get("ATTNHUB_BACKEND"), os.environ.get("ATTNHUB_DISABLE"))
+        key = (
+            req,
+            backend,
+            _forced.get(),
+            os.environ.get("ATTNHUB_BACKEND"),
+            os.environ.get("ATTNHUB_DISABLE"),
+        )
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -140,3 +171,4 @@ class Dispatcher:
 
 
 DISPATCHER = Dispatcher()
+REGISTRY.on_reset.append(DISPATCHER.clear)

@@ -37,6 +37,10 @@ class Adapter:
     def shape(self, x: Any) -> tuple[int, ...]:
         return tuple(int(s) for s in x.shape)
 
+    def call_key(self, q: Any, k: Any, v: Any) -> tuple:
+        """A cheap hashable key of everything about q, k, v that a request depends on."""
+        return (type(q), q.shape, q.dtype, type(k), k.shape, k.dtype, type(v), v.shape, v.dtype)
+
     def device(self, x: Any) -> str:
         return "cpu"
 
@@ -75,6 +79,14 @@ class TorchAdapter(Adapter):
     def requires_grad(self, x: Any) -> bool:
         return bool(x.requires_grad) and sys.modules["torch"].is_grad_enabled()
 
+    def call_key(self, q: Any, k: Any, v: Any) -> tuple:
+        return (
+            type(q), q.shape, q.dtype, q.device, q.requires_grad,
+            type(k), k.shape, k.dtype, k.device, k.requires_grad,
+            type(v), v.shape, v.dtype, v.device, v.requires_grad,
+            sys.modules["torch"].is_grad_enabled(),
+        )  # fmt: skip
+
     def to_numpy(self, x: Any) -> np.ndarray:
         x = x.detach()
         if x.device.type != "cpu":
@@ -108,6 +120,10 @@ class TensorFlowAdapter(Adapter):
     def is_concrete(self, x: Any) -> bool:
         return hasattr(x, "numpy") and sys.modules["tensorflow"].executing_eagerly()
 
+    def call_key(self, q: Any, k: Any, v: Any) -> tuple:
+        base = super().call_key(q, k, v)
+        return (*base, self.device(q), self.device(k), self.device(v), self.is_concrete(q))
+
     def to_numpy(self, x: Any) -> np.ndarray:
         return x.numpy()
 
@@ -137,6 +153,10 @@ class JaxAdapter(Adapter):
     def is_concrete(self, x: Any) -> bool:
         core = sys.modules.get("jax.core") or sys.modules["jax"].core
         return not isinstance(x, core.Tracer)
+
+    def call_key(self, q: Any, k: Any, v: Any) -> tuple:
+        base = super().call_key(q, k, v)
+        return (*base, self.device(q), self.device(k), self.device(v))
 
     def from_numpy(self, a: np.ndarray, dtype: str, like: Any) -> Any:
         jnp = sys.modules["jax.numpy"]

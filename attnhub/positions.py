@@ -78,9 +78,7 @@ def rule_mask(
     raise TypeError(f"rule_mask cannot evaluate {rule!r}")
 
 
-def dense_rule_mask(
-    rule: Rule, seq_q: tuple[int, ...], seq_k: tuple[int, ...], sync: str
-) -> np.ndarray:
+def dense_rule_mask(rule: Rule, seq_q: tuple[int, ...], seq_k: tuple[int, ...], sync: str) -> np.ndarray:
     """The whole ``Nq x Nk`` boolean mask of a rule (small sizes: tests and show-mask)."""
     pq, pk, fq, fk = grid_positions(seq_q, seq_k, sync)
     return rule_mask(rule, pq, pk, fq, fk)

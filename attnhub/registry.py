@@ -35,21 +35,31 @@ class Registry:
         self._backends: dict[str, Backend] | None = None
         self.load_errors: list[LoadError] = []
         self._extra_plugins: list[Any] = []
+        #: Called after the set of backends may have changed (the dispatcher drops its cache).
+        self.on_reset: list[Any] = []
 
     def register_plugin(self, plugin: Any) -> None:
         """Register a plugin object or module in-process (tests, notebooks); reloads the registry."""
         with self._lock:
             self._extra_plugins.append(plugin)
             self._backends = None
+        self._notify()
 
     def unregister_plugin(self, plugin: Any) -> None:
         with self._lock:
             self._extra_plugins.remove(plugin)
             self._backends = None
+        self._notify()
 
     def reload(self) -> None:
+        """Forget the loaded backends; the next use rescans the entry points."""
         with self._lock:
             self._backends = None
+        self._notify()
+
+    def _notify(self) -> None:
+        for callback in self.on_reset:
+            callback()
 
     def backends(self) -> dict[str, Backend]:
         found = self._backends

@@ -130,9 +130,7 @@ def build_request(
     shapes = {n: ad.shape(x) for n, x in (("q", q), ("k", k), ("v", v))}
     for n, s in shapes.items():
         if len(s) not in (4, 5):
-            raise SpecError(
-                f"{n}.ndim", f"4 (1-d sequence) or 5 (2-d sequence) in layout {layout!r}", len(s)
-            )
+            raise SpecError(f"{n}.ndim", f"4 (1-d sequence) or 5 (2-d sequence) in layout {layout!r}", len(s))
     if not len(shapes["q"]) == len(shapes["k"]) == len(shapes["v"]):
         raise SpecError("k.ndim/v.ndim", f"{len(shapes['q'])} like q", (len(shapes["k"]), len(shapes["v"])))
     bq, hq, sq, dqk = _split(shapes["q"], layout)
