@@ -1,0 +1,302 @@
+"""Blockwise attention in ``jax.lax``: online-softmax forward and a backward recomputing from lse.
+
+Shapes inside: queries are grouped per kv head, ``(B, Hkv, G, Nq, D)``, then cut into tiles
+``(B, Hkv, G, nQT, bq, D)``; keys and values into ``(B, Hkv, nKT, bk, D)``. One ``lax.scan`` step
+of a lane plan (see :mod:`plan`) handles one (query tile, key tile) pair per lane for all lanes at
+once, so only ``lanes x bq x bk`` logits per head exist at any time, never ``Nq x Nk``, and tiles
+the rule masks entirely are never visited. The mask inside a tile is evaluated from positions
+(SPEC §2-3); an explicit mask array is read tile by tile.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnhub.request import Request
+from attnhub.rules import Causal, ExplicitMask, Full, Local
+from attnhub_backends.jax import plan as planning
+
+
+@dataclass(frozen=True)
+class Config:
+    """How the blockwise path runs a request: tile sizes, compute dtype, lane memory budget."""
+
+    bq: int
+    bk: int
+    compute_dtype: str  # dtype of the matmul operands ("float32" for half inputs on the CPU)
+    lane_budget: int  # bytes of float32 logits one scan step may hold
+
+
+def _acc_dtype(req: Request) -> Any:
+    return jnp.float64 if req.dtype == "float64" else jnp.float32
+
+
+def _precision(cfg: Config) -> Any:
+    if cfg.compute_dtype in ("float32", "float64"):
+        return jax.lax.Precision.HIGHEST
+    return None
+
+
+def _max_lanes(req: Request, cfg: Config) -> int:
+    per_lane = max(1, req.batch * req.heads_q * cfg.bq * cfg.bk * 4)
+    return max(1, cfg.lane_budget // per_lane)
+
+
+class _Problem:
+    """Everything static about one request under one config: tiles, positions, the rule."""
+
+    def __init__(self, req: Request, cfg: Config) -> None:
+        self.req, self.cfg = req, cfg
+        self.nqt = math.ceil(req.nq / cfg.bq)
+        self.nkt = math.ceil(req.nk / cfg.bk)
+        self.rule = Full() if isinstance(req.rule, ExplicitMask) else req.rule
+        self.pos = planning.positions(req.seq_q, req.seq_k, req.sync, cfg.bq, cfg.bk)
+        self.pairs = planning.tile_pairs(self.rule, req.seq_q, req.seq_k, req.sync, cfg.bq, cfg.bk)
+        self.acc = _acc_dtype(req)
+        self.cdt = jnp.dtype(cfg.compute_dtype)
+        self.prec = _precision(cfg)
+
+    # ---- tiling -------------------------------------------------------------------------
+    def q_tiles(self, x: Any) -> Any:
+        """(B, Hq, Nq, D) -> (B, Hkv, G, nQT, bq, D), zero padded, in the compute dtype."""
+        r = self.req
+        x = x.astype(self.cdt).reshape(r.batch, r.heads_kv, r.group, r.nq, x.shape[-1])
+        x = jnp.pad(x, ((0, 0),) * 3 + ((0, self.nqt * self.cfg.bq - r.nq), (0, 0)))
+        return x.reshape(r.batch, r.heads_kv, r.group, self.nqt, self.cfg.bq, x.shape[-1])
+
+    def row_tiles(self, x: Any, pad: float = 0.0) -> Any:
+        """(B, Hq, Nq) -> (B, Hkv, G, nQT, bq), padded with ``pad``."""
+        r = self.req
+        x = x.reshape(r.batch, r.heads_kv, r.group, r.nq)
+        x = jnp.pad(x, ((0, 0),) * 3 + ((0, self.nqt * self.cfg.bq - r.nq),), constant_values=pad)
+        return x.reshape(r.batch, r.heads_kv, r.group, self.nqt, self.cfg.bq)
+
+    def k_tiles(self, x: Any) -> Any:
+        """(B, Hkv, Nk, D) -> (B, Hkv, nKT, bk, D), zero padded, in the compute dtype."""
+        r = self.req
+        x = jnp.pad(x.astype(self.cdt), ((0, 0), (0, 0), (0, self.nkt * self.cfg.bk - r.nk), (0, 0)))
+        return x.reshape(r.batch, r.heads_kv, self.nkt, self.cfg.bk, x.shape[-1])
+
+    def untile_q(self, x: Any, dtype: Any) -> Any:
+        """(B, Hkv, G, nQT, bq, D) -> (B, Hq, Nq, D)."""
+        r = self.req
+        x = x.reshape(r.batch, r.heads_q, self.nqt * self.cfg.bq, x.shape[-1])[:, :, : r.nq]
+        return x.astype(dtype)
+
+    def untile_rows(self, x: Any) -> Any:
+        r = self.req
+        return x.reshape(r.batch, r.heads_q, self.nqt * self.cfg.bq)[:, :, : r.nq]
+
+    def untile_k(self, x: Any, dtype: Any) -> Any:
+        r = self.req
+        x = x.reshape(r.batch, r.heads_kv, self.nkt * self.cfg.bk, x.shape[-1])[:, :, : r.nk]
+        return x.astype(dtype)
+
+    def mask_tiles(self, mask: Any) -> Any:
+        """An explicit (mb, mh, mq, mk) mask as (mb, mh, nQT|1, bq|1, nKT|1, bk|1)."""
+        r, cfg = self.req, self.cfg
+        mb, mh, mq, mk = mask.shape
+        if mq > 1:
+            mask = jnp.pad(mask, ((0, 0), (0, 0), (0, self.nqt * cfg.bq - mq), (0, 0)))
+        if mk > 1:
+            mask = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, self.nkt * cfg.bk - mk)))
+        qshape = (self.nqt, cfg.bq) if mq > 1 else (1, 1)
+        kshape = (self.nkt, cfg.bk) if mk > 1 else (1, 1)
+        del r
+        return mask.reshape(mb, mh, *qshape, *kshape)
+
+    # ---- masks --------------------------------------------------------------------------
+    def keep(self, qt: Any, kt: Any, valid: Any) -> Any:
+        """(lanes, bq, bk) bool: the rule on query tiles ``qt`` x key tiles ``kt`` (lanes,)."""
+        cfg, pos = self.cfg, self.pos
+        kvalid = jnp.asarray(pos.kvalid.reshape(self.nkt, cfg.bk))[kt]  # (L, bk)
+        keep = (kvalid & valid[:, None])[:, None, :]
+        rule = self.rule
+        if isinstance(rule, Full):
+            return jnp.broadcast_to(keep, (kt.shape[0], cfg.bq, cfg.bk))
+
+        def qpos(a: np.ndarray) -> Any:
+            return jnp.asarray(a.reshape(self.nqt, cfg.bq))[qt][:, :, None]
+
+        def kpos(a: np.ndarray) -> Any:
+            return jnp.asarray(a.reshape(self.nkt, cfg.bk))[kt][:, None, :]
+
+        causal = isinstance(rule, Causal) or (isinstance(rule, Local) and rule.causal)
+        if causal:
+            keep = keep & (qpos(pos.fq) >= kpos(pos.fk))
+        if isinstance(rule, Local):
+            s = rule.log2_stride
+            for d, w in enumerate(rule.windows(self.req.ndim)):
+                delta = jnp.abs(qpos(pos.pq[d]) - kpos(pos.pk[d]))
+                if s:
+                    keep = keep & ((delta & ((1 << s) - 1)) == 0)
+                keep = keep & ((delta >> s) < w)
+        return jnp.broadcast_to(keep, (kt.shape[0], cfg.bq, cfg.bk))
+
+    def explicit(self, mtiles: Any, qt: Any, kt: Any) -> Any:
+        """The explicit mask of the lanes' tiles, broadcastable to (B, Hkv, G, L, bq, bk)."""
+        r = self.req
+        mb, mh = mtiles.shape[:2]
+        zero = jnp.zeros_like(qt)
+        iq = qt if mtiles.shape[2] > 1 else zero
+        ik = kt if mtiles.shape[4] > 1 else zero
+        m = mtiles[:, :, iq, :, ik, :]  # (L, mb, mh, bq|1, bk|1)
+        m = jnp.moveaxis(m, 0, 2)  # (mb, mh, L, bq|1, bk|1)
+        if mh > 1:
+            return m.reshape(mb, r.heads_kv, r.group, *m.shape[2:])
+        return m.reshape(mb, 1, 1, *m.shape[2:])
+
+    def logits(self, q: Any, k: Any, qt: Any, kt: Any, valid: Any, mtiles: Any) -> Any:
+        """Masked logits (B, Hkv, G, L, bq, bk) in the accumulation dtype (-inf where masked)."""
+        s = jnp.einsum("bhgiqd,bhikd->bhgiqk", q, k, preferred_element_type=self.acc, precision=self.prec)
+        s = s * jnp.asarray(self.req.scale, self.acc)
+        keep = self.keep(qt, kt, valid)
+        if mtiles is not None:
+            m = self.explicit(mtiles, qt, kt)
+            if self.req.rule.kind == "bool":  # type: ignore[union-attr]
+                keep = keep & m
+            else:
+                s = s + m.astype(self.acc)
+        return jnp.where(keep, s, -jnp.inf)
+
+    def mm(self, spec: str, a: Any, b: Any) -> Any:
+        return jnp.einsum(spec, a, b, preferred_element_type=self.acc, precision=self.prec)
+
+
+def _lanes_table(lp: planning.Lanes) -> tuple[Any, ...]:
+    """The lane plan as scan inputs, one row per step."""
+    return tuple(jnp.asarray(a.T) for a in (lp.outer, lp.inner, lp.valid, lp.first, lp.last))
+
+
+def forward(q: Any, k: Any, v: Any, req: Request, cfg: Config, mask: Any = None) -> tuple[Any, Any]:
+    """(out (B, Hq, Nq, Dv) in the input dtype, lse (B, Hq, Nq) float32/float64)."""
+    pb = _Problem(req, cfg)
+    lp = planning.lanes(pb.pairs, _max_lanes(req, cfg))
+    n_lanes = lp.shape[0]
+    qt_all, kt_all, vt_all = pb.q_tiles(q), pb.k_tiles(k), pb.k_tiles(v)
+    mtiles = None if mask is None else pb.mask_tiles(mask)
+    b, hkv, g = req.batch, req.heads_kv, req.group
+    acc = pb.acc
+    row = (b, hkv, g, n_lanes, cfg.bq)
+    init = (
+        jnp.full(row, -jnp.inf, acc),
+        jnp.zeros(row, acc),
+        jnp.zeros((*row, req.dim_v), acc),
+        jnp.zeros((b, hkv, g, pb.nqt, cfg.bq, req.dim_v), acc),
+        jnp.full((b, hkv, g, pb.nqt, cfg.bq), -jnp.inf, acc),
+    )
+
+    def step(carry: tuple, xs: tuple) -> tuple[tuple, None]:
+        m, l, o, out, lse = carry
+        qt, kt, valid, first, last = xs
+        fr = first[:, None]
+        m = jnp.where(fr, -jnp.inf, m)
+        l = jnp.where(fr, 0.0, l)
+        o = jnp.where(fr[..., None], 0.0, o)
+        s = pb.logits(qt_all[:, :, :, qt], kt_all[:, :, kt], qt, kt, valid, mtiles)
+        m_new = jnp.maximum(m, s.max(axis=-1))
+        m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        p = jnp.exp(s - m_safe[..., None])
+        alpha = jnp.exp(m - m_safe)
+        l = alpha * l + p.sum(axis=-1)
+        o = alpha[..., None] * o + pb.mm("bhgiqk,bhikd->bhgiqd", p.astype(pb.cdt), vt_all[:, :, kt])
+        dest = jnp.where(last, qt, pb.nqt)  # out of range (dropped) unless the tile is done
+        done_o = jnp.where((l == 0)[..., None], 0.0, o / jnp.where(l == 0, 1.0, l)[..., None])
+        done_lse = jnp.where(l == 0, -jnp.inf, m_safe + jnp.log(jnp.where(l == 0, 1.0, l)))
+        out = out.at[:, :, :, dest].set(done_o, mode="drop")
+        lse = lse.at[:, :, :, dest].set(done_lse, mode="drop")
+        return (m_new, l, o, out, lse), None
+
+    (_, _, _, out, lse), _ = jax.lax.scan(step, init, _lanes_table(lp))
+    return pb.untile_q(out, q.dtype), pb.untile_rows(lse)
+
+
+def backward(
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    dout: Any,
+    req: Request,
+    cfg: Config,
+    mask: Any = None,
+    dlse: Any = None,
+) -> tuple[Any, Any, Any]:
+    """(dq, dk, dv) recomputing probabilities from ``lse``; ``dlse`` is lse's cotangent, if any."""
+    pb = _Problem(req, cfg)
+    acc = pb.acc
+    qt_all, kt_all, vt_all = pb.q_tiles(q), pb.k_tiles(k), pb.k_tiles(v)
+    dot_all = pb.q_tiles(dout)
+    mtiles = None if mask is None else pb.mask_tiles(mask)
+    delta = (dout.astype(acc) * out.astype(acc)).sum(axis=-1)
+    if dlse is not None:
+        delta = delta - dlse.astype(acc)
+    lse_all = pb.row_tiles(lse.astype(acc), -jnp.inf)
+    delta_all = pb.row_tiles(delta)
+    b, hkv, g = req.batch, req.heads_kv, req.group
+
+    def probs(qt: Any, kt: Any, valid: Any) -> tuple[Any, Any]:
+        """P and dS (without the scale) of the lanes' tiles, (B, Hkv, G, L, bq, bk)."""
+        s = pb.logits(qt_all[:, :, :, qt], kt_all[:, :, kt], qt, kt, valid, mtiles)
+        lse_t = lse_all[:, :, :, qt][..., None]
+        dead = lse_t == -jnp.inf
+        p = jnp.where(dead, 0.0, jnp.exp(s - jnp.where(dead, 0.0, lse_t)))
+        dp = pb.mm("bhgiqd,bhikd->bhgiqk", dot_all[:, :, :, qt], vt_all[:, :, kt])
+        ds = p * (dp - delta_all[:, :, :, qt][..., None])
+        return p, ds
+
+    scale = jnp.asarray(req.scale, acc)
+
+    # dq: lanes over query tiles.
+    lq = planning.lanes(pb.pairs, _max_lanes(req, cfg))
+    nlq = lq.shape[0]
+
+    def dq_step(carry: tuple, xs: tuple) -> tuple[tuple, None]:
+        a, dq = carry
+        qt, kt, valid, first, last = xs
+        a = jnp.where(first[:, None, None], 0.0, a)
+        _, ds = probs(qt, kt, valid)
+        a = a + pb.mm("bhgiqk,bhikd->bhgiqd", ds.astype(pb.cdt), kt_all[:, :, kt])
+        dest = jnp.where(last, qt, pb.nqt)
+        dq = dq.at[:, :, :, dest].set(a * scale, mode="drop")
+        return (a, dq), None
+
+    init_q = (
+        jnp.zeros((b, hkv, g, nlq, cfg.bq, req.dim_qk), acc),
+        jnp.zeros((b, hkv, g, pb.nqt, cfg.bq, req.dim_qk), acc),
+    )
+    (_, dq), _ = jax.lax.scan(dq_step, init_q, _lanes_table(lq))
+
+    # dk, dv: lanes over key tiles.
+    lk = planning.lanes(planning.transpose_pairs(pb.pairs, pb.nkt), _max_lanes(req, cfg))
+    nlk = lk.shape[0]
+
+    def dkv_step(carry: tuple, xs: tuple) -> tuple[tuple, None]:
+        ak, av, dk, dv = carry
+        kt, qt, valid, first, last = xs
+        fr = first[:, None, None]
+        ak = jnp.where(fr, 0.0, ak)
+        av = jnp.where(fr, 0.0, av)
+        p, ds = probs(qt, kt, valid)
+        av = av + pb.mm("bhgiqk,bhgiqd->bhikd", p.astype(pb.cdt), dot_all[:, :, :, qt])
+        ak = ak + pb.mm("bhgiqk,bhgiqd->bhikd", ds.astype(pb.cdt), qt_all[:, :, :, qt])
+        dest = jnp.where(last, kt, pb.nkt)
+        dk = dk.at[:, :, dest].set(ak * scale, mode="drop")
+        dv = dv.at[:, :, dest].set(av, mode="drop")
+        return (ak, av, dk, dv), None
+
+    init_k = (
+        jnp.zeros((b, hkv, nlk, cfg.bk, req.dim_qk), acc),
+        jnp.zeros((b, hkv, nlk, cfg.bk, req.dim_v), acc),
+        jnp.zeros((b, hkv, pb.nkt, cfg.bk, req.dim_qk), acc),
+        jnp.zeros((b, hkv, pb.nkt, cfg.bk, req.dim_v), acc),
+    )
+    (_, _, dk, dv), _ = jax.lax.scan(dkv_step, init_k, _lanes_table(lk))
+    return pb.untile_q(dq, q.dtype), pb.untile_k(dk, k.dtype), pb.untile_k(dv, v.dtype)

@@ -1,0 +1,99 @@
+"""The two ways the JAX backend runs a request, as jitted, differentiable functions.
+
+- ``blockwise``: :mod:`blockwise` under ``jax.custom_vjp`` (forward saves out and lse, the
+  backward recomputes probabilities tile by tile), every SPEC feature.
+- ``cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` for the requests it serves
+  exactly (see :mod:`cudnn`); it differentiates through cuDNN's own backward.
+
+Functions are built once per (request, path, config) and cached; each is a ``jax.jit`` so that
+eager calls are compiled once and calls under an outer ``jit``/``grad``/``vmap`` inline it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attnhub.request import Request
+from attnhub_backends.jax import blockwise, cudnn
+from attnhub_backends.jax.blockwise import Config
+
+#: "bq,bk" overrides the tile sizes of the blockwise path (tests use small tiles).
+TILES_ENV = "ATTNHUB_JAX_TILES"
+
+_CACHE: dict[tuple, Callable[..., tuple[Any, Any]]] = {}
+_LOCK = threading.Lock()
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def config_for(req: Request) -> Config:
+    """Tile sizes and compute dtype of the blockwise path for ``req`` on its device."""
+    gpu = req.device_type == "cuda"
+    env = os.environ.get(TILES_ENV)
+    if env:
+        bq, bk = (int(x) for x in env.split(","))
+    elif gpu:
+        bq, bk = min(128, _round_up(req.nq, 16)), min(128, _round_up(req.nk, 16))
+    else:
+        bq, bk = min(128, req.nq), min(256, req.nk)
+    half = req.dtype in ("float16", "bfloat16")
+    compute = req.dtype if gpu or not half else "float32"
+    return Config(bq=bq, bk=bk, compute_dtype=compute, lane_budget=(1 << 29) if gpu else (1 << 26))
+
+
+def _zero_cotangent(mask: Any) -> Any:
+    if mask is None:
+        return None
+    if jnp.issubdtype(mask.dtype, jnp.floating):
+        return jnp.zeros(mask.shape, mask.dtype)
+    return np.zeros(mask.shape, dtype=jax.dtypes.float0)
+
+
+def _build_blockwise(req: Request, cfg: Config) -> Callable[..., tuple[Any, Any]]:
+    @jax.custom_vjp
+    def attend(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
+        return blockwise.forward(q, k, v, req, cfg, mask)
+
+    def fwd(q: Any, k: Any, v: Any, mask: Any) -> tuple[tuple[Any, Any], tuple]:
+        out, lse = blockwise.forward(q, k, v, req, cfg, mask)
+        return (out, lse), (q, k, v, mask, out, lse)
+
+    def bwd(res: tuple, cts: tuple[Any, Any]) -> tuple:
+        q, k, v, mask, out, lse = res
+        dout, dlse = cts
+        dq, dk, dv = blockwise.backward(q, k, v, out, lse, dout, req, cfg, mask, dlse)
+        # An additive mask is treated as a constant: no gradient flows to it (docs/backends/jax.md).
+        return dq, dk, dv, _zero_cotangent(mask)
+
+    attend.defvjp(fwd, bwd)
+    return jax.jit(attend)
+
+
+def _build_cudnn(req: Request) -> Callable[..., tuple[Any, Any]]:
+    def attend(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
+        return cudnn.attention(q, k, v, req), None
+
+    return jax.jit(attend)
+
+
+def function_for(req: Request, path: str) -> Callable[..., tuple[Any, Any]]:
+    """The cached jitted ``(q, k, v, mask) -> (out, lse)`` of ``path`` for ``req``."""
+    cfg = config_for(req) if path == "blockwise" else None
+    key = (req, path, cfg)
+    fn = _CACHE.get(key)
+    if fn is None:
+        fn = _build_blockwise(req, cfg) if cfg is not None else _build_cudnn(req)
+        with _LOCK:
+            if len(_CACHE) > 512:
+                _CACHE.clear()
+            _CACHE[key] = fn
+    return fn
