@@ -207,3 +207,30 @@ def _allow_smem(kern: Any, smem: int, device_index: int) -> None:
         (err,) = driver.cuFuncSetAttribute(handle, attr, smem)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise AttnhubError(f"cannot allow {smem} bytes of shared memory for the cuda kernel: {err}")
+
+
+def _compile_job(job: tuple[Variant, str]) -> tuple[str, str, int]:
+    variant, arch = job
+    return variant.name, arch, len(get_cubin(variant, arch))
+
+
+def precompile(archs: tuple[str, ...], workers: int | None = None) -> list[tuple[str, str, int]]:
+    """Compile every variant for ``archs`` into the disk cache, in parallel processes."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = [(v, a) for v in all_variants() for a in archs]
+    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    if workers <= 1:
+        return [_compile_job(j) for j in jobs]
+    with ProcessPoolExecutor(workers) as ex:
+        return list(ex.map(_compile_job, jobs))
+
+
+if __name__ == "__main__":  # python -m attnhub_backends.cuda.compiler sm_90 [sm_80 ...]
+    import sys
+    import time
+
+    t0 = time.perf_counter()
+    for row in precompile(tuple(sys.argv[1:]) or ("sm_90",)):
+        print(*row)
+    print(f"compiled into {cache_dir()} in {time.perf_counter() - t0:.1f} s")

@@ -1,0 +1,149 @@
+"""The cuda backend against the float64 reference on an NVIDIA GPU (SPEC §6 tolerances).
+
+Run on the device machine: ``python -m pytest -q -m gpu tests/test_cuda_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import attnhub
+from attnhub.rules import Causal, Full, Local
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.gpu
+
+FWD_TOL = {"float64": 1e-10, "float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+GRAD_TOL = {"float64": 1e-9, "float32": 1e-4, "float16": 8e-3, "bfloat16": 4e-2}
+TDT = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+
+
+def _err(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    g, r = got.double().cpu().numpy(), ref.double().cpu().numpy()
+    assert not np.isnan(g).any(), "NaN in the output"
+    e = g - r
+    nr = max(np.linalg.norm(r), 1e-300)
+    mr = max(np.abs(r).max(initial=0.0), 1e-300)
+    return float(np.linalg.norm(e) / nr), float(np.abs(e).max(initial=0.0) / mr)
+
+
+def _close(name: str, got: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+    rel, mx = _err(got, ref)
+    assert rel < tol and mx < tol, f"{name}: rel {rel:.3g} max {mx:.3g} tol {tol:.1g}"
+
+
+def _inputs(rng, dtype, b, hq, hkv, sq, sk, dqk, dv, qscale=1.0):
+    def make(shape, s=1.0):
+        x = torch.from_numpy(rng.standard_normal(shape) * s).to(TDT[dtype])
+        return x
+
+    q = make((b, hq, *sq, dqk), qscale)
+    k = make((b, hkv, *sk, dqk))
+    v = make((b, hkv, *sk, dv))
+    return q, k, v
+
+
+def _check(rng, dtype, sq, sk, rule, sync, dqk=64, dv=64, hq=4, hkv=2, b=2, qscale=1.0, grad=False):
+    q, k, v = _inputs(rng, dtype, b, hq, hkv, sq, sk, dqk, dv, qscale)
+    cpu = [x.clone().requires_grad_(grad) for x in (q, k, v)]
+    ref_out, ref_lse = attnhub.attention(*cpu, mask=rule, sync=sync, backend="reference", return_lse=True)
+    gpu = [x.cuda().requires_grad_(grad) for x in (q, k, v)]
+    out, lse = attnhub.attention(*gpu, mask=rule, sync=sync, backend="cuda", return_lse=True)
+    torch.cuda.synchronize()
+    _close("out", out, ref_out, FWD_TOL[dtype])
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse.cpu()), finite), "lse -inf pattern differs"
+    assert bool((lse.cpu()[~finite] == -np.inf).all())
+    if finite.any():
+        _close("lse", lse.cpu()[finite], ref_lse[finite], FWD_TOL[dtype])
+    if grad:
+        dout = torch.from_numpy(rng.standard_normal(tuple(out.shape))).to(TDT[dtype])
+        ref_g = torch.autograd.grad(ref_out, cpu, dout)
+        got_g = torch.autograd.grad(out, gpu, dout.cuda())
+        for name, a, r in zip("qkv", got_g, ref_g):
+            _close(f"d{name}", a, r, GRAD_TOL[dtype])
+
+
+RULES = [
+    Full(),
+    Causal(),
+    Local(5),
+    Local(3, log2_stride=1, causal=True),
+]
+SYNCS = ["none_front", "scale_front", "scale_end", "none_end"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.describe())
+@pytest.mark.parametrize("sync", SYNCS)
+@pytest.mark.parametrize("lens", [(77, 200), (200, 77), (130, 130)], ids=str)
+def test_forward_1d(rng, dtype, rule, sync, lens):
+    _check(rng, dtype, (lens[0],), (lens[1],), rule, sync)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
+@pytest.mark.parametrize(
+    "rule",
+    [Full(), Causal(), Local((2, 3)), Local(2, log2_stride=1, causal=True)],
+    ids=lambda r: r.describe(),
+)
+@pytest.mark.parametrize("sync", SYNCS)
+def test_forward_2d(rng, dtype, rule, sync):
+    _check(rng, dtype, (6, 10), (12, 20), rule, sync)
+    _check(rng, dtype, (12, 20), (5, 9), rule, sync)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dims", [(64, 64), (128, 128), (64, 128), (128, 64), (40, 72)], ids=str)
+@pytest.mark.parametrize("rule", [Full(), Causal()], ids=lambda r: r.describe())
+def test_forward_dims_large_logits(rng, dtype, dims, rule):
+    _check(rng, dtype, (300,), (333,), rule, "none_end", dqk=dims[0], dv=dims[1], qscale=8.0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dims", [(1, 1), (33, 17), (128, 128)], ids=str)
+def test_forward_simt_dims(rng, dtype, dims):
+    _check(rng, dtype, (70,), (45,), Causal(), "none_front", dqk=dims[0], dv=dims[1], qscale=8.0)
+
+
+def test_mqa_and_noncontiguous(rng):
+    q, k, v = _inputs(rng, "bfloat16", 2, 6, 1, (150,), (150,), 64, 64)
+    ref = attnhub.attention(q, k, v, mask=Causal(), backend="reference")
+    # bshd layout: the canonical views are strided, not contiguous.
+    qg, kg, vg = (x.cuda().transpose(1, 2).contiguous() for x in (q, k, v))
+    out = attnhub.attention(qg, kg, vg, mask=Causal(), layout="bshd", backend="cuda")
+    _close("out", out.transpose(1, 2), ref, FWD_TOL["bfloat16"])
+
+
+def test_fully_masked_rows(rng):
+    # none_end with Lk < Lq: the first queries sit before every key under the causal rule.
+    _check(rng, "bfloat16", (100,), (30,), Causal(), "none_end", grad=True)
+    _check(rng, "float32", (100,), (30,), Local(2, log2_stride=3), "scale_end", grad=True)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
+@pytest.mark.parametrize(
+    "rule", [Full(), Causal(), Local(4, log2_stride=1, causal=True)], ids=lambda r: r.describe()
+)
+def test_backward(rng, dtype, rule):
+    _check(rng, dtype, (90,), (70,), rule, "none_end", dqk=64, dv=32, grad=True)
+    _check(rng, dtype, (5, 7), (6, 8), rule, "scale_front", dqk=16, dv=24, hq=2, hkv=1, grad=True)
+
+
+def test_inputs_unchanged_and_stream(rng):
+    q, k, v = (x.cuda() for x in _inputs(rng, "float16", 1, 2, 2, (257,), (257,), 128, 128))
+    before = [x.clone() for x in (q, k, v)]
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        out = attnhub.attention(q, k, v, mask=Causal(), backend="cuda")
+    s.synchronize()
+    for a, b in zip((q, k, v), before):
+        assert torch.equal(a, b)
+    ref = attnhub.attention(*(x.cpu() for x in (q, k, v)), mask=Causal(), backend="reference")
+    _close("out", out, ref, FWD_TOL["float16"])
