@@ -11,18 +11,13 @@ import torch
 
 import attnhub
 from attnhub import Causal, Full, Local
-from attnhub.dispatch import DISPATCHER
-from tests.test_ipu_helpers import TOL, assert_close, emulate, inputs, reference
+from tests.test_ipu_helpers import TOL, assert_close, emulate, fresh_dispatch, inputs, reference
 
 RULES = [Full(), Causal(), Local(3), Local(2, log2_stride=1, causal=True)]
 SYNCS = ["none_front", "scale_front", "scale_end", "none_end"]
 
 
-@pytest.fixture(autouse=True)
-def _clean_dispatch():
-    DISPATCHER.clear()
-    yield
-    DISPATCHER.clear()
+_fresh = pytest.fixture(autouse=True)(fresh_dispatch)
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.describe())

@@ -6,7 +6,6 @@ import numpy as np
 import torch
 
 import attnhub
-from attnhub.dispatch import DISPATCHER
 
 #: SPEC §6 tolerances (forward, gradients).
 TOL = {torch.float32: (2e-5, 1e-4), torch.float16: (2e-3, 8e-3)}
@@ -46,5 +45,17 @@ def reference(q, k, v, **kw):
 
 
 def emulate(monkeypatch) -> None:
+    """Turn emulation on for this test; cached call plans are dropped (see ``fresh_dispatch``)."""
     monkeypatch.setenv("ATTNHUB_IPU_EMULATE", "1")
-    DISPATCHER.clear()
+    attnhub.REGISTRY.reload()
+
+
+def fresh_dispatch():
+    """A fixture body: cached plans are forgotten before and after the test.
+
+    ``ATTNHUB_IPU_EMULATE`` is read when a call signature is first planned, so a test that flips
+    it must not see (or leave) plans made under the other setting.
+    """
+    attnhub.REGISTRY.reload()
+    yield
+    attnhub.REGISTRY.reload()
