@@ -164,7 +164,7 @@ def test_with_a_stand_in_poptorch_module(monkeypatch):
     assert be.device_types == ("ipu",)
     monkeypatch.setenv("ATTNHUB_IPU_EMULATE", "1")
     assert be.version().startswith("poptorch 3.3.0 + cpu-emulation (torch ")
-    assert be.device_types == ("ipu", "cpu")
+    assert be.device_types == ("cpu", "ipu")
 
 
 def importlib_spec(name: str):

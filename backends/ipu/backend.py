@@ -50,8 +50,8 @@ class IpuBackend(Backend):
 
     @property
     def device_types(self) -> tuple[str, ...]:  # type: ignore[override]
-        """``("ipu",)``, plus ``"cpu"`` in emulation mode."""
-        return ("ipu", "cpu") if emulation_enabled() else ("ipu",)
+        """``("ipu",)``; ``("cpu", "ipu")`` in emulation mode."""
+        return ("cpu", "ipu") if emulation_enabled() else ("ipu",)
 
     def availability(self) -> str | None:
         if emulation_enabled() or poptorch_installed():
