@@ -77,6 +77,8 @@ class Ops:
             import jax
             import jax.numpy as jnp
 
+            # float64 cases need real float64 arrays: without x64, jnp.asarray silently gives float32.
+            jax.config.update("jax_enable_x64", True)
             self.jax, self.jnp = jax, jnp
             self.jax_device = jax.devices("gpu" if self.cuda else "cpu")[0]
         elif self.cuda:
