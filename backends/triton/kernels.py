@@ -11,7 +11,7 @@ This module is executed once per mode (compiled or ``TRITON_INTERPRET=1``) by ``
 import triton
 import triton.language as tl
 
-LN2 = 0.6931471805599453
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit

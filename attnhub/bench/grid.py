@@ -1,0 +1,117 @@
+"""Benchmark cases: the default grid of issue 4, a quick grid, and FLOP counts as FlashAttention counts."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from attnhub.positions import axis_positions
+from attnhub.rules import Causal, Full, Local, Rule
+
+
+@dataclass(frozen=True)
+class Case:
+    """One shape and rule, timed forward or backward."""
+
+    family: str  # "dense", "local", "decode"
+    batch: int
+    heads_q: int
+    heads_kv: int
+    len_q: int
+    len_k: int
+    dim: int
+    rule: Rule = field(default_factory=Full)
+    sync: str = "none_front"
+    dtype: str = "bfloat16"
+    direction: str = "fwd"
+
+    @property
+    def causal(self) -> bool:
+        return isinstance(self.rule, Causal) or (isinstance(self.rule, Local) and self.rule.causal)
+
+    def label(self) -> str:
+        return (
+            f"{self.family} {self.direction} {self.dtype} B={self.batch} Hq={self.heads_q} Hkv={self.heads_kv} "
+            f"Lq={self.len_q} Lk={self.len_k} D={self.dim} {self.rule.describe()} sync={self.sync}"
+        )
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["rule"] = self.rule.describe()
+        return d
+
+
+def attended_pairs(rule: Rule, len_q: int, len_k: int, sync: str) -> int:
+    """Exact number of attended (query, key) pairs of a 1-d rule, row by row from intervals."""
+    pq, pk = axis_positions(len_q, len_k, sync)
+    if isinstance(rule, Full):
+        return len_q * len_k
+    if isinstance(rule, Causal):
+        return int(np.searchsorted(pk, pq, side="right").sum())
+    assert isinstance(rule, Local)
+    (w,) = rule.windows(1)
+    s = rule.stride
+    reach = (w - 1) * s
+    lo = pq - reach
+    hi = pq if rule.causal else pq + reach
+    total = 0
+    for start in range(0, len_q, 4096):  # strided windows: count keys on the stride lattice
+        sl = slice(start, start + 4096)
+        d = pq[sl, None] - pk[None, :]
+        keep = (pk[None, :] >= lo[sl, None]) & (pk[None, :] <= hi[sl, None]) & (np.abs(d) % s == 0)
+        total += int(keep.sum())
+    return total
+
+
+def flops(case: Case) -> float:
+    """FlashAttention's count: forward 4·B·H·Lq·Lk·D, halved for causal; backward 2.5x forward.
+
+    Local rules count the attended pairs instead of Lq·Lk.
+    """
+    pairs: float
+    if isinstance(case.rule, Local):
+        pairs = attended_pairs(case.rule, case.len_q, case.len_k, case.sync)
+    else:
+        pairs = case.len_q * case.len_k * (0.5 if case.causal else 1.0)
+    f = 4.0 * case.batch * case.heads_q * pairs * case.dim
+    return f * 2.5 if case.direction == "bwd" else f
+
+
+def default_grid(quick: bool = False, dtype: str = "bfloat16") -> list[Case]:
+    """Issue 4's grid: B·L = 16384, H·D = 2048, D in {64, 128}, L in 1k..16k, causal and not, fwd
+    and bwd; Local(w, causal=True, sync="none_end") w in {256, 1024} at L = 16k; decode
+    (Lq = 1, Lk in {8k, 32k}, Hq = 32, Hkv = 8, B = 8). ``quick``: D = 128, L in {1k, 4k}, w = 256,
+    Lk = 8k."""
+    dims = (128,) if quick else (64, 128)
+    lengths = (1024, 4096) if quick else (1024, 2048, 4096, 8192, 16384)
+    cases: list[Case] = []
+    for direction in ("fwd", "bwd"):
+        for d in dims:
+            h = 2048 // d
+            for causal in (False, True):
+                rule: Rule = Causal() if causal else Full()
+                for n in lengths:
+                    cases.append(
+                        Case("dense", 16384 // n, h, h, n, n, d, rule, "none_front", dtype, direction)
+                    )
+            n = 4096 if quick else 16384
+            for w in (256,) if quick else (256, 1024):
+                cases.append(
+                    Case(
+                        "local",
+                        16384 // n,
+                        h,
+                        h,
+                        n,
+                        n,
+                        d,
+                        Local(w, causal=True),
+                        "none_end",
+                        dtype,
+                        direction,
+                    )
+                )
+    for lk in (8192,) if quick else (8192, 32768):
+        cases.append(Case("decode", 8, 32, 8, 1, lk, 128, Full(), "none_end", dtype, "fwd"))
+    return cases

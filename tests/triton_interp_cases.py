@@ -1,0 +1,67 @@
+"""Kernel checks under Triton's CPU interpreter; run by tests/test_triton_interpret.py in a child
+process started with TRITON_INTERPRET=1 (the variable must be set before triton is imported, and it
+must not leak into other tests, where it would make the triton backend take CPU tensors)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from attnhub.rules import Causal, Full, Local
+from tests.triton_check import check
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/test_triton_interpret.py"
+
+
+@pytest.fixture
+def interp():
+    return None
+
+
+CASES = [
+    # (dtype, seq_q, seq_k, rule, sync, hq, hkv, dqk, dv, layout)
+    ("float32", (37,), (29,), Causal(), "none_front", 4, 2, 24, 40, "bhsd"),
+    ("float32", (40,), (20,), Causal(), "none_end", 2, 1, 16, 16, "bhsd"),  # fully masked rows
+    ("float16", (33,), (70,), Local(5, causal=True), "none_end", 2, 1, 32, 16, "bshd"),
+    ("bfloat16", (48,), (48,), Full(), "none_front", 2, 2, 64, 64, "bhsd"),
+    ("float32", (6, 5), (12, 10), Local((2, 3), 1), "scale_end", 2, 2, 16, 16, "bshd"),
+    ("float32", (6, 5), (12, 10), Causal(), "scale_front", 3, 1, 16, 8, "bhsd"),
+    ("float32", (23,), (46,), Local(3, log2_stride=1), "scale_front", 1, 1, 8, 8, "bhsd"),
+    ("float16", (5, 7), (5, 7), Local(2, causal=True), "none_front", 2, 2, 16, 16, "bhsd"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[3].describe()}-{c[4]}-{c[1]}x{c[2]}")
+def test_matches_reference(interp, case) -> None:
+    dtype, sq, sk, rule, sync, hq, hkv, dqk, dv, layout = case
+    check(
+        torch, device="cpu", dtype=dtype, seq_q=sq, seq_k=sk, rule=rule, sync=sync,
+        b=2, hq=hq, hkv=hkv, dqk=dqk, dv=dv, layout=layout,
+    )  # fmt: skip
+
+
+def test_large_logits_and_negative_scale(interp) -> None:
+    check(torch, device="cpu", dtype="float32", seq_q=(35,), seq_k=(35,), rule=Causal(), logit_boost=8.0)
+    check(torch, device="cpu", dtype="float32", seq_q=(20,), seq_k=(33,), rule=Full(), scale=-0.3)
+
+
+def test_cpu_declined_without_interpreter(monkeypatch) -> None:
+    import attnhub
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q = torch.randn(1, 1, 8, 16)
+    with pytest.raises(attnhub.BackendUnsupported, match="(?i)cuda"):
+        attnhub.attention(q, q, q, backend="triton")
+
+
+def test_explicit_mask_and_float64_declined(interp) -> None:
+    import attnhub
+
+    q = torch.randn(1, 1, 8, 16)
+    with pytest.raises(attnhub.BackendUnsupported, match="explicit mask"):
+        attnhub.attention(q, q, q, mask=torch.ones(8, 8, dtype=torch.bool), backend="triton")
+    with pytest.raises(attnhub.BackendUnsupported, match="float64"):
+        attnhub.attention(q.double(), q.double(), q.double(), backend="triton")
