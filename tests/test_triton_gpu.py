@@ -1,0 +1,87 @@
+"""The triton backend on an NVIDIA GPU against the float64 reference (SPEC §6 tolerances).
+
+Run on the device machine: ``python -m pytest -q -m gpu tests/test_triton_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from attnhub.rules import Causal, Full, Local
+from tests.triton_check import check
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+pytestmark = pytest.mark.gpu
+
+DTYPES = ("float16", "bfloat16", "float32")
+RULES = [
+    (Full(), "none_front", (300,), (300,)),
+    (Causal(), "none_front", (257,), (257,)),
+    (Causal(), "none_end", (190,), (333,)),
+    (Causal(), "none_end", (333,), (190,)),  # fully masked rows
+    (Local(40, causal=True), "none_end", (500,), (500,)),
+    (Local(17), "scale_front", (150,), (300,)),
+    (Local(9, log2_stride=2), "scale_end", (200,), (100,)),
+    (Local((3, 5)), "none_front", (16, 20), (16, 20)),
+    (Causal(), "scale_end", (12, 10), (24, 20)),
+    (Local(4, causal=True), "none_end", (9, 30), (18, 30)),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "rule,sync,sq,sk", RULES, ids=lambda x: str(x) if not hasattr(x, "describe") else x.describe()
+)
+def test_rules(dtype, rule, sync, sq, sk) -> None:
+    check(
+        torch,
+        device="cuda",
+        dtype=dtype,
+        seq_q=sq,
+        seq_k=sk,
+        rule=rule,
+        sync=sync,
+        b=2,
+        hq=4,
+        hkv=2,
+        dqk=64,
+        dv=64,
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dqk,dv", [(16, 16), (40, 72), (96, 96), (128, 128), (256, 256), (256, 64)])
+def test_head_dims(dtype, dqk, dv) -> None:
+    check(torch, device="cuda", dtype=dtype, seq_q=(211,), seq_k=(177,), rule=Causal(), sync="none_end",
+          b=1, hq=2, hkv=1, dqk=dqk, dv=dv)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layout_gqa_mqa_large_logits(dtype) -> None:
+    check(torch, device="cuda", dtype=dtype, seq_q=(129,), seq_k=(129,), rule=Causal(), layout="bshd",
+          b=2, hq=8, hkv=1, dqk=64, dv=64)  # fmt: skip
+    check(torch, device="cuda", dtype=dtype, seq_q=(200,), seq_k=(200,), rule=Full(), b=1, hq=6, hkv=2,
+          dqk=64, dv=64, logit_boost=8.0)  # fmt: skip
+    check(torch, device="cuda", dtype=dtype, seq_q=(1,), seq_k=(1000,), rule=Full(), sync="none_end",
+          b=2, hq=8, hkv=2, dqk=128, dv=128)  # fmt: skip
+
+
+def test_larger_causal_bf16() -> None:
+    check(torch, device="cuda", dtype="bfloat16", seq_q=(2048,), seq_k=(2048,), rule=Causal(), b=1, hq=2,
+          hkv=2, dqk=128, dv=128)  # fmt: skip
+
+
+def test_deterministic() -> None:
+    import attnhub
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 777, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    outs = []
+    for _ in range(2):
+        qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+        o = attnhub.attention(qq, kk, vv, mask=Causal(), backend="triton")
+        o.backward(torch.ones_like(o))
+        outs.append([o.detach(), qq.grad, kk.grad, vv.grad])
+    for a, b in zip(*outs, strict=True):
+        assert torch.equal(a, b)
