@@ -25,7 +25,7 @@ TDT = {
 
 
 def _err(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
-    g, r = got.double().cpu().numpy(), ref.double().cpu().numpy()
+    g, r = got.detach().double().cpu().numpy(), ref.detach().double().cpu().numpy()
     assert not np.isnan(g).any(), "NaN in the output"
     e = g - r
     nr = max(np.linalg.norm(r), 1e-300)

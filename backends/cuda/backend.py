@@ -175,15 +175,15 @@ def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> No
     q, k, v = (_strided(x, 8) for x in (q, k, v))
     dev = q.device
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    var = compiler.mma_variant(req.dtype, req.dim_qk, req.dim_v)
-    smem = compiler.mma_smem_bytes(req.dim_qk, req.dim_v)
+    cfg = compiler.mma_config(req.dim_qk, req.dim_v)
+    var = compiler.mma_variant(req.dtype, req.dim_qk, req.dim_v, cfg)
+    smem = compiler.mma_smem_bytes(req.dim_qk, req.dim_v, cfg)
     kern = compiler.load_kernel(var, "attn_fwd_mma", idx, arch_of(dev), smem)
-    bm = 16 * compiler.MMA_WARPS
     launch(
         kern,
         dev,
-        (ceil_div(req.nq, bm), req.heads_q, req.batch),
-        32 * compiler.MMA_WARPS,
+        (ceil_div(req.nq, 16 * cfg[0]), req.heads_q, req.batch),
+        32 * cfg[0],
         smem,
         ptr(q),
         ptr(k),

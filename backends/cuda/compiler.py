@@ -23,15 +23,15 @@ KERNEL_DIR = Path(__file__).with_name("kernels")
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}
 #: Head dims (Dqk, Dv) served by the tensor-core kernel; anything else up to 128 uses SIMT.
 MMA_DIMS = (64, 128)
-#: Query rows per block of the tensor-core kernel (16 per warp) and keys per tile.
-MMA_WARPS = 8
-MMA_BN = 64
+#: (warps, keys per tile) of the tensor-core kernel per (Dqk, Dv); each warp owns 16 query rows.
+MMA_CONFIGS = {(64, 64): (8, 64), (64, 128): (8, 64), (128, 64): (8, 64), (128, 128): (8, 64)}
 _STD = "c++17"
 
 #: Number of NVRTC compilations this process ran (tests read it to prove cache hits).
 COMPILES = 0
 _lock = threading.Lock()
 _kernels: dict[tuple[str, int], Any] = {}
+_smem_allowed: dict[tuple[str, int], int] = {}
 
 
 @dataclass(frozen=True)
@@ -55,14 +55,18 @@ class Variant:
         return "\n".join(lines) + "\n" + common + "\n" + body
 
 
-def mma_variant(dtype: str, dqk: int, dv: int) -> Variant:
-    defines = (
-        ("ATT_DTYPE", DTYPE_CODES[dtype]),
-        ("DQK", dqk),
-        ("DV", dv),
-        ("NWARPS", MMA_WARPS),
-        ("BN", MMA_BN),
-    )
+def mma_config(dqk: int, dv: int) -> tuple[int, int]:
+    """(warps, keys per tile) for the tensor-core kernel; ``ATTNHUB_CUDA_MMA=warps,bn`` overrides (tuning)."""
+    env = os.environ.get("ATTNHUB_CUDA_MMA")
+    if env:
+        w, bn = (int(x) for x in env.split(","))
+        return w, bn
+    return MMA_CONFIGS[(dqk, dv)]
+
+
+def mma_variant(dtype: str, dqk: int, dv: int, config: tuple[int, int] | None = None) -> Variant:
+    warps, bn = config or mma_config(dqk, dv)
+    defines = (("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv), ("NWARPS", warps), ("BN", bn))
     return Variant("fwd_mma.cu", defines, ("attn_fwd_mma",))
 
 
@@ -76,15 +80,21 @@ def bwd_variant(dtype: str) -> Variant:
 
 def all_variants() -> list[Variant]:
     """Every program the backend may compile (the CI compile check walks this list)."""
-    out = [mma_variant(dt, a, b) for dt in ("float16", "bfloat16") for a in MMA_DIMS for b in MMA_DIMS]
+    out = [
+        mma_variant(dt, a, b, MMA_CONFIGS[(a, b)])
+        for dt in ("float16", "bfloat16")
+        for a in MMA_DIMS
+        for b in MMA_DIMS
+    ]
     out += [simt_variant(dt) for dt in DTYPE_CODES]
     out += [bwd_variant(dt) for dt in DTYPE_CODES]
     return out
 
 
-def mma_smem_bytes(dqk: int, dv: int) -> int:
+def mma_smem_bytes(dqk: int, dv: int, config: tuple[int, int]) -> int:
     """Dynamic shared memory of the tensor-core kernel: Q tile plus double-buffered K and V tiles."""
-    return 2 * (16 * MMA_WARPS * dqk + 2 * MMA_BN * (dqk + dv))
+    warps, bn = config
+    return 2 * (16 * warps * dqk + 2 * bn * (dqk + dv))
 
 
 def _core(*names: str) -> tuple[Any, ...]:
@@ -182,6 +192,9 @@ def load_kernel(variant: Variant, name: str, device_index: int, arch: str, smem:
     key = (f"{variant.name}:{name}:{arch}", device_index)
     kern = _kernels.get(key)
     if kern is not None:
+        if smem > _smem_allowed.get(key, 48 * 1024):
+            _allow_smem(kern, smem, device_index)
+            _smem_allowed[key] = smem
         return kern
     Device, ObjectCode = _core("Device", "ObjectCode")
 
@@ -190,6 +203,7 @@ def load_kernel(variant: Variant, name: str, device_index: int, arch: str, smem:
     kern = obj.get_kernel(name)
     if smem > 48 * 1024:
         _allow_smem(kern, smem, device_index)
+        _smem_allowed[key] = smem
     _kernels[key] = kern
     _kernels[(key[0] + ":obj", device_index)] = obj  # keep the module alive
     return kern

@@ -92,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_simt(
       }
       __syncthreads();
 
-#pragma unroll
+#pragma unroll 1
       for (int u = 0; u < BB / 8; ++u) {
         const int i = warp + 8 * u;
         const int qn = q0 + i;
