@@ -68,7 +68,7 @@ def certify(
     from attnhub.registry import REGISTRY
     from attnhub_conformance import report as rep
 
-    console = Console()
+    console = Console(soft_wrap=True)
     table = REGISTRY.backends()
     if name not in table:
         errors = "".join(f"\n  plugin {e.plugin} failed to load: {e.error}" for e in REGISTRY.load_errors)
@@ -100,7 +100,7 @@ def certify(
         results = Path(tmp) / "results.json"
         args = [
             str(suite), "-c", os.devnull, "--rootdir", str(suite.parent), "-p", "no:cacheprovider", "--import-mode=importlib",
-            "--tb=line", "-W", "ignore::DeprecationWarning", "-v" if verbose else "-q",
+            "--tb=no", "-rN", "-W", "ignore::DeprecationWarning", "-v" if verbose else "-q",
             f"--attnhub-backend={name}", f"--attnhub-seed={seed}", f"--attnhub-results={results}",
             f"--attnhub-examples={examples}", f"--attnhub-repro={extra}",
         ]  # fmt: skip
@@ -140,10 +140,14 @@ def certify(
             f"[bold red]{len(report['failures'])} accepted case(s) FAIL[/]; reproduce one alone with:"
         )
         for f in report["failures"][:50]:
-            console.print(f"  [red]{f['id']}[/] [{f['check']}]", highlight=False)
+            click.echo(click.style(f"  {f['id']}", fg="red") + f": {f['message']}")
             click.echo(f"    {f['repro']}")
         if len(report["failures"]) > 50:
             console.print(f"  ... and {len(report['failures']) - 50} more (see the report)")
+        if report["suspects"]:
+            console.print("[bold]most likely broken[/] (fail rate with the feature minus without it):")
+            for x in report["suspects"]:
+                click.echo(f"  {rep.suspect_text(x)}")
         raise SystemExit(1)
     if int(rc) not in (0, 5):  # pytest failed outside the recorded cases (collection error, ...)
         raise click.ClickException(f"pytest exited with status {int(rc)} outside the recorded cases")

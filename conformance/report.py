@@ -72,6 +72,46 @@ def aggregate(results: list[Result]) -> dict[str, dict[str, dict[str, Any]]]:
     return out
 
 
+def suspects(results: list[Result], threshold: float = 0.5) -> list[dict[str, Any]]:
+    """Features whose cases fail far more often than the cases without them: the likely culprits.
+
+    ``score = fail rate with the feature - fail rate without it`` over accepted cases; features
+    scoring at least ``threshold`` are returned, best first.
+    """
+    accepted = [r for r in results if r.status in ("pass", "FAIL")]
+    if not any(r.status == "FAIL" for r in accepted):
+        return []
+    found = []
+    for f in FEATURE_ROWS:
+        with_f = [r for r in accepted if f in r.features]
+        without = [r for r in accepted if f not in r.features]
+        fail_with = sum(r.status == "FAIL" and f in r.failed_features() for r in with_f)
+        if not with_f or not fail_with:
+            continue
+        rate_with = fail_with / len(with_f)
+        rate_without = sum(r.status == "FAIL" for r in without) / len(without) if without else 0.0
+        score = rate_with - rate_without
+        if score >= threshold:
+            found.append(
+                {
+                    "feature": f,
+                    "score": round(score, 3),
+                    "failed": fail_with,
+                    "accepted": len(with_f),
+                    "failed_without": sum(r.status == "FAIL" for r in without),
+                    "accepted_without": len(without),
+                }
+            )
+    return sorted(found, key=lambda d: -d["score"])
+
+
+def suspect_text(s: dict[str, Any]) -> str:
+    return (
+        f"{s['feature']}: {s['failed']}/{s['accepted']} accepted cases with it fail, "
+        f"{s['failed_without']}/{s['accepted_without']} without it"
+    )
+
+
 def cell_text(cell: dict[str, Any], short: bool = False) -> str:
     s = cell["status"]
     if s == "FAIL":
@@ -148,6 +188,7 @@ def build_report(payload: dict[str, Any], elapsed_s: float, command: str) -> dic
         "features": list(FEATURE_ROWS),
         "dtypes": list(DTYPES),
         "matrix": aggregate(results),
+        "suspects": suspects(results),
         "failures": [
             {"id": r.id, "check": r.check, "message": r.message, "request": r.request, "repro": r.repro}
             for r in failed
@@ -180,6 +221,9 @@ def markdown(report: dict[str, Any], heading: str = "#") -> str:
         matrix_table(report),
     ]
     if report["failures"]:
+        if report.get("suspects"):
+            lines += ["", "Most likely broken (fail rate with the feature minus without it):", ""]
+            lines += [f"- {suspect_text(x)}" for x in report["suspects"]]
         lines += ["", f"{heading}# Failures", ""]
         for f in report["failures"]:
             lines.append(f"- `{f['id']}`: {f['message']}  \n  reproduce: `{f['repro']}`")
