@@ -18,6 +18,8 @@ DEFAULT_EXAMPLES = 60
 
 def _plugin_autoloaded() -> bool:
     """True when pytest loads our plugin by itself (the ``pytest11`` entry point is installed)."""
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        return False
     return any(ep.value == "attnhub_conformance.plugin" for ep in metadata.entry_points(group="pytest11"))
 
 

@@ -18,7 +18,7 @@ from attnhub_backends.reference.backend import ReferenceBackend
 from attnhub_conformance import matrix as matrix_mod
 from attnhub_conformance import report as rep
 from attnhub_conformance.cases import DTYPES, FEATURE_ROWS, Case, full_grid, quick_grid
-from attnhub_conformance.cli import certify
+from attnhub_conformance.cli import _plugin_autoloaded, certify
 from attnhub_conformance.runner import CaseFailure, Certifier, Result, compare, make_data
 
 ALL = ("float32", "float64", "float16", "bfloat16")
@@ -204,7 +204,9 @@ def test_plugin_is_inert_in_ordinary_runs(tmp_path):
     (tmp_path / "test_plain.py").write_text("def test_plain(): assert True\n")
     suite = Path(__import__("attnhub_conformance.suite").suite.__file__)
     cmd = [sys.executable, "-m", "pytest", "-q", "-c", "/dev/null", "-p", "no:cacheprovider",
-           "--rootdir", str(tmp_path), "-p", "attnhub_conformance.plugin", str(tmp_path), str(suite)]  # fmt: skip
+           "--rootdir", str(tmp_path), str(tmp_path), str(suite)]  # fmt: skip
+    if not _plugin_autoloaded():
+        cmd += ["-p", "attnhub_conformance.plugin"]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
     # only the plain test runs; the suite skips without --attnhub-backend
     assert "1 passed" in out.stdout and "2 skipped" in out.stdout, out.stdout + out.stderr
