@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -17,14 +18,14 @@ from attnhub.rules import Causal, Full, Local
 
 # (label, q shape, k shape, v shape, mask, sync, layout)
 REQUESTS: list[tuple[str, tuple, tuple, tuple, Any, str, str]] = [
-    ("1-d causal, GQA 8/2", (2, 8, 128, 64), (2, 2, 128, 64), (2, 2, 128, 64), Causal(), "none_front", "bhsd"),
-    ("1-d decode Lq=1, KV cache", (1, 8, 1, 64), (1, 8, 512, 64), (1, 8, 512, 64), Causal(), "none_end", "bhsd"),
-    ("1-d sliding window 32, flash-attn layout", (2, 96, 4, 32), (2, 96, 4, 32), (2, 96, 4, 32),
+    ("1-d causal GQA 8/2", (2, 8, 128, 64), (2, 2, 128, 64), (2, 2, 128, 64), Causal(), "none_front", "bhsd"),
+    ("decode Lq=1 KV cache", (1, 8, 1, 64), (1, 8, 512, 64), (1, 8, 512, 64), Causal(), "none_end", "bhsd"),
+    ("sliding window 32 bshd", (2, 96, 4, 32), (2, 96, 4, 32), (2, 96, 4, 32),
      Local(32, causal=True), "none_end", "bshd"),
-    ("1-d cross attn Lq=48 Lk=96 scale_end", (1, 4, 48, 32), (1, 4, 96, 32), (1, 4, 96, 16), Causal(), "scale_end", "bhsd"),
-    ("2-d 8x8 image, local 3x3 stride 2", (1, 2, 8, 8, 32), (1, 2, 8, 8, 32), (1, 2, 8, 8, 32),
+    ("cross 48/96 scale_end", (1, 4, 48, 32), (1, 4, 96, 32), (1, 4, 96, 16), Causal(), "scale_end", "bhsd"),
+    ("2-d 8x8 local 3x3 s2", (1, 2, 8, 8, 32), (1, 2, 8, 8, 32), (1, 2, 8, 8, 32),
      Local((3, 3), log2_stride=1), "none_front", "bhsd"),
-    ("2-d 4x4 queries over 8x8 keys, full", (1, 2, 4, 4, 16), (1, 2, 8, 8, 16), (1, 2, 8, 8, 16), Full(), "scale_front", "bhsd"),
+    ("2-d 4x4 over 8x8 full", (1, 2, 4, 4, 16), (1, 2, 8, 8, 16), (1, 2, 8, 8, 16), Full(), "scale_front", "bhsd"),
 ]  # fmt: skip
 
 
@@ -73,11 +74,12 @@ def _to_numpy(x: Any) -> np.ndarray:
 @click.option("--seed", default=0, show_default=True)
 def demo(dtype: str, seed: int) -> None:
     """Run attention through auto dispatch on every CPU framework here; report backend and error."""
-    console = Console()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out
+    console = Console(width=max(Console().width, 100))
     rng = np.random.default_rng(seed)
-    table = Table(title=f"attnhub demo ({dtype}, auto dispatch, error vs float64 reference)")
-    for col in ("framework", "request", "backend", "out shape", "max |err| / max |ref|"):
-        table.add_column(col)
+    table = Table(title=f"attnhub demo: {dtype}, auto dispatch; max err = max|out - ref| / max|ref|")
+    for col in ("framework", "request", "backend", "out shape", "max err"):
+        table.add_column(col, no_wrap=True)
     worst = 0.0
     for fw, convert in _converters().items():
         for label, qs, ks, vs, mask, sync, layout in REQUESTS:
