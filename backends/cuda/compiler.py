@@ -26,6 +26,7 @@ MMA_DIMS = (64, 128)
 #: (warps, keys per tile) of the tensor-core kernel per (Dqk, Dv); each warp owns 16 query rows.
 MMA_CONFIGS = {(64, 64): (8, 64), (64, 128): (8, 64), (128, 64): (8, 64), (128, 128): (8, 64)}
 _STD = "c++17"
+_MMA_HEADERS = ("common.cuh", "mma.cuh")
 
 #: Number of NVRTC compilations this process ran (tests read it to prove cache hits).
 COMPILES = 0
@@ -41,6 +42,7 @@ class Variant:
     source: str
     defines: tuple[tuple[str, int], ...]
     kernels: tuple[str, ...]
+    headers: tuple[str, ...] = ("common.cuh",)
 
     @property
     def name(self) -> str:
@@ -50,9 +52,8 @@ class Variant:
     def text(self) -> str:
         """The whole translation unit NVRTC compiles (defines, common header, kernel source)."""
         lines = [f"#define {k} {v}" for k, v in self.defines]
-        common = (KERNEL_DIR / "common.cuh").read_text()
-        body = (KERNEL_DIR / self.source).read_text()
-        return "\n".join(lines) + "\n" + common + "\n" + body
+        parts = [(KERNEL_DIR / name).read_text() for name in (*self.headers, self.source)]
+        return "\n".join(lines) + "\n" + "\n".join(parts)
 
 
 def mma_config(dqk: int, dv: int) -> tuple[int, int]:
@@ -67,7 +68,12 @@ def mma_config(dqk: int, dv: int) -> tuple[int, int]:
 def mma_variant(dtype: str, dqk: int, dv: int, config: tuple[int, int] | None = None) -> Variant:
     warps, bn = config or mma_config(dqk, dv)
     defines = (("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv), ("NWARPS", warps), ("BN", bn))
-    return Variant("fwd_mma.cu", defines, ("attn_fwd_mma",))
+    return Variant("fwd_mma.cu", defines, ("attn_fwd_mma",), _MMA_HEADERS)
+
+
+def bwd_mma_variant(dtype: str, dqk: int, dv: int) -> Variant:
+    defines = (("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv))
+    return Variant("bwd_mma.cu", defines, ("attn_bwd_dkdv_mma", "attn_bwd_dq_mma"), _MMA_HEADERS)
 
 
 def simt_variant(dtype: str) -> Variant:

@@ -72,14 +72,22 @@ extern "C" __global__ void __launch_bounds__(256) attn_fwd_simt(
     int ky = 0, kx = 0;
     i64 fk = 0;
     if (kin) m.kpos(kn, ky, kx, fk);
-    ACC p[SB_R];
+    ACC p[SB_R], dot[SB_R];
+#pragma unroll
+    for (int i = 0; i < SB_R; ++i) dot[i] = 0;
+    {
+      const ACC* qr = sQ + warp * SB_R * Dqk;
+      const ACC* kr = sK + lane * ldk;
+#pragma unroll 4
+      for (int d = 0; d < Dqk; ++d) {
+        const ACC kd = kr[d];
+#pragma unroll
+        for (int i = 0; i < SB_R; ++i) dot[i] += qr[i * Dqk + d] * kd;
+      }
+    }
 #pragma unroll
     for (int i = 0; i < SB_R; ++i) {
-      const ACC* qr = sQ + (warp * SB_R + i) * Dqk;
-      const ACC* kr = sK + lane * ldk;
-      ACC acc = 0;
-      for (int d = 0; d < Dqk; ++d) acc += qr[d] * kr[d];
-      ACC sv = acc * scale;
+      ACC sv = dot[i] * scale;
       bool ok = kin && (cls == 2 || m.attend(qy[i], qx[i], fq[i], ky, kx, fk));
       if (!ok) sv = NEG;
       ACC mx_ = sv;
