@@ -11,8 +11,6 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import numpy as np
-
 from attnhub.positions import dense_rule_mask
 from attnhub.rules import Causal, Full, Local
 
@@ -337,16 +335,9 @@ def full_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
         c.append(Case(dt, (21,), (21,), "bool", mask_empty_rows=True, lse=True))
         c.append(Case(dt, (21,), (21,), "additive", mask_empty_rows=True, grad=True))
         c.append(Case(dt, (33,), (33,), Causal(), dim_qk=128, dim_v=128, batch=1))
+        c.append(Case(dt, (23,), (29,), Causal(), "none_end", scale=0.3, dim_qk=64, dim_v=16, grad=True))
+        if strided:
+            c.append(Case(dt, (23,), (31,), Full(), heads_q=4, heads_kv=2, noncontig="sliced", grad=True))
         if dt in dtypes:
             c.append(Case(dt, (27,), (27,), Causal(), grad=True, lse=True, repeat=True))
     return _dedupe(c)
-
-
-def case_from_draw(index: int, d: dict) -> Case:
-    """A randomised case from hypothesis draws (see :mod:`attnhub_conformance.suite`)."""
-    return Case(random_index=index, **d)
-
-
-def empty_rows(keep: np.ndarray) -> np.ndarray:
-    """Indices of the query rows of a (…, Nq, Nk) boolean mask with no attended key."""
-    return np.flatnonzero(~keep.any(axis=-1))

@@ -28,6 +28,11 @@ def load(paths: list[str]) -> list[dict[str, Any]]:
     return reports
 
 
+def column(report: dict[str, Any]) -> str:
+    """Overview column title: the backend and the inputs it was certified with."""
+    return f"{report['backend']} ({report['framework']}, {report['device']})"
+
+
 def overview_cell(row: dict[str, dict[str, Any]], dtypes: list[str]) -> str:
     passing = [SHORT[d] for d in dtypes if row[d]["status"] == "pass"]
     failing = [SHORT[d] for d in dtypes if row[d]["status"] == "FAIL"]
@@ -64,7 +69,7 @@ def render(reports: list[dict[str, Any]], title: str = "attnhub support matrix")
         )
     if reports:
         features = reports[0]["features"]
-        lines += ["", "## Overview", "", "| feature | " + " | ".join(r["backend"] for r in reports) + " |"]
+        lines += ["", "## Overview", "", "| feature | " + " | ".join(column(r) for r in reports) + " |"]
         lines.append("|---|" + "---|" * len(reports))
         for f in features:
             cells = [overview_cell(r["matrix"][f], r["dtypes"]) if f in r["matrix"] else "-" for r in reports]
