@@ -110,6 +110,17 @@ class TorchAdapter(Adapter):
 class TensorFlowAdapter(Adapter):
     name = "tensorflow"
 
+    def shape(self, x: Any) -> tuple[int, ...]:
+        dims = tuple(x.shape)
+        if any(d is None for d in dims):
+            raise SpecError(
+                "shape",
+                "a fully known static shape (inside tf.function: an input_signature with fixed sizes,"
+                " or reduce_retracing=False)",
+                dims,
+            )
+        return tuple(int(d) for d in dims)
+
     def device(self, x: Any) -> str:
         dev = getattr(x, "device", "") or ""
         low = dev.lower()

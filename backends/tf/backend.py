@@ -53,6 +53,7 @@ class TFBackend(Backend):
     def run(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
         """Forward under ``tf.custom_gradient``: the tape keeps q, k, v, out and lse (O(L) memory)."""
         import tensorflow as tf
+
         from attnhub_backends.tf import kernel
         from attnhub_backends.tf.tiles import plan_for
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from attnhub_backends.tf.tiles import Plan, RowBlock, Tile
 
 from attnhub.request import Request
 from attnhub.rules import Causal, ExplicitMask, Local
+from attnhub_backends.tf.tiles import Plan, RowBlock, Tile
 
 NEG_INF = float("-inf")
 
@@ -62,21 +62,32 @@ class _Ctx:
         self.shape5 = (b, hkv, g)
         # q pre-scaled once: logits = (scale·q)·k
         self.qs = tf.reshape(tf.cast(q, self.ct) * tf.constant(req.scale, self.ct), (b, hkv, g, req.nq, -1))
-        self.k = tf.cast(k, self.ct)
-        self.v = tf.cast(v, self.ct)
+        # keys and values cut once into the plan's tiles (a slice per use would copy per use)
+        self.k = self._split_keys(tf.cast(k, self.ct))
+        self.v = self._split_keys(tf.cast(v, self.ct))
         self.mask = mask
         self.explicit = isinstance(req.rule, ExplicitMask)
+
+    def _split_keys(self, x: tf.Tensor) -> list[tf.Tensor]:
+        bk, n = self.plan.block_k, self.req.nk
+        sizes = [min(bk, n - i * bk) for i in range(self.plan.num_tiles)]
+        return [x] if len(sizes) == 1 else tf.split(x, sizes, axis=2)
 
     def rows(self, x5: tf.Tensor, blk: RowBlock) -> tf.Tensor:
         """Rows of a block of a (B, Hkv, G, N, X) tensor, folded to (B, Hkv, G·rows, X)."""
         b, hkv, g = self.shape5
         return tf.reshape(x5[:, :, :, blk.q0 : blk.q1, :], (b, hkv, g * (blk.q1 - blk.q0), -1))
 
-    def logits(self, qb: tf.Tensor, blk: RowBlock, tile: Tile) -> tuple[tf.Tensor, Any]:
-        """Masked logits (B, Hkv, G, rows, cols) and the element mask applied (None if none)."""
+    def logits(self, qb: tf.Tensor, blk: RowBlock, tile: Tile, after: Any = None) -> tuple[tf.Tensor, Any]:
+        """Masked logits (B, Hkv, G, rows, cols) and the element mask applied (None if none).
+
+        ``after``: a tensor the logits must wait for. In a graph, every tile's matmul is otherwise
+        ready at once and the executor would hold all tiles' logits alive together.
+        """
         b, hkv, g = self.shape5
         r, c = blk.q1 - blk.q0, tile.k1 - tile.k0
-        s = tf.matmul(qb, self.k[:, :, tile.k0 : tile.k1, :], transpose_b=True)
+        with tf.control_dependencies([] if after is None else [after]):
+            s = tf.matmul(qb, self.k[tile.index], transpose_b=True)
         s = tf.reshape(s, (b, hkv, g, r, c))
         keep = None
         if self.explicit:
@@ -111,6 +122,7 @@ def forward(q, k, v, req: Request, plan: Plan, mask=None) -> tuple[tf.Tensor, tf
     b, hkv, g = cx.shape5
     ct = cx.ct
     outs, lses = [], []
+    last = None  # the tensor the next tile waits for (sequential tiles bound the memory)
     for blk in plan.blocks:
         r = blk.q1 - blk.q0
         if not blk.tiles:
@@ -120,13 +132,13 @@ def forward(q, k, v, req: Request, plan: Plan, mask=None) -> tuple[tf.Tensor, tf
         qb = cx.rows(cx.qs, blk)
         m = denom = acc = m_safe_prev = None
         for tile in blk.tiles:
-            s, _ = cx.logits(qb, blk, tile)
+            s, _ = cx.logits(qb, blk, tile, last)
             mt = tf.reduce_max(s, axis=-1, keepdims=True)
             m_new = mt if m is None else tf.maximum(m, mt)
             m_safe = tf.where(m_new == NEG_INF, tf.zeros_like(m_new), m_new)
             p = tf.exp(s - m_safe)
             lt = tf.reduce_sum(p, axis=-1, keepdims=True)
-            pv = tf.matmul(tf.reshape(p, (b, hkv, g * r, -1)), cx.v[:, :, tile.k0 : tile.k1, :])
+            pv = tf.matmul(tf.reshape(p, (b, hkv, g * r, -1)), cx.v[tile.index])
             pv = tf.reshape(pv, (b, hkv, g, r, req.dim_v))
             if m is None:
                 denom, acc = lt, pv
@@ -134,7 +146,7 @@ def forward(q, k, v, req: Request, plan: Plan, mask=None) -> tuple[tf.Tensor, tf
                 alpha = tf.exp(m_safe_prev - m_safe)
                 denom = denom * alpha + lt
                 acc = acc * alpha + pv
-            m, m_safe_prev = m_new, m_safe
+            m, m_safe_prev, last = m_new, m_safe, acc
         outs.append(tf.math.divide_no_nan(acc, denom))
         lse = tf.where(denom == 0, tf.constant(NEG_INF, ct), m_safe_prev + tf.math.log(denom))
         lses.append(lse[..., 0])
@@ -159,6 +171,7 @@ def backward(q, k, v, out, lse, dout, req: Request, plan: Plan, mask=None, dlse=
     # fully masked rows (lse = -inf) must give p = 0, not exp(-inf + inf)
     lse5 = tf.where(lse5 == NEG_INF, tf.constant(float("inf"), ct), lse5)
     dqs, dks, dvs = [], [None] * plan.num_tiles, [None] * plan.num_tiles
+    last = None
     for blk in plan.blocks:
         r = blk.q1 - blk.q0
         if not blk.tiles:
@@ -170,19 +183,20 @@ def backward(q, k, v, out, lse, dout, req: Request, plan: Plan, mask=None, dlse=
         dd_b = dd[:, :, :, blk.q0 : blk.q1, :]
         dq = None
         for tile in blk.tiles:
-            s, _ = cx.logits(qb, blk, tile)
+            s, _ = cx.logits(qb, blk, tile, last)
             p = tf.exp(s - lse_b)
-            vt = cx.v[:, :, tile.k0 : tile.k1, :]
+            vt = cx.v[tile.index]
             dp = tf.reshape(tf.matmul(dob, vt, transpose_b=True), p.shape)
             ds = tf.reshape(p * (dp - dd_b), (b, hkv, g * r, -1))
             p2 = tf.reshape(p, (b, hkv, g * r, -1))
-            part_q = tf.matmul(ds, cx.k[:, :, tile.k0 : tile.k1, :])
+            part_q = tf.matmul(ds, cx.k[tile.index])
             dq = part_q if dq is None else dq + part_q
             part_k = tf.matmul(ds, qb, transpose_a=True)
             part_v = tf.matmul(p2, dob, transpose_a=True)
             i = tile.index
             dks[i] = part_k if dks[i] is None else dks[i] + part_k
             dvs[i] = part_v if dvs[i] is None else dvs[i] + part_v
+            last = dvs[i]
         dqs.append(tf.reshape(dq, (b, hkv, g, r, req.dim_qk)))
     dq = dqs[0] if len(dqs) == 1 else tf.concat(dqs, axis=3)
     dq = tf.reshape(dq, (b, req.heads_q, req.nq, req.dim_qk)) * tf.constant(req.scale, ct)
@@ -200,3 +214,20 @@ def _assemble(parts: list, plan: Plan, req: Request, dim: int, ct: tf.DType) -> 
             x = tf.zeros((req.batch, req.heads_kv, min(req.nk, k0 + plan.block_k) - k0, dim), ct)
         full.append(x)
     return full[0] if len(full) == 1 else tf.concat(full, axis=2)
+
+
+def row_max(q, k, req: Request, plan: Plan, mask=None) -> tf.Tensor:
+    """Maximum scaled logit per query over its attended keys, (B, Hq, Nq), -inf where none."""
+    cx = _Ctx(q, k, k[..., :1], req, plan, mask)
+    b, hkv, g = cx.shape5
+    parts, last = [], None
+    for blk in plan.blocks:
+        r = blk.q1 - blk.q0
+        m = tf.fill((b, hkv, g, r), tf.constant(NEG_INF, cx.ct))
+        qb = cx.rows(cx.qs, blk)
+        for tile in blk.tiles:
+            s, _ = cx.logits(qb, blk, tile, last)
+            m = last = tf.maximum(m, tf.reduce_max(s, axis=-1))
+        parts.append(m)
+    m = parts[0] if len(parts) == 1 else tf.concat(parts, axis=3)
+    return tf.reshape(m, (b, req.heads_q, req.nq))
