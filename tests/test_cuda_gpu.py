@@ -147,3 +147,18 @@ def test_inputs_unchanged_and_stream(rng):
         assert torch.equal(a, b)
     ref = attnhub.attention(*(x.cpu() for x in (q, k, v)), mask=Causal(), backend="reference")
     _close("out", out, ref, FWD_TOL["float16"])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dims", [(64, 64), (128, 128), (64, 128), (128, 64)], ids=str)
+@pytest.mark.parametrize(
+    "rule", [Full(), Causal(), Local(9, log2_stride=1, causal=True)], ids=lambda r: r.describe()
+)
+def test_backward_tensor_cores(rng, dtype, dims, rule):
+    # Lengths off the tile sizes, GQA, and (none_end with Lk < Lq) fully masked rows under causal rules.
+    _check(rng, dtype, (150,), (97,), rule, "none_end", dqk=dims[0], dv=dims[1], grad=True)
+    _check(rng, dtype, (9, 11), (6, 13), rule, "scale_end", dqk=dims[0], dv=dims[1], hq=2, hkv=1, grad=True)
+
+
+def test_backward_tensor_cores_large_logits(rng):
+    _check(rng, "bfloat16", (200,), (200,), Causal(), "none_front", dqk=128, dv=128, qscale=8.0, grad=True)

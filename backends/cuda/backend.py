@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, ClassVar
 
 from attnhub.backend import Backend
@@ -90,6 +91,8 @@ class CudaBackend(Backend):
         dev = q.device
         with torch.cuda.device(dev):
             q, k, v, out, dout = (x.contiguous() for x in (q, k, v, out, dout))
+            if use_mma(req) and os.environ.get("ATTNHUB_CUDA_BWD") != "simt":
+                return _backward_mma(q, k, v, out, lse, dout, req)
             acc = torch.float64 if req.dtype == "float64" else torch.float32
             lse = lse.to(acc).contiguous()
             delta = torch.empty((req.batch, req.heads_q, req.nq), dtype=acc, device=dev)
@@ -231,3 +234,40 @@ def _forward_simt(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> N
         _f64(req.scale),
         *mask_args(req),
     )
+
+
+def _backward_mma(
+    q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request
+) -> tuple[Any, Any, Any]:
+    """Tensor-core backward (half types, head dims 64/128): delta, then the dK/dV and dQ kernels."""
+    import numpy as np
+    import torch
+
+    dev = q.device
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    arch = arch_of(dev)
+    lse = lse.float().contiguous()
+    delta = torch.empty((req.batch, req.heads_q, req.nq), dtype=torch.float32, device=dev)
+    rows = req.batch * req.heads_q * req.nq
+    pre = compiler.load_kernel(compiler.bwd_variant(req.dtype), "attn_bwd_pre", idx, arch)
+    launch(
+        pre, dev, (ceil_div(rows, 8),), 256, 0, ptr(out), ptr(dout), ptr(delta), i64(rows), _i32(req.dim_v)
+    )
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    var = compiler.bwd_mma_variant(req.dtype, req.dim_qk, req.dim_v)
+    smem_kv, smem_q = compiler.bwd_mma_smem_bytes(req.dim_qk, req.dim_v)
+    scales = (np.float32(req.scale), np.float32(req.scale * math.log2(math.e)))
+    common = (ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), ptr(delta))
+    kern = compiler.load_kernel(var, "attn_bwd_dkdv_mma", idx, arch, smem_kv)
+    launch(
+        kern, dev, (ceil_div(req.nk, 64), req.heads_kv, req.batch), 128, smem_kv, *common, ptr(dk), ptr(dv),
+        _i32(req.heads_q), _i32(req.heads_kv), _i32(req.nq), _i32(req.nk), *scales, *mask_args(req),
+    )  # fmt: skip
+    kern = compiler.load_kernel(var, "attn_bwd_dq_mma", idx, arch, smem_q)
+    launch(
+        kern, dev, (ceil_div(req.nq, 64), req.heads_q, req.batch), 128, smem_q, *common, ptr(dq),
+        _i32(req.heads_q), _i32(req.group), _i32(req.nq), _i32(req.nk), *scales, *mask_args(req),
+    )  # fmt: skip
+    return dq, dk, dv

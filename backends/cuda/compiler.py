@@ -94,7 +94,15 @@ def all_variants() -> list[Variant]:
     ]
     out += [simt_variant(dt) for dt in DTYPE_CODES]
     out += [bwd_variant(dt) for dt in DTYPE_CODES]
+    out += [bwd_mma_variant(dt, a, b) for dt in ("float16", "bfloat16") for a in MMA_DIMS for b in MMA_DIMS]
     return out
+
+
+def bwd_mma_smem_bytes(dqk: int, dv: int) -> tuple[int, int]:
+    """Dynamic shared memory of the dK/dV and dQ tensor-core kernels (tile sizes of bwd_mma.cu)."""
+    dkdv = 2 * (64 * (dqk + dv) + 2 * 32 * (dqk + dv)) + 4 * 4 * 32
+    dq = 2 * (64 * (dqk + dv) + 2 * 32 * (dqk + dv))
+    return dkdv, dq
 
 
 def mma_smem_bytes(dqk: int, dv: int, config: tuple[int, int]) -> int:

@@ -1,0 +1,366 @@
+// attnhub CUDA backend: tensor-core backward for float16 / bfloat16 (sm_80+), head dims 64 / 128.
+// Two deterministic kernels (no atomics), P recomputed from lse:
+//   attn_bwd_dkdv_mma: one block per (64-key tile, kv head, batch); each warp owns 16 keys and walks
+//     every query head of its GQA group and every query tile that is not fully masked (Q, dO tiles
+//     double-buffered with cp.async): S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
+//   attn_bwd_dq_mma: one block per (64-query tile, head, batch), walking key tiles like the forward:
+//     S = Q K^T, dP = dO V^T, dQ += dS K.
+// delta = rowsum(dO * O) comes from attn_bwd_pre (bwd_simt.cu). Parameters: ATT_DTYPE, DQK, DV.
+
+#define KB_N 64   // keys per dK/dV block
+#define KB_Q 32   // query rows per dK/dV step
+#define QB_M 64   // queries per dQ block
+#define QB_N 32   // keys per dQ step
+#define BW_NT 128
+
+// Natural-log lse to the log2 domain; +inf for fully masked rows so that every p = exp2(s - lse) is 0.
+__device__ __forceinline__ float lse2_of(float l) {
+  return (l == ATT_NEG_INF) ? __int_as_float(0x7f800000) : l * 1.4426950408889634f;
+}
+
+extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+    T* __restrict__ dk, T* __restrict__ dv, int Hq, int Hkv, int Nq, int Nk, float scale,
+    float scale_log2, MASK_PARAMS) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw);  // KB_N x DQK
+  T* sV = sK + KB_N * DQK;                  // KB_N x DV
+  T* sQ = sV + KB_N * DV;                   // 2 x KB_Q x DQK
+  T* sO = sQ + 2 * KB_Q * DQK;              // 2 x KB_Q x DV (dO)
+  float* sL = reinterpret_cast<float*>(sO + 2 * KB_Q * DV);  // 2 x KB_Q (lse, log2 domain)
+  float* sD = sL + 2 * KB_Q;                                 // 2 x KB_Q (delta)
+  const Mask m = MASK_INIT;
+  const float INF = __int_as_float(0x7f800000);
+
+  const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int group = Hq / Hkv;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int k0 = kt * KB_N, k1 = min(k0 + KB_N, Nk) - 1;
+  const i64 kvbase = ((i64)b * Hkv + hk) * Nk;
+
+  load_tile<KB_N, DQK, BW_NT>(sK, k + kvbase * DQK, DQK, k0, Nk, tid);
+  load_tile<KB_N, DV, BW_NT>(sV, v + kvbase * DV, DV, k0, Nk, tid);
+
+  const int kr0 = k0 + warp * 16 + g, kr1 = kr0 + 8;
+  int ky[2], kx[2];
+  i64 fk[2];
+  m.kpos(min(kr0, Nk - 1), ky[0], kx[0], fk[0]);
+  m.kpos(min(kr1, Nk - 1), ky[1], kx[1], fk[1]);
+
+  float dka[DQK / 8][4], dva[DV / 8][4];
+#pragma unroll
+  for (int i = 0; i < DQK / 8; ++i) dka[i][0] = dka[i][1] = dka[i][2] = dka[i][3] = 0.f;
+#pragma unroll
+  for (int i = 0; i < DV / 8; ++i) dva[i][0] = dva[i][1] = dva[i][2] = dva[i][3] = 0.f;
+
+  const int nqt = (Nq + KB_Q - 1) / KB_Q;
+  const int total = group * nqt;  // (query head of the group, query tile) pairs
+  auto live = [&](int it) {
+    const int q0 = (it % nqt) * KB_Q;
+    return m.tile(q0, min(q0 + KB_Q, Nq) - 1, k0, k1) != 0;
+  };
+  auto issue = [&](int it, int bf) {
+    const int h = hk * group + it / nqt, q0 = (it % nqt) * KB_Q;
+    const i64 qbase = ((i64)b * Hq + h) * Nq;
+    load_tile<KB_Q, DQK, BW_NT>(sQ + bf * KB_Q * DQK, q + qbase * DQK, DQK, q0, Nq, tid);
+    load_tile<KB_Q, DV, BW_NT>(sO + bf * KB_Q * DV, dout + qbase * DV, DV, q0, Nq, tid);
+    if (tid < KB_Q) {
+      const int r = q0 + tid;
+      const bool in = r < Nq;
+      sL[bf * KB_Q + tid] = in ? lse2_of(lse[qbase + r]) : INF;
+      sD[bf * KB_Q + tid] = in ? delta[qbase + r] : 0.f;
+    }
+  };
+
+  int it = 0;
+  while (it < total && !live(it)) ++it;
+  if (it < total) issue(it, 0);
+  cp_async_commit();
+  int buf = 0;
+  while (it < total) {
+    int nx = it + 1;
+    while (nx < total && !live(nx)) ++nx;
+    if (nx < total) issue(nx, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+
+    const int q0 = (it % nqt) * KB_Q;
+    const int cls = m.tile(q0, min(q0 + KB_Q, Nq) - 1, k0, k1);
+    const T* sQb = sQ + buf * KB_Q * DQK;
+    const T* sOb = sO + buf * KB_Q * DV;
+    const float* sLb = sL + buf * KB_Q;
+    const float* sDb = sD + buf * KB_Q;
+    const int arow = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+
+    // S^T = K_w Q^T and dP^T = V_w dO^T: 16 keys x KB_Q queries each.
+    float st[KB_Q / 8][4], dpt[KB_Q / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < KB_Q / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < DQK / 16; kk += 2) {
+      u32 a0[4], a1[4];
+      ldsm_x4(a0, sK + swz<DQK>(arow, kk * 2 + (lane >> 4)));
+      ldsm_x4(a1, sK + swz<DQK>(arow, kk * 2 + 2 + (lane >> 4)));
+#pragma unroll
+      for (int nt = 0; nt < KB_Q / 8; ++nt) {
+        u32 bf[4];
+        ldsm_x4(bf, sQb + swz<DQK>(nt * 8 + (lane & 7), kk * 2 + (lane >> 3)));
+        mma16816(st[nt], a0, bf[0], bf[1]);
+        mma16816(st[nt], a1, bf[2], bf[3]);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < DV / 16; kk += 2) {
+      u32 a0[4], a1[4];
+      ldsm_x4(a0, sV + swz<DV>(arow, kk * 2 + (lane >> 4)));
+      ldsm_x4(a1, sV + swz<DV>(arow, kk * 2 + 2 + (lane >> 4)));
+#pragma unroll
+      for (int nt = 0; nt < KB_Q / 8; ++nt) {
+        u32 bf[4];
+        ldsm_x4(bf, sOb + swz<DV>(nt * 8 + (lane & 7), kk * 2 + (lane >> 3)));
+        mma16816(dpt[nt], a0, bf[0], bf[1]);
+        mma16816(dpt[nt], a1, bf[2], bf[3]);
+      }
+    }
+
+    // Rule mask: bit (2 nt + e) of keep[r] says key row r attends query q0 + 8 nt + 2 t4 + e.
+    u32 keep0 = 0xffffffffu, keep1 = 0xffffffffu;
+    if (cls != 2) {
+      keep0 = keep1 = 0;
+#pragma unroll 1
+      for (int c = 0; c < KB_Q / 4; ++c) {
+        const int qn = q0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
+        if (qn < Nq) {
+          int qy, qx;
+          i64 fq;
+          m.qpos(qn, qy, qx, fq);
+          keep0 |= (u32)m.attend(qy, qx, fq, ky[0], kx[0], fk[0]) << c;
+          keep1 |= (u32)m.attend(qy, qx, fq, ky[1], kx[1], fk[1]) << c;
+        }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < KB_Q / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = nt * 8 + 2 * t4 + e;
+        const float lq = sLb[col], dl = sDb[col];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const u32 kp = r ? keep1 : keep0;
+          const float p = ((kp >> (2 * nt + e)) & 1u) ? fast_exp2(st[nt][2 * r + e] * scale_log2 - lq) : 0.f;
+          dpt[nt][2 * r + e] = p * (dpt[nt][2 * r + e] - dl);
+          st[nt][2 * r + e] = p;
+        }
+      }
+
+    // dV += P^T dO and dK += dS^T Q (the k dimension is the KB_Q queries).
+#pragma unroll
+    for (int kk = 0; kk < KB_Q / 16; ++kk) {
+      u32 ap[4], as[4];
+      ap[0] = pack2(st[2 * kk][0], st[2 * kk][1]);
+      ap[1] = pack2(st[2 * kk][2], st[2 * kk][3]);
+      ap[2] = pack2(st[2 * kk + 1][0], st[2 * kk + 1][1]);
+      ap[3] = pack2(st[2 * kk + 1][2], st[2 * kk + 1][3]);
+      as[0] = pack2(dpt[2 * kk][0], dpt[2 * kk][1]);
+      as[1] = pack2(dpt[2 * kk][2], dpt[2 * kk][3]);
+      as[2] = pack2(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
+      as[3] = pack2(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+      const int brow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int dt = 0; dt < DV / 8; dt += 2) {
+        u32 bf[4];
+        ldsm_x4_t(bf, sOb + swz<DV>(brow, dt + (lane >> 4)));
+        mma16816(dva[dt], ap, bf[0], bf[1]);
+        mma16816(dva[dt + 1], ap, bf[2], bf[3]);
+      }
+#pragma unroll
+      for (int dt = 0; dt < DQK / 8; dt += 2) {
+        u32 bf[4];
+        ldsm_x4_t(bf, sQb + swz<DQK>(brow, dt + (lane >> 4)));
+        mma16816(dka[dt], as, bf[0], bf[1]);
+        mma16816(dka[dt + 1], as, bf[2], bf[3]);
+      }
+    }
+    __syncthreads();
+    buf ^= 1;
+    it = nx;
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = r ? kr1 : kr0;
+    if (key >= Nk) continue;
+    T* dkr = dk + (kvbase + key) * DQK;
+    T* dvr = dv + (kvbase + key) * DV;
+#pragma unroll
+    for (int dt = 0; dt < DQK / 8; ++dt)
+      *reinterpret_cast<u32*>(dkr + dt * 8 + 2 * t4) = pack2(dka[dt][2 * r] * scale, dka[dt][2 * r + 1] * scale);
+#pragma unroll
+    for (int dt = 0; dt < DV / 8; ++dt)
+      *reinterpret_cast<u32*>(dvr + dt * 8 + 2 * t4) = pack2(dva[dt][2 * r], dva[dt][2 * r + 1]);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+    T* __restrict__ dq, int Hq, int group, int Nq, int Nk, float scale, float scale_log2, MASK_PARAMS) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);  // QB_M x DQK
+  T* sO = sQ + QB_M * DQK;                  // QB_M x DV (dO)
+  T* sK = sO + QB_M * DV;                   // 2 x QB_N x DQK
+  T* sV = sK + 2 * QB_N * DQK;              // 2 x QB_N x DV
+  const Mask m = MASK_INIT;
+  const float INF = __int_as_float(0x7f800000);
+
+  const int ntq = (Nq + QB_M - 1) / QB_M;
+  const int qt = ntq - 1 - (int)blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / group, Hkv = Hq / group;
+  const i64 qbase = ((i64)b * Hq + h) * Nq;
+  const i64 kvbase = ((i64)b * Hkv + hk) * Nk;
+  const T* kp = k + kvbase * DQK;
+  const T* vp = v + kvbase * DV;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int q0 = qt * QB_M, q1 = min(q0 + QB_M, Nq) - 1;
+  const int nkt = (Nk + QB_N - 1) / QB_N;
+
+  load_tile<QB_M, DQK, BW_NT>(sQ, q + qbase * DQK, DQK, q0, Nq, tid);
+  load_tile<QB_M, DV, BW_NT>(sO, dout + qbase * DV, DV, q0, Nq, tid);
+  int j = 0;
+  while (j < nkt && m.tile(q0, q1, j * QB_N, min(j * QB_N + QB_N, Nk) - 1) == 0) ++j;
+  if (j < nkt) {
+    load_tile<QB_N, DQK, BW_NT>(sK, kp, DQK, j * QB_N, Nk, tid);
+    load_tile<QB_N, DV, BW_NT>(sV, vp, DV, j * QB_N, Nk, tid);
+  }
+  cp_async_commit();
+
+  const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+  int qy[2], qx[2];
+  i64 fq[2];
+  m.qpos(min(r0, Nq - 1), qy[0], qx[0], fq[0]);
+  m.qpos(min(r1, Nq - 1), qy[1], qx[1], fq[1]);
+  float lr[2], dr[2];
+  lr[0] = r0 < Nq ? lse2_of(lse[qbase + r0]) : INF;
+  lr[1] = r1 < Nq ? lse2_of(lse[qbase + r1]) : INF;
+  dr[0] = r0 < Nq ? delta[qbase + r0] : 0.f;
+  dr[1] = r1 < Nq ? delta[qbase + r1] : 0.f;
+
+  float dqa[DQK / 8][4];
+#pragma unroll
+  for (int i = 0; i < DQK / 8; ++i) dqa[i][0] = dqa[i][1] = dqa[i][2] = dqa[i][3] = 0.f;
+  u32 qf[DQK / 16][4], of[DV / 16][4];
+  bool have = false;
+  int buf = 0;
+  while (j < nkt) {
+    int jn = j + 1;
+    while (jn < nkt && m.tile(q0, q1, jn * QB_N, min(jn * QB_N + QB_N, Nk) - 1) == 0) ++jn;
+    if (jn < nkt) {
+      load_tile<QB_N, DQK, BW_NT>(sK + (buf ^ 1) * QB_N * DQK, kp, DQK, jn * QB_N, Nk, tid);
+      load_tile<QB_N, DV, BW_NT>(sV + (buf ^ 1) * QB_N * DV, vp, DV, jn * QB_N, Nk, tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    if (!have) {
+      const int row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int kk = 0; kk < DQK / 16; ++kk) ldsm_x4(qf[kk], sQ + swz<DQK>(row, kk * 2 + (lane >> 4)));
+#pragma unroll
+      for (int kk = 0; kk < DV / 16; ++kk) ldsm_x4(of[kk], sO + swz<DV>(row, kk * 2 + (lane >> 4)));
+      have = true;
+    }
+    const T* sKb = sK + buf * QB_N * DQK;
+    const T* sVb = sV + buf * QB_N * DV;
+    float s[QB_N / 8][4], dp[QB_N / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < QB_N / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < DQK / 16; kk += 2)
+#pragma unroll
+      for (int nt = 0; nt < QB_N / 8; ++nt) {
+        u32 bf[4];
+        ldsm_x4(bf, sKb + swz<DQK>(nt * 8 + (lane & 7), kk * 2 + (lane >> 3)));
+        mma16816(s[nt], qf[kk], bf[0], bf[1]);
+        mma16816(s[nt], qf[kk + 1], bf[2], bf[3]);
+      }
+#pragma unroll
+    for (int kk = 0; kk < DV / 16; kk += 2)
+#pragma unroll
+      for (int nt = 0; nt < QB_N / 8; ++nt) {
+        u32 bf[4];
+        ldsm_x4(bf, sVb + swz<DV>(nt * 8 + (lane & 7), kk * 2 + (lane >> 3)));
+        mma16816(dp[nt], of[kk], bf[0], bf[1]);
+        mma16816(dp[nt], of[kk + 1], bf[2], bf[3]);
+      }
+
+    const int k0 = j * QB_N;
+    const int cls = m.tile(q0, q1, k0, min(k0 + QB_N, Nk) - 1);
+    u32 keep0 = 0xffffffffu, keep1 = 0xffffffffu;
+    if (cls != 2 || k0 + QB_N > Nk) {
+      keep0 = keep1 = 0;
+#pragma unroll 1
+      for (int c = 0; c < QB_N / 4; ++c) {
+        const int kn = k0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
+        if (kn < Nk) {
+          int ky, kx;
+          i64 fk;
+          m.kpos(kn, ky, kx, fk);
+          keep0 |= (u32)m.attend(qy[0], qx[0], fq[0], ky, kx, fk) << c;
+          keep1 |= (u32)m.attend(qy[1], qx[1], fq[1], ky, kx, fk) << c;
+        }
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < QB_N / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const u32 kb = r ? keep1 : keep0;
+          const float p = ((kb >> (2 * nt + e)) & 1u) ? fast_exp2(s[nt][2 * r + e] * scale_log2 - lr[r]) : 0.f;
+          s[nt][2 * r + e] = p * (dp[nt][2 * r + e] - dr[r]);  // dS
+        }
+
+    // dQ += dS K (k dimension: the QB_N keys)
+#pragma unroll
+    for (int kk = 0; kk < QB_N / 16; ++kk) {
+      u32 a[4];
+      a[0] = pack2(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      const int brow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int dt = 0; dt < DQK / 8; dt += 2) {
+        u32 bf[4];
+        ldsm_x4_t(bf, sKb + swz<DQK>(brow, dt + (lane >> 4)));
+        mma16816(dqa[dt], a, bf[0], bf[1]);
+        mma16816(dqa[dt + 1], a, bf[2], bf[3]);
+      }
+    }
+    __syncthreads();
+    buf ^= 1;
+    j = jn;
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = r ? r1 : r0;
+    if (row >= Nq) continue;
+    T* dqr = dq + (qbase + row) * DQK;
+#pragma unroll
+    for (int dt = 0; dt < DQK / 8; ++dt)
+      *reinterpret_cast<u32*>(dqr + dt * 8 + 2 * t4) = pack2(dqa[dt][2 * r] * scale, dqa[dt][2 * r + 1] * scale);
+  }
+}
