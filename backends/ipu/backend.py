@@ -81,7 +81,7 @@ class IpuBackend(Backend):
     # -- compute -------------------------------------------------------------------------------
 
     def module(self, req: Request, device: Any) -> Any:
-        """The chunked module for this request's static signature on ``device`` (cached)."""
+        """The chunked module for this request's static signature on ``device`` (cached on the CPU)."""
         from attnhub_backends.ipu.graph import ChunkedAttention
         from attnhub_backends.ipu.plan import choose_chunks, make_plan
 
@@ -92,6 +92,10 @@ class IpuBackend(Backend):
         if found is None:
             plan = make_plan(req.rule, req.seq_q, req.seq_k, req.sync, cq, ck)
             found = ChunkedAttention(plan, req.batch, req.heads_q, req.heads_kv, req.dim_v, req.scale, device)
+            if str(device).split(":")[0] != "cpu":
+                # On the ipu device the mask constants belong to the graph PopTorch is tracing;
+                # a later trace (another model, a recompilation) gets its own.
+                return found
             with self._lock:
                 if len(self._modules) >= 64:
                     self._modules.clear()

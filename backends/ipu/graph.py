@@ -94,7 +94,7 @@ class ChunkedAttention(torch.nn.Module):
             tile_max = s.detach().amax(dim=-1)
             m_new = tile_max if m is None else torch.maximum(m, tile_max)
             # Rows without an attended key so far have max -inf; shift them by 0 (no inf - inf).
-            m_new_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+            m_new_safe = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
             p = torch.exp(s - m_new_safe.unsqueeze(-1))
             pv = torch.matmul(p, v_j)
             if m is None:
