@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q -c constraints-ci.txt
 # Backends certified with --quick on the CPU by `make test` (CI); ATTNHUB_IPU_EMULATE=1 lets the
 # ipu backend run its PopTorch graph on CPU tensors (it only affects the ipu backend).
-CPU_BACKENDS := reference ipu jax
+CPU_BACKENDS := reference ipu jax triton
 
 .PHONY: demo test lint certify-quick gpu-test clean
 
@@ -35,7 +35,7 @@ test: lint
 certify-quick: $(VENV)/.dev
 	@set -e; for b in $(CPU_BACKENDS); do \
 		echo "== attnhub certify $$b --quick"; \
-		ATTNHUB_IPU_EMULATE=1 $(BIN)/attnhub certify $$b --quick --report reports/$$b-quick; \
+		TRITON_INTERPRET=$$( [ "$$b" = triton ] && echo 1 || echo 0 ) ATTNHUB_IPU_EMULATE=1 $(BIN)/attnhub certify $$b --quick --report reports/$$b-quick; \
 	done
 
 # On a machine with an NVIDIA GPU (the device machine): the GPU-marked tests.

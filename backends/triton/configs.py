@@ -50,6 +50,21 @@ _HOPPER: dict[tuple[str, int, int], list[Cfg]] = {
 }
 
 
+# Few query rows (decoding): 16-row tiles, long key tiles; split-KV spreads the keys over programs.
+_SMALL_Q: dict[int, list[Cfg]] = {
+    2: [Cfg(16, 128, 4, 3), Cfg(16, 64, 4, 4), Cfg(16, 256, 8, 3)],
+    4: [Cfg(16, 64, 4, 2), Cfg(16, 32, 4, 3)],
+}
+
+
+def small_q_candidates(head_dim: int, elem_size: int) -> list[Cfg]:
+    """Candidates for a forward with at most 16 query rows."""
+    found = _SMALL_Q[4 if elem_size >= 4 else 2]
+    if head_dim > 128:
+        return [Cfg(c.bm, min(c.bn, 64), c.warps, min(c.stages, 2)) for c in found]
+    return found
+
+
 def _older(cfg: Cfg) -> Cfg:
     """Pre-Hopper parts have less shared memory: fewer stages."""
     return Cfg(cfg.bm, cfg.bn, cfg.warps, max(1, min(cfg.stages, 2)))

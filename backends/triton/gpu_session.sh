@@ -5,7 +5,8 @@
 set -o pipefail
 export PYTHONUNBUFFERED=1 ATTNHUB_DISABLE="${ATTNHUB_DISABLE:-}"
 OUT="${OUT:-gpu-out}"; mkdir -p "$OUT"
-if pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1; then rm "$OUT/install.log"; else echo "pip install failed (see install.log)"; fi
+if python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1; then rm "$OUT/install.log"; else echo "pip install failed (see install.log)"; fi
+python3 -c "import attnhub_backends.triton, attnhub; print(attnhub.__file__)" || cat "$OUT/install.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 summary=()
@@ -14,12 +15,12 @@ for step in "$@"; do
   case "$step" in
     test) timeout 420 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_triton_gpu.py > "$OUT/test.log" 2>&1; rc=$?
           tail -5 "$OUT/test.log";;
-    bench-quick) timeout 400 attnhub bench --quick --backends triton --peers sdpa-flash,sdpa-cudnn,flex --out "$OUT" > "$OUT/bench.txt" 2> "$OUT/bench-progress.log"; rc=$?
+    bench-quick) timeout 400 python3 -m attnhub.cli bench --quick --backends triton --peers sdpa-flash,sdpa-cudnn,flex --out "$OUT" > "$OUT/bench.txt" 2> "$OUT/bench-progress.log"; rc=$?
           cat "$OUT/bench.txt";;
-    bench-*) fam="${step#bench-}"; tag="${fam//,/-}"; mkdir -p "$OUT/$tag"; timeout 500 attnhub bench --family "$fam" --backends triton --peers "${PEERS:-sdpa-flash,sdpa-cudnn,sdpa-efficient,flex}" --out "$OUT/$tag" > "$OUT/$tag/bench.txt" 2> "$OUT/$tag/progress.log"; rc=$?
+    bench-*) fam="${step#bench-}"; tag="${fam//,/-}"; mkdir -p "$OUT/$tag"; timeout 500 python3 -m attnhub.cli bench --family "$fam" --backends triton --peers "${PEERS:-sdpa-flash,sdpa-cudnn,sdpa-efficient,flex}" --out "$OUT/$tag" > "$OUT/$tag/bench.txt" 2> "$OUT/$tag/progress.log"; rc=$?
           cat "$OUT/$tag/bench.txt";;
-    certify) timeout 500 attnhub certify triton --report "$OUT/certify" > "$OUT/certify.log" 2>&1; rc=$?; tail -40 "$OUT/certify.log";;
-    certify-quick) timeout 300 attnhub certify triton --quick --report "$OUT/certify-quick" > "$OUT/certify-quick.log" 2>&1; rc=$?; tail -30 "$OUT/certify-quick.log";;
+    certify) timeout 500 python3 -m attnhub.cli certify triton --report "$OUT/certify" > "$OUT/certify.log" 2>&1; rc=$?; tail -40 "$OUT/certify.log";;
+    certify-quick) timeout 300 python3 -m attnhub.cli certify triton --quick --report "$OUT/certify-quick" > "$OUT/certify-quick.log" 2>&1; rc=$?; tail -30 "$OUT/certify-quick.log";;
     *) echo "unknown step $step"; rc=2;;
   esac
   summary+=("$step rc=$rc $(( $(date +%s) - t0 ))s")

@@ -15,15 +15,15 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    """IEEE: 0 = the dtype's tensor-core product, 1 = exact float32 (no tf32), 2 = upcast first
-    (Triton's interpreter multiplies bfloat16 operands wrongly)."""
+def _dot(a, b, IEEE: tl.constexpr, acc=None):
+    """a @ b (+ acc). IEEE: 0 = the dtype's tensor-core product, 1 = exact float32 (no tf32),
+    2 = upcast first (Triton's interpreter multiplies bfloat16 operands wrongly)."""
     if IEEE == 1:
-        return tl.dot(a, b, input_precision="ieee")
+        return tl.dot(a, b, acc, input_precision="ieee")
     elif IEEE == 2:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
-        return tl.dot(a, b)
+        return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -149,7 +149,7 @@ def _fwd_step(
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
     v = tl.load(v_base + cols[:, None] * svn + offs_dv[None, :] * svd, mask=v_mask, other=0.0)
-    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+    acc = _dot(p.to(v.dtype), v, IEEE, acc * alpha[:, None])
     return m_new, l_i, acc
 
 
@@ -196,6 +196,9 @@ def fwd_kernel(
     MX,
     WY,
     WX,
+    SPLITS,
+    o_split,
+    l_split,
     DQK: tl.constexpr,
     DV: tl.constexpr,
     BDQK: tl.constexpr,
@@ -209,8 +212,15 @@ def fwd_kernel(
     IEEE: tl.constexpr,
     NEG: tl.constexpr,
 ):
-    """One (query tile, head, batch) program: out and natural-log lse of its rows."""
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heavy (late) tiles first under causal
+    """One (query tile, key split, head, batch) program: out and natural-log lse of its rows.
+
+    With SPLITS > 1 (split-KV, for few query tiles) each program visits every SPLITS-th partial tile
+    and one slice of the unmasked run, and writes float32 partial results that ``combine_kernel``
+    merges; ``o_split``/``l_split`` are the element strides between the splits' partial buffers.
+    """
+    pid0 = tl.num_programs(0) - 1 - tl.program_id(0)  # heavy (late) tiles first under causal
+    pid_m = pid0 // SPLITS
+    split = pid0 % SPLITS
     h = tl.program_id(1)
     b = tl.program_id(2)
     hk = h // GROUP
@@ -233,7 +243,10 @@ def fwd_kernel(
     full_lo = tl.load(row)
     full_hi = tl.load(row + 1)
     count = tl.load(row + 2)
-    for t in range(0, count):
+    per = tl.cdiv(full_hi - full_lo, SPLITS)
+    full_lo = full_lo + split * per
+    full_hi = tl.minimum(full_hi, full_lo + per)
+    for t in range(split, count, SPLITS):
         start_n = tl.load(row + 3 + t) * BN
         m_i, l_i, acc = _fwd_step(
             q, k_base, v_base, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc, qk_scale,
@@ -249,14 +262,70 @@ def fwd_kernel(
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-    o_base = O + b.to(tl.int64) * sob + h.to(tl.int64) * soh
+    o_base = O + split.to(tl.int64) * o_split + b.to(tl.int64) * sob + h.to(tl.int64) * soh
     tl.store(
         o_base + offs_m[:, None] * son + offs_dv[None, :] * sod,
         out.to(O.dtype.element_ty),
         mask=(offs_m < Nq)[:, None] & (offs_dv < DV)[None, :],
     )
-    lse_base = LSE + (b.to(tl.int64) * tl.num_programs(1) + h) * Nq
+    lse_base = LSE + split.to(tl.int64) * l_split + (b.to(tl.int64) * tl.num_programs(1) + h) * Nq
     tl.store(lse_base + offs_m, lse, mask=offs_m < Nq)
+
+
+@triton.jit
+def combine_kernel(
+    OP,
+    LP,
+    O,
+    LSE,
+    SPLITS,
+    Nq,
+    H,
+    sob,
+    soh,
+    son,
+    sod,
+    o_split,
+    l_split,
+    DV: tl.constexpr,
+    BDV: tl.constexpr,
+    BM: tl.constexpr,
+    BS: tl.constexpr,
+):
+    """Merge split-KV partials: lse = logsumexp over splits, out = sum of exp(lse_s - lse) * out_s."""
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    rows = pid_m * BM + tl.arange(0, BM)
+    sp = tl.arange(0, BS)
+    offs_d = tl.arange(0, BDV)
+    row_ok = rows < Nq
+    base = (b.to(tl.int64) * H + h) * Nq
+    lp = tl.load(
+        LP + sp[:, None].to(tl.int64) * l_split + base + rows[None, :],
+        mask=(sp < SPLITS)[:, None] & row_ok[None, :],
+        other=float("-inf"),
+    )
+    m = tl.max(lp, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.sum(tl.exp(lp - m_safe[None, :]), 0)
+    lse = tl.where(total == 0.0, float("-inf"), m_safe + tl.log(tl.where(total == 0.0, 1.0, total)))
+    acc = tl.zeros([BM, BDV], dtype=tl.float32)
+    for s in range(0, SPLITS):
+        ls = tl.load(LP + s * l_split + base + rows, mask=row_ok, other=float("-inf"))
+        w = tl.where(total == 0.0, 0.0, tl.exp(ls - m_safe) / tl.where(total == 0.0, 1.0, total))
+        o = tl.load(
+            OP + s * o_split + (base + rows[:, None]) * DV + offs_d[None, :],
+            mask=row_ok[:, None] & (offs_d < DV)[None, :],
+            other=0.0,
+        )
+        acc += w[:, None] * o
+    tl.store(
+        O + b.to(tl.int64) * sob + h.to(tl.int64) * soh + rows[:, None] * son + offs_d[None, :] * sod,
+        acc.to(O.dtype.element_ty),
+        mask=row_ok[:, None] & (offs_d < DV)[None, :],
+    )
+    tl.store(LSE + base + rows, lse, mask=row_ok)
 
 
 @triton.jit
@@ -371,10 +440,10 @@ def _dkdv_step(
             NDIM, RULE, CAUSAL, LOG2S,
         )  # fmt: skip
         pt = tl.where(tl.trans(keep), pt, 0.0)
-    dv += _dot(pt.to(do.dtype), do, IEEE)
+    dv = _dot(pt.to(do.dtype), do, IEEE, dv)
     dpt = _dot(v, tl.trans(do), IEEE)
     dst = pt * (dpt - delta[None, :])
-    dk += _dot(dst.to(q.dtype), q, IEEE)
+    dk = _dot(dst.to(q.dtype), q, IEEE, dk)
     return dk, dv
 
 
@@ -560,7 +629,7 @@ def _dq_step(
         p = tl.where(keep, p, 0.0)
     dp = _dot(do, vt, IEEE)
     ds = p * (dp - delta[:, None])
-    dq += _dot(ds.to(kt.dtype), tl.trans(kt), IEEE)
+    dq = _dot(ds.to(kt.dtype), tl.trans(kt), IEEE, dq)
     return dq
 
 

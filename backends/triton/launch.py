@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
@@ -75,7 +76,23 @@ def _cfgs(kernel: str, req: Request, x: torch.Tensor) -> list[configs.Cfg]:
     if interpret_mode() or x.device.type != "cuda":
         return [configs.INTERPRET[kernel]]
     d = max(_pad(req.dim_qk), _pad(req.dim_v))
+    if kernel == "fwd" and req.nq <= 16:
+        return configs.small_q_candidates(d, x.element_size())
     return configs.candidates(kernel, d, x.element_size(), _capability(x.device))
+
+
+def _splits(programs: int, visits: int, device: torch.device) -> int:
+    """Split-KV factor: >1 when too few (query tile, head) programs would fill the GPU."""
+    forced = os.environ.get("ATTNHUB_TRITON_SPLITS")
+    if forced:
+        return max(1, min(int(forced), max(1, visits)))
+    if device.type != "cuda" or programs >= 2 * _sm_count(device):
+        return 1
+    return max(1, min(triton_cdiv(4 * _sm_count(device), programs), visits // 4, 32))
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _key(kernel: str, req: Request, x: torch.Tensor) -> tuple:
@@ -105,15 +122,29 @@ def forward(
 
     def run(cfg: configs.Cfg) -> None:
         pl = plan.plan(req.rule, req.seq_q, req.seq_k, req.sync, cfg.bm, cfg.bn, q.device)
-        grid = (triton_cdiv(nq, cfg.bm), hq, b)
-        kern.fwd_kernel[grid](
-            q, k, v, out, lse, pl.rows, pl.rows.stride(0),
-            *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-            hq, hq // hkv, nq, nk, qk_scale, *scalars,
+        tiles = triton_cdiv(nq, cfg.bm)
+        splits = _splits(tiles * hq * b, pl.max_visits, q.device)
+        if splits == 1:
+            o_buf, l_buf, o_split, l_split = out, lse, 0, 0
+        else:
+            o_buf = torch.empty((splits, b, hq, nq, dv), dtype=torch.float32, device=q.device)
+            l_buf = torch.empty((splits, b, hq, nq), dtype=torch.float32, device=q.device)
+            o_split, l_split = o_buf.stride(0), l_buf.stride(0)
+        o_strides = out.stride() if splits == 1 else o_buf.stride()[1:]
+        kern.fwd_kernel[(tiles * splits, hq, b)](
+            q, k, v, o_buf, l_buf, pl.rows, pl.rows.stride(0),
+            *q.stride(), *k.stride(), *v.stride(), *o_strides,
+            hq, hq // hkv, nq, nk, qk_scale, *scalars, splits, o_split, l_split,
             DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=cfg.bm, BN=cfg.bn,
             IEEE=_dot_mode(q), NEG=req.scale < 0, num_warps=cfg.warps,
             num_stages=cfg.stages, **consts,
         )  # fmt: skip
+        if splits > 1:
+            bm = 16
+            kern.combine_kernel[(triton_cdiv(nq, bm), hq, b)](
+                o_buf, l_buf, out, lse, splits, nq, hq, *out.stride(), o_split, l_split,
+                DV=dv, BDV=_pad(dv), BM=bm, BS=max(2, 1 << math.ceil(math.log2(splits))),
+            )  # fmt: skip
 
     cfg = configs.choose(_key("fwd", req, q), _cfgs("fwd", req, q), run, _work(req))
     run(cfg)

@@ -96,6 +96,7 @@ class Plan:
     rows: Any  # (query tiles, 3 + width) int32
     cols: Any  # (key tiles, 3 + width) int32
     pairs: int  # tile pairs visited (for reporting)
+    max_visits: int  # most tiles one query tile visits (split-KV heuristic)
 
 
 _CACHE: OrderedDict[tuple, Plan] = OrderedDict()
@@ -123,7 +124,8 @@ def plan(
     cls = classify(rule, seq_q, seq_k, sync, block_m, block_n)
     rows = torch.from_numpy(lists(cls)).to(device)
     cols = torch.from_numpy(lists(np.ascontiguousarray(cls.T))).to(device) if transposed else rows
-    found = Plan(rows=rows, cols=cols, pairs=int((cls != EMPTY).sum()))
+    visits = (cls != EMPTY).sum(axis=1)
+    found = Plan(rows=rows, cols=cols, pairs=int(visits.sum()), max_visits=int(visits.max(initial=0)))
     _CACHE[key] = found
     if len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
