@@ -174,46 +174,63 @@ def _lanes_table(lp: planning.Lanes) -> tuple[Any, ...]:
     return tuple(jnp.asarray(a.T) for a in (lp.outer, lp.inner, lp.valid, lp.first, lp.last))
 
 
+def _take(x: Any, idx: Any, axis: int, direct: bool) -> Any:
+    """Tiles ``idx`` of ``x`` along ``axis``; with direct lanes lane i is tile i: no gather."""
+    return x if direct else jnp.take(x, idx, axis=axis)
+
+
+def _finish(m: Any, l: Any, o: Any) -> tuple[Any, Any]:
+    """Normalised output and lse from running max, sum and accumulator (0 and -inf if empty)."""
+    empty = l == 0
+    safe_l = jnp.where(empty, 1.0, l)
+    out = jnp.where(empty[..., None], 0.0, o / safe_l[..., None])
+    lse = jnp.where(empty, -jnp.inf, jnp.where(m == -jnp.inf, 0.0, m) + jnp.log(safe_l))
+    return out, lse
+
+
 def forward(q: Any, k: Any, v: Any, req: Request, cfg: Config, mask: Any = None) -> tuple[Any, Any]:
     """(out (B, Hq, Nq, Dv) in the input dtype, lse (B, Hq, Nq) float32/float64)."""
     pb = _Problem(req, cfg)
     lp = planning.lanes(pb.pairs, _max_lanes(req, cfg))
-    n_lanes = lp.shape[0]
+    n_lanes, direct = lp.shape[0], lp.direct
     qt_all, kt_all, vt_all = pb.q_tiles(q), pb.k_tiles(k), pb.k_tiles(v)
     mtiles = None if mask is None else pb.mask_tiles(mask)
     b, hkv, g = req.batch, req.heads_kv, req.group
     acc = pb.acc
     row = (b, hkv, g, n_lanes, cfg.bq)
-    init = (
-        jnp.full(row, -jnp.inf, acc),
-        jnp.zeros(row, acc),
-        jnp.zeros((*row, req.dim_v), acc),
-        jnp.zeros((b, hkv, g, pb.nqt, cfg.bq, req.dim_v), acc),
-        jnp.full((b, hkv, g, pb.nqt, cfg.bq), -jnp.inf, acc),
-    )
+    init: tuple = (jnp.full(row, -jnp.inf, acc), jnp.zeros(row, acc), jnp.zeros((*row, req.dim_v), acc))
+    if not direct:
+        init += (
+            jnp.zeros((b, hkv, g, pb.nqt, cfg.bq, req.dim_v), acc),
+            jnp.full((b, hkv, g, pb.nqt, cfg.bq), -jnp.inf, acc),
+        )
 
     def step(carry: tuple, xs: tuple) -> tuple[tuple, None]:
-        m, l, o, out, lse = carry
+        m, l, o = carry[:3]
         qt, kt, valid, first, last = xs
-        fr = first[:, None]
-        m = jnp.where(fr, -jnp.inf, m)
-        l = jnp.where(fr, 0.0, l)
-        o = jnp.where(fr[..., None], 0.0, o)
-        s = pb.logits(qt_all[:, :, :, qt], kt_all[:, :, kt], qt, kt, valid, mtiles)
+        if not direct:
+            fr = first[:, None]
+            m = jnp.where(fr, -jnp.inf, m)
+            l = jnp.where(fr, 0.0, l)
+            o = jnp.where(fr[..., None], 0.0, o)
+        s = pb.logits(_take(qt_all, qt, 3, direct), kt_all[:, :, kt], qt, kt, valid, mtiles)
         m_new = jnp.maximum(m, s.max(axis=-1))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
         p = jnp.exp(s - m_safe[..., None])
         alpha = jnp.exp(m - m_safe)
         l = alpha * l + p.sum(axis=-1)
         o = alpha[..., None] * o + pb.mm("bhgiqk,bhikd->bhgiqd", p.astype(pb.cdt), vt_all[:, :, kt])
+        if direct:
+            return (m_new, l, o), None
+        out, lse = carry[3:]
+        done_o, done_lse = _finish(m_new, l, o)
         dest = jnp.where(last, qt, pb.nqt)  # out of range (dropped) unless the tile is done
-        done_o = jnp.where((l == 0)[..., None], 0.0, o / jnp.where(l == 0, 1.0, l)[..., None])
-        done_lse = jnp.where(l == 0, -jnp.inf, m_safe + jnp.log(jnp.where(l == 0, 1.0, l)))
         out = out.at[:, :, :, dest].set(done_o, mode="drop")
         lse = lse.at[:, :, :, dest].set(done_lse, mode="drop")
         return (m_new, l, o, out, lse), None
 
-    (_, _, _, out, lse), _ = jax.lax.scan(step, init, _lanes_table(lp))
+    carry, _ = jax.lax.scan(step, init, _lanes_table(lp))
+    out, lse = _finish(*carry[:3]) if direct else carry[3:]
     return pb.untile_q(out, q.dtype), pb.untile_rows(lse)
 
 
@@ -241,62 +258,72 @@ def backward(
     lse_all = pb.row_tiles(lse.astype(acc), -jnp.inf)
     delta_all = pb.row_tiles(delta)
     b, hkv, g = req.batch, req.heads_kv, req.group
+    scale = jnp.asarray(req.scale, acc)
 
-    def probs(qt: Any, kt: Any, valid: Any) -> tuple[Any, Any]:
-        """P and dS (without the scale) of the lanes' tiles, (B, Hkv, G, L, bq, bk)."""
-        s = pb.logits(qt_all[:, :, :, qt], kt_all[:, :, kt], qt, kt, valid, mtiles)
-        lse_t = lse_all[:, :, :, qt][..., None]
+    def probs(qt: Any, kt: Any, valid: Any, dq_direct: bool) -> tuple[Any, Any, Any, Any]:
+        """q tiles, dO tiles, P and dS (without the scale) of the lanes, (B, Hkv, G, L, bq, bk)."""
+        q_l = _take(qt_all, qt, 3, dq_direct)
+        do_l = _take(dot_all, qt, 3, dq_direct)
+        s = pb.logits(q_l, kt_all[:, :, kt], qt, kt, valid, mtiles)
+        lse_t = _take(lse_all, qt, 3, dq_direct)[..., None]
         dead = lse_t == -jnp.inf
         p = jnp.where(dead, 0.0, jnp.exp(s - jnp.where(dead, 0.0, lse_t)))
-        dp = pb.mm("bhgiqd,bhikd->bhgiqk", dot_all[:, :, :, qt], vt_all[:, :, kt])
-        ds = p * (dp - delta_all[:, :, :, qt][..., None])
-        return p, ds
-
-    scale = jnp.asarray(req.scale, acc)
+        dp = pb.mm("bhgiqd,bhikd->bhgiqk", do_l, vt_all[:, :, kt])
+        ds = p * (dp - _take(delta_all, qt, 3, dq_direct)[..., None])
+        return q_l, do_l, p, ds
 
     # dq: lanes over query tiles.
     lq = planning.lanes(pb.pairs, _max_lanes(req, cfg))
-    nlq = lq.shape[0]
+    nlq, dq_direct = lq.shape[0], lq.direct
 
     def dq_step(carry: tuple, xs: tuple) -> tuple[tuple, None]:
-        a, dq = carry
+        a = carry[0]
         qt, kt, valid, first, last = xs
-        a = jnp.where(first[:, None, None], 0.0, a)
-        _, ds = probs(qt, kt, valid)
+        if not dq_direct:
+            a = jnp.where(first[:, None, None], 0.0, a)
+        _, _, _, ds = probs(qt, kt, valid, dq_direct)
         a = a + pb.mm("bhgiqk,bhikd->bhgiqd", ds.astype(pb.cdt), kt_all[:, :, kt])
+        if dq_direct:
+            return (a,), None
         dest = jnp.where(last, qt, pb.nqt)
-        dq = dq.at[:, :, :, dest].set(a * scale, mode="drop")
-        return (a, dq), None
+        return (a, carry[1].at[:, :, :, dest].set(a * scale, mode="drop")), None
 
-    init_q = (
-        jnp.zeros((b, hkv, g, nlq, cfg.bq, req.dim_qk), acc),
-        jnp.zeros((b, hkv, g, pb.nqt, cfg.bq, req.dim_qk), acc),
-    )
-    (_, dq), _ = jax.lax.scan(dq_step, init_q, _lanes_table(lq))
+    init_q: tuple = (jnp.zeros((b, hkv, g, nlq, cfg.bq, req.dim_qk), acc),)
+    if not dq_direct:
+        init_q += (jnp.zeros((b, hkv, g, pb.nqt, cfg.bq, req.dim_qk), acc),)
+    carry, _ = jax.lax.scan(dq_step, init_q, _lanes_table(lq))
+    dq = carry[0] * scale if dq_direct else carry[1]
 
     # dk, dv: lanes over key tiles.
     lk = planning.lanes(planning.transpose_pairs(pb.pairs, pb.nkt), _max_lanes(req, cfg))
-    nlk = lk.shape[0]
+    nlk, kv_direct = lk.shape[0], lk.direct
 
     def dkv_step(carry: tuple, xs: tuple) -> tuple[tuple, None]:
-        ak, av, dk, dv = carry
+        ak, av = carry[:2]
         kt, qt, valid, first, last = xs
-        fr = first[:, None, None]
-        ak = jnp.where(fr, 0.0, ak)
-        av = jnp.where(fr, 0.0, av)
-        p, ds = probs(qt, kt, valid)
-        av = av + pb.mm("bhgiqk,bhgiqd->bhikd", p.astype(pb.cdt), dot_all[:, :, :, qt])
-        ak = ak + pb.mm("bhgiqk,bhgiqd->bhikd", ds.astype(pb.cdt), qt_all[:, :, :, qt])
+        if not kv_direct:
+            fr = first[:, None, None]
+            ak = jnp.where(fr, 0.0, ak)
+            av = jnp.where(fr, 0.0, av)
+        q_l, do_l, p, ds = probs(qt, kt, valid, False)
+        av = av + pb.mm("bhgiqk,bhgiqd->bhikd", p.astype(pb.cdt), do_l)
+        ak = ak + pb.mm("bhgiqk,bhgiqd->bhikd", ds.astype(pb.cdt), q_l)
+        if kv_direct:
+            return (ak, av), None
         dest = jnp.where(last, kt, pb.nkt)
-        dk = dk.at[:, :, dest].set(ak * scale, mode="drop")
-        dv = dv.at[:, :, dest].set(av, mode="drop")
+        dk = carry[2].at[:, :, dest].set(ak * scale, mode="drop")
+        dv = carry[3].at[:, :, dest].set(av, mode="drop")
         return (ak, av, dk, dv), None
 
-    init_k = (
+    init_k: tuple = (
         jnp.zeros((b, hkv, nlk, cfg.bk, req.dim_qk), acc),
         jnp.zeros((b, hkv, nlk, cfg.bk, req.dim_v), acc),
-        jnp.zeros((b, hkv, pb.nkt, cfg.bk, req.dim_qk), acc),
-        jnp.zeros((b, hkv, pb.nkt, cfg.bk, req.dim_v), acc),
     )
-    (_, _, dk, dv), _ = jax.lax.scan(dkv_step, init_k, _lanes_table(lk))
+    if not kv_direct:
+        init_k += (
+            jnp.zeros((b, hkv, pb.nkt, cfg.bk, req.dim_qk), acc),
+            jnp.zeros((b, hkv, pb.nkt, cfg.bk, req.dim_v), acc),
+        )
+    carry, _ = jax.lax.scan(dkv_step, init_k, _lanes_table(lk))
+    dk, dv = (carry[0] * scale, carry[1]) if kv_direct else (carry[2], carry[3])
     return pb.untile_q(dq, q.dtype), pb.untile_k(dk, k.dtype), pb.untile_k(dv, v.dtype)

@@ -22,6 +22,8 @@ from attnhub.rules import Full, Rule
 
 #: Rule-mask elements evaluated at once while planning (bounds planning memory).
 PLAN_CHUNK = 1 << 24
+#: Direct lanes (one per outer tile) are used when they pad the work by at most this factor.
+DIRECT_WASTE = 1.25
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Lanes:
     valid: np.ndarray  # False: a padding step (or the single step of an outer tile with no pairs)
     first: np.ndarray  # the first step of its outer tile: reset the accumulators
     last: np.ndarray  # the last step of its outer tile: write the result out
+    #: One lane per outer tile, lane i = outer tile i, no resets: results are read after the scan.
+    direct: bool = False
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -118,6 +122,8 @@ def lanes(pairs: tuple[tuple[int, ...], ...], max_lanes: int) -> Lanes:
     ``-inf`` for a fully masked tile, is written.
     """
     counts = [max(1, len(r)) for r in pairs]
+    if len(pairs) <= max_lanes and len(pairs) * max(counts) <= DIRECT_WASTE * sum(counts):
+        return _direct(pairs, max(counts))
     n_lanes = max(1, min(max_lanes, len(pairs), math.ceil(sum(counts) / max(counts))))
     heap = [(0, lane) for lane in range(n_lanes)]
     members: list[list[int]] = [[] for _ in range(n_lanes)]
@@ -147,3 +153,21 @@ def lanes(pairs: tuple[tuple[int, ...], ...], max_lanes: int) -> Lanes:
             outer[lane, t:] = outer[lane, t - 1]
             inner[lane, t:] = inner[lane, t - 1]
     return Lanes(outer, inner, valid, first, last)
+
+
+def _direct(pairs: tuple[tuple[int, ...], ...], steps: int) -> Lanes:
+    """Lane i walks outer tile i's pairs; shorter lanes are padded with invalid steps."""
+    n = len(pairs)
+    outer = np.repeat(np.arange(n, dtype=np.int32)[:, None], steps, axis=1)
+    inner = np.zeros((n, steps), dtype=np.int32)
+    valid = np.zeros((n, steps), dtype=bool)
+    for o, row in enumerate(pairs):
+        if row:
+            inner[o, : len(row)] = row
+            inner[o, len(row) :] = row[-1]
+            valid[o, : len(row)] = True
+    first = np.zeros((n, steps), dtype=bool)
+    last = np.zeros((n, steps), dtype=bool)
+    first[:, 0] = True
+    last[:, -1] = True
+    return Lanes(outer, inner, valid, first, last, direct=True)
