@@ -88,6 +88,10 @@ class Backend:
         """Backend-specific reasons beyond the declared attributes (override as needed)."""
         return []
 
+    def note(self, req: Request) -> str | None:
+        """How the backend would run ``req`` (e.g. which kernel path), shown by ``explain``; optional."""
+        return None
+
     def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
         """Compute (out, lse) on canonical arrays (see the module docstring)."""
         raise NotImplementedError

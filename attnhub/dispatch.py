@@ -65,6 +65,8 @@ class Verdict:
     priority: int
     reasons: list[str]
     chosen: bool = False
+    #: How the backend would run the request (``Backend.note``), for backends that can run it.
+    note: str | None = None
 
 
 @dataclass
@@ -87,6 +89,8 @@ class Explanation:
                 verdict = "can run it (lower priority)"
             else:
                 verdict = "; ".join(v.reasons)
+            if v.note and not v.reasons:
+                verdict += f" ({v.note})"
             lines.append(f"{v.name:<{width}}  {v.priority:>4}  {verdict}")
         lines.append(f"chosen: {self.chosen or 'none'}")
         return "\n".join(lines)
@@ -132,7 +136,17 @@ def explain_request(req: Request, backend: str = "auto") -> Explanation:
         chosen = next((v.name for v in verdicts if not v.reasons), None)
     for v in verdicts:
         v.chosen = v.name == chosen
+        if not v.reasons and v.name in table:
+            v.note = backend_note(table[v.name], req)
     return Explanation(req, mode, chosen, verdicts)
+
+
+def backend_note(b: Backend, req: Request) -> str | None:
+    """``b.note(req)``; a note that raises never takes ``explain`` down."""
+    try:
+        return b.note(req)
+    except Exception as exc:
+        return f"note() raised {type(exc).__name__}: {exc}"
 
 
 class Dispatcher:
