@@ -154,7 +154,11 @@ def _build(req: Request, block_q: int, block_k: int) -> Plan:
     )
 
 
+def plan_for(req: Request, block_q: int | None = None, block_k: int | None = None) -> Plan:
+    """The (cached) tiling plan of ``req``; sizes default to this module's ``BLOCK_Q``/``BLOCK_K``."""
+    return _cached(req, BLOCK_Q if block_q is None else block_q, BLOCK_K if block_k is None else block_k)
+
+
 @lru_cache(maxsize=256)
-def plan_for(req: Request, block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> Plan:
-    """The (cached) tiling plan of ``req``; rules only matter through ``seq``, ``sync`` and ``rule``."""
+def _cached(req: Request, block_q: int, block_k: int) -> Plan:
     return _build(req, block_q, block_k)
