@@ -57,8 +57,8 @@ def _attend(Q: Any, K: Any, V: Any, ndim: int, rule: Rule, sync_mode: str, retur
     O = tf.reshape(out, (*batch, *out.shape[2:]))
     if not returning_l_m:
         return O
-    lse = res[1]
     m = _row_max(q, k, v, rule, sync_mode)
+    lse = tf.reshape(res[1], m.shape)
     l_dtype = tf.float32 if q.dtype in (tf.float16, tf.bfloat16) else q.dtype
     finite = tf.math.is_finite(m)
     l = tf.where(
