@@ -60,17 +60,8 @@ def bench(
         raise click.ClickException(f"unknown peers {unknown}; choose from {', '.join(PEERS)}")
     fams, dirs = set(_split(family)), set(_split(direction))
     cases = [c for c in default_grid(quick, dtype) if c.family in fams and c.direction in dirs]
-    results: list[Result] = []
-    total = len(cases) * (len(names) + len(peer_names))
-    done = 0
-    for case in cases:
-        for name in names + peer_names:
-            r = time_case(name, case, runner, warmup, rep)
-            results.append(r)
-            done += 1
-            cell = f"{r.ms:.3f} ms {r.tflops:.0f} TFLOP/s" if r.ms is not None else f"n/a ({r.error})"
-            click.echo(f"[{done}/{total}] {name:<15} {case.label()}: {cell}", err=True)
-            sys.stderr.flush()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(),
@@ -86,10 +77,28 @@ def bench(
         meta["triton"] = triton.__version__
     except ImportError:
         pass
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(results, out / "bench.json", meta)
+    results: list[Result] = []
+    total = len(cases) * (len(names) + len(peer_names))
+    done = 0
+    for case in cases:
+        for name in names + peer_names:
+            r = time_case(name, case, runner, warmup, rep)
+            results.append(r)
+            done += 1
+            cell = f"{r.ms:.3f} ms {r.tflops:.0f} TFLOP/s" if r.ms is not None else f"n/a ({r.error})"
+            click.echo(f"[{done}/{total}] {name:<15} {case.label()}: {cell}", err=True)
+            sys.stderr.flush()
+        meta["tuned"] = _tuned_configs()
+        write_json(results, out / "bench.json", meta)  # after every case: a cut-off run keeps its results
     plotted = write_plot(results, out / "bench.png")
     click.echo(table_text(results, names, peer_names))
     click.echo(json.dumps({k: meta[k] for k in ("date", "device", "torch")}))
     click.echo(f"wrote {out / 'bench.json'}" + (f" and {out / 'bench.png'}" if plotted else ""))
+
+
+def _tuned_configs() -> dict[str, str]:
+    """Configs the triton backend's tuner picked (when it ran), for the JSON report."""
+    mod = sys.modules.get("attnhub_backends.triton.configs")
+    if mod is None:
+        return {}
+    return {" ".join(map(str, k)): str(v) for k, v in mod.chosen().items()}

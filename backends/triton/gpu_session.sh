@@ -13,11 +13,11 @@ summary=()
 for step in "$@"; do
   t0=$(date +%s)
   case "$step" in
-    test) timeout 420 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_triton_gpu.py > "$OUT/test.log" 2>&1; rc=$?
+    test) timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -m gpu -n 16 -p no:cacheprovider tests/test_triton_gpu.py > "$OUT/test.log" 2>&1; rc=$?
           tail -5 "$OUT/test.log";;
     bench-quick) timeout 400 python3 -m attnhub.cli bench --quick --backends triton --peers sdpa-flash,sdpa-cudnn,flex --out "$OUT" > "$OUT/bench.txt" 2> "$OUT/bench-progress.log"; rc=$?
           cat "$OUT/bench.txt";;
-    bench-*) fam="${step#bench-}"; tag="${fam//,/-}"; mkdir -p "$OUT/$tag"; timeout 500 python3 -m attnhub.cli bench --family "$fam" --backends triton --peers "${PEERS:-sdpa-flash,sdpa-cudnn,sdpa-efficient,flex}" --out "$OUT/$tag" > "$OUT/$tag/bench.txt" 2> "$OUT/$tag/progress.log"; rc=$?
+    bench-*) fam="${step#bench-}"; tag="${fam//,/-}"; mkdir -p "$OUT/$tag"; timeout ${BENCH_TIMEOUT:-300} python3 -m attnhub.cli bench --family "$fam" --direction "${DIRS:-fwd,bwd}" --backends triton --peers "${PEERS:-sdpa-flash,sdpa-cudnn,sdpa-efficient,flex}" --out "$OUT/$tag" > "$OUT/$tag/bench.txt" 2> "$OUT/$tag/progress.log"; rc=$?
           cat "$OUT/$tag/bench.txt";;
     certify) timeout 500 python3 -m attnhub.cli certify triton --report "$OUT/certify" > "$OUT/certify.log" 2>&1; rc=$?; tail -40 "$OUT/certify.log";;
     certify-quick) timeout 300 python3 -m attnhub.cli certify triton --quick --report "$OUT/certify-quick" > "$OUT/certify-quick.log" 2>&1; rc=$?; tail -30 "$OUT/certify-quick.log";;

@@ -27,6 +27,17 @@ def _dot(a, b, IEEE: tl.constexpr, acc=None):
 
 
 @triton.jit
+def _load_tile(ptrs, bounds, pad, BOUNDS: tl.constexpr, PAD: tl.constexpr):
+    """Load a tile; ``bounds`` (sequence) and ``pad`` (head dim) masks only where needed."""
+    if BOUNDS:
+        return tl.load(ptrs, mask=bounds & pad, other=0.0)
+    elif PAD:
+        return tl.load(ptrs, mask=pad, other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
 def _keep(
     offs_m,
     offs_n,
@@ -77,8 +88,8 @@ def _keep(
 @triton.jit
 def _fwd_step(
     q,
-    k_base,
-    v_base,
+    k_ptrs,
+    v_ptrs,
     start_n,
     offs_m,
     offs_n,
@@ -119,14 +130,20 @@ def _fwd_step(
     NEG: tl.constexpr,
 ):
     cols = start_n + offs_n
-    kv_ok = cols < Nk if MASKED else cols >= 0  # noqa: SIM108 - constexpr branch
-    k_mask = kv_ok[None, :]
-    v_mask = kv_ok[:, None]
-    if BDQK != DQK:
-        k_mask = k_mask & (offs_dq < DQK)[:, None]
-    if BDV != DV:
-        v_mask = v_mask & (offs_dv < DV)[None, :]
-    kt = tl.load(k_base + cols[None, :] * skn + offs_dq[:, None] * skd, mask=k_mask, other=0.0)
+    koff = tl.cast(start_n, tl.int64) * skn
+    voff = tl.cast(start_n, tl.int64) * svn
+    if MASKED:
+        kt = tl.load(k_ptrs + koff, mask=(cols < Nk)[None, :] & (offs_dq < DQK)[:, None], other=0.0)
+        v = tl.load(v_ptrs + voff, mask=(cols < Nk)[:, None] & (offs_dv < DV)[None, :], other=0.0)
+    else:
+        if BDQK != DQK:
+            kt = tl.load(k_ptrs + koff, mask=(offs_dq < DQK)[:, None], other=0.0)
+        else:
+            kt = tl.load(k_ptrs + koff)
+        if BDV != DV:
+            v = tl.load(v_ptrs + voff, mask=(offs_dv < DV)[None, :], other=0.0)
+        else:
+            v = tl.load(v_ptrs + voff)
     qk = _dot(q, kt, IEEE)
     if MASKED:
         keep = _keep(
@@ -148,7 +165,6 @@ def _fwd_step(
         p = tl.math.exp2(qk - m_use[:, None])
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_base + cols[:, None] * svn + offs_dv[None, :] * svd, mask=v_mask, other=0.0)
     acc = _dot(p.to(v.dtype), v, IEEE, acc * alpha[:, None])
     return m_new, l_i, acc
 
@@ -239,6 +255,8 @@ def fwd_kernel(
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, BDV], dtype=tl.float32)
+    k_ptrs = k_base + offs_n[None, :] * skn + offs_dq[:, None] * skd
+    v_ptrs = v_base + offs_n[:, None] * svn + offs_dv[None, :] * svd
     row = PLAN + pid_m * plan_stride
     full_lo = tl.load(row)
     full_hi = tl.load(row + 1)
@@ -249,13 +267,13 @@ def fwd_kernel(
     for t in range(split, count, SPLITS):
         start_n = tl.load(row + 3 + t) * BN
         m_i, l_i, acc = _fwd_step(
-            q, k_base, v_base, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc, qk_scale,
+            q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc, qk_scale,
             skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
             DQK, DV, BDQK, BDV, True, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG,
         )  # fmt: skip
     for start_n in range(full_lo * BN, full_hi * BN, BN):
         m_i, l_i, acc = _fwd_step(
-            q, k_base, v_base, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc, qk_scale,
+            q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc, qk_scale,
             skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
             DQK, DV, BDQK, BDV, False, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG,
         )  # fmt: skip
@@ -380,8 +398,8 @@ def _dkdv_step(
     v,
     dk,
     dv,
-    q_base,
-    do_base,
+    q_ptrs,
+    do_ptrs,
     lse2_base,
     delta_base,
     start_m,
@@ -411,6 +429,8 @@ def _dkdv_step(
     WX,
     DQK: tl.constexpr,
     DV: tl.constexpr,
+    PADQ: tl.constexpr,
+    PADV: tl.constexpr,
     MASKED: tl.constexpr,
     NDIM: tl.constexpr,
     RULE: tl.constexpr,
@@ -420,18 +440,18 @@ def _dkdv_step(
 ):
     rows = start_m + offs_mb
     ok = rows < Nq
-    q = tl.load(
-        q_base + rows[:, None] * sqn + offs_dq[None, :] * sqd,
-        mask=ok[:, None] & (offs_dq < DQK)[None, :],
-        other=0.0,
+    q = _load_tile(
+        q_ptrs + tl.cast(start_m, tl.int64) * sqn, ok[:, None], (offs_dq < DQK)[None, :], MASKED, PADQ
     )
-    do = tl.load(
-        do_base + rows[:, None] * sdn + offs_dv[None, :] * sdd,
-        mask=ok[:, None] & (offs_dv < DV)[None, :],
-        other=0.0,
+    do = _load_tile(
+        do_ptrs + tl.cast(start_m, tl.int64) * sdn, ok[:, None], (offs_dv < DV)[None, :], MASKED, PADV
     )
-    lse2 = tl.load(lse2_base + rows, mask=ok, other=float("inf"))
-    delta = tl.load(delta_base + rows, mask=ok, other=0.0)
+    if MASKED:
+        lse2 = tl.load(lse2_base + rows, mask=ok, other=float("inf"))
+        delta = tl.load(delta_base + rows, mask=ok, other=0.0)
+    else:
+        lse2 = tl.load(lse2_base + rows)
+        delta = tl.load(delta_base + rows)
     qkt = _dot(k, tl.trans(q), IEEE)  # (BN, BM)
     pt = tl.math.exp2(qkt * qk_scale - lse2[None, :])
     if MASKED:
@@ -538,18 +558,22 @@ def dkdv_kernel(
         do_base = DO + b.to(tl.int64) * sdb + h.to(tl.int64) * sdh
         lse2_base = LSE2 + (b.to(tl.int64) * HQ + h) * Nq
         delta_base = DELTA + (b.to(tl.int64) * HQ + h) * Nq
+        q_ptrs = q_base + offs_mb[:, None] * sqn + offs_dq[None, :] * sqd
+        do_ptrs = do_base + offs_mb[:, None] * sdn + offs_dv[None, :] * sdd
         for t in range(0, count):
             start_m = tl.load(row + 3 + t) * BM
             dk, dv = _dkdv_step(
-                k, v, dk, dv, q_base, do_base, lse2_base, delta_base, start_m, offs_n, offs_mb,
+                k, v, dk, dv, q_ptrs, do_ptrs, lse2_base, delta_base, start_m, offs_n, offs_mb,
                 offs_dq, offs_dv, qk_scale, sqn, sqd, sdn, sdd, Nq, Nk, XQ, XK, AQY, BQY, AKY, BKY,
-                AQX, BQX, AKX, BKX, MX, WY, WX, DQK, DV, True, NDIM, RULE, CAUSAL, LOG2S, IEEE,
+                AQX, BQX, AKX, BKX, MX, WY, WX, DQK, DV, BDQK != DQK, BDV != DV, True, NDIM, RULE, CAUSAL,
+                LOG2S, IEEE,
             )  # fmt: skip
         for start_m in range(full_lo * BM, full_hi * BM, BM):
             dk, dv = _dkdv_step(
-                k, v, dk, dv, q_base, do_base, lse2_base, delta_base, start_m, offs_n, offs_mb,
+                k, v, dk, dv, q_ptrs, do_ptrs, lse2_base, delta_base, start_m, offs_n, offs_mb,
                 offs_dq, offs_dv, qk_scale, sqn, sqd, sdn, sdd, Nq, Nk, XQ, XK, AQY, BQY, AKY, BKY,
-                AQX, BQX, AKX, BKX, MX, WY, WX, DQK, DV, False, NDIM, RULE, CAUSAL, LOG2S, IEEE,
+                AQX, BQX, AKX, BKX, MX, WY, WX, DQK, DV, BDQK != DQK, BDV != DV, False, NDIM, RULE, CAUSAL,
+                LOG2S, IEEE,
             )  # fmt: skip
     dk = dk * sm_scale
     base = (b.to(tl.int64) * HKV + hk) * Nk
@@ -572,8 +596,8 @@ def _dq_step(
     dq,
     lse2,
     delta,
-    k_base,
-    v_base,
+    k_ptrs,
+    v_ptrs,
     start_n,
     offs_m,
     offs_n,
@@ -600,6 +624,8 @@ def _dq_step(
     WX,
     DQK: tl.constexpr,
     DV: tl.constexpr,
+    PADQ: tl.constexpr,
+    PADV: tl.constexpr,
     MASKED: tl.constexpr,
     NDIM: tl.constexpr,
     RULE: tl.constexpr,
@@ -608,17 +634,9 @@ def _dq_step(
     IEEE: tl.constexpr,
 ):
     cols = start_n + offs_n
-    ok = cols < Nk
-    kt = tl.load(
-        k_base + cols[None, :] * skn + offs_dq[:, None] * skd,
-        mask=ok[None, :] & (offs_dq < DQK)[:, None],
-        other=0.0,
-    )
-    vt = tl.load(
-        v_base + cols[None, :] * svn + offs_dv[:, None] * svd,
-        mask=ok[None, :] & (offs_dv < DV)[:, None],
-        other=0.0,
-    )
+    ok = (cols < Nk)[None, :]
+    kt = _load_tile(k_ptrs + tl.cast(start_n, tl.int64) * skn, ok, (offs_dq < DQK)[:, None], MASKED, PADQ)
+    vt = _load_tile(v_ptrs + tl.cast(start_n, tl.int64) * svn, ok, (offs_dv < DV)[:, None], MASKED, PADV)
     qk = _dot(q, kt, IEEE)
     p = tl.math.exp2(qk * qk_scale - lse2[:, None])
     if MASKED:
@@ -717,6 +735,8 @@ def dq_kernel(
     k_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
     v_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
     dq = tl.zeros([BM, BDQK], dtype=tl.float32)
+    k_ptrs = k_base + offs_n[None, :] * skn + offs_dq[:, None] * skd
+    v_ptrs = v_base + offs_n[None, :] * svn + offs_dv[:, None] * svd
     row = PLAN + pid_m * plan_stride
     full_lo = tl.load(row)
     full_hi = tl.load(row + 1)
@@ -724,15 +744,15 @@ def dq_kernel(
     for t in range(0, count):
         start_n = tl.load(row + 3 + t) * BN
         dq = _dq_step(
-            q, do, dq, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_dq, offs_dv, qk_scale,
+            q, do, dq, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_dq, offs_dv, qk_scale,
             skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
-            DQK, DV, True, NDIM, RULE, CAUSAL, LOG2S, IEEE,
+            DQK, DV, BDQK != DQK, BDV != DV, True, NDIM, RULE, CAUSAL, LOG2S, IEEE,
         )  # fmt: skip
     for start_n in range(full_lo * BN, full_hi * BN, BN):
         dq = _dq_step(
-            q, do, dq, lse2, delta, k_base, v_base, start_n, offs_m, offs_n, offs_dq, offs_dv, qk_scale,
+            q, do, dq, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_dq, offs_dv, qk_scale,
             skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
-            DQK, DV, False, NDIM, RULE, CAUSAL, LOG2S, IEEE,
+            DQK, DV, BDQK != DQK, BDV != DV, False, NDIM, RULE, CAUSAL, LOG2S, IEEE,
         )  # fmt: skip
     dq = dq * sm_scale
     tl.store(

@@ -34,13 +34,14 @@ def classify(
     pq, pk, fq, fk = grid_positions(seq_q, seq_k, sync)
     nq, nk = fq.shape[0], fk.shape[0]
     tq, tk = -(-nq // block_m), -(-nk // block_n)
-    complete_k = (np.arange(tk) + 1) * block_n <= nk
+    # FULL also needs complete tiles, so that unmasked kernel steps load without bounds checks.
+    complete = (
+        (((np.arange(tq) + 1) * block_m <= nq)[:, None]) & (((np.arange(tk) + 1) * block_n <= nk)[None, :])
+    )
     if isinstance(rule, Full):
-        out = np.full((tq, tk), PARTIAL, dtype=np.int8)
-        out[:, complete_k] = FULL
-        return out
+        return np.where(complete, FULL, PARTIAL).astype(np.int8)
     nonempty = np.ones((tq, tk), dtype=bool)
-    full = np.ones((tq, tk), dtype=bool) & complete_k[None, :]
+    full = complete.copy()
     causal = isinstance(rule, Causal) or (isinstance(rule, Local) and rule.causal)
     if causal:
         fq_lo = _tile_reduce(fq, block_m, np.minimum)[:, None]
