@@ -17,8 +17,8 @@ for step in "$@"; do
           tail -5 "$OUT/test.log";;
     bench-quick) timeout 400 python3 -m attnhub.cli bench --quick --backends triton --peers sdpa-flash,sdpa-cudnn,flex --out "$OUT" > "$OUT/bench.txt" 2> "$OUT/bench-progress.log"; rc=$?
           cat "$OUT/bench.txt";;
-    bench-*) fam="${step#bench-}"; tag="${fam//,/-}"; mkdir -p "$OUT/$tag"; timeout ${BENCH_TIMEOUT:-300} python3 -m attnhub.cli bench --family "$fam" --direction "${DIRS:-fwd,bwd}" --backends triton --peers "${PEERS:-sdpa-flash,sdpa-cudnn,sdpa-efficient,flex}" --out "$OUT/$tag" > "$OUT/$tag/bench.txt" 2> "$OUT/$tag/progress.log"; rc=$?
-          cat "$OUT/$tag/bench.txt";;
+    bench-*) fam="${step#bench-}"; tag="${fam//,/-}"; mkdir -p "$OUT/$tag"; timeout ${BENCH_TIMEOUT:-300} python3 -m attnhub.cli bench --family "$fam" --direction "${DIRS:-fwd,bwd}" --backends triton --peers "${PEERS:-sdpa-flash,sdpa-cudnn,sdpa-efficient,flex}" --out "$OUT/$tag" > "$OUT/$tag/bench.txt" 2>&1; rc=$?
+          grep -v "^\[" "$OUT/$tag/bench.txt" | tail -60;;
     certify) timeout 500 python3 -m attnhub.cli certify triton --report "$OUT/certify" > "$OUT/certify.log" 2>&1; rc=$?; tail -40 "$OUT/certify.log";;
     certify-quick) timeout 300 python3 -m attnhub.cli certify triton --quick --report "$OUT/certify-quick" > "$OUT/certify-quick.log" 2>&1; rc=$?; tail -30 "$OUT/certify-quick.log";;
     *) echo "unknown step $step"; rc=2;;
