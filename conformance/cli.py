@@ -87,6 +87,10 @@ def certify(
     if "ATTNHUB_BACKEND" in os.environ:  # would turn the suite's auto-dispatch checks into forced ones
         console.print("[yellow]note: ignoring ATTNHUB_BACKEND while certifying[/]")
         del os.environ["ATTNHUB_BACKEND"]
+    disabled = [n.strip() for n in os.environ.get("ATTNHUB_DISABLE", "").split(",") if n.strip()]
+    if name in disabled:  # a disabled backend would decline everything for that reason alone
+        console.print(f"[yellow]note: certifying {name} although ATTNHUB_DISABLE lists it[/]")
+        os.environ["ATTNHUB_DISABLE"] = ",".join(n for n in disabled if n != name)
 
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little") % 2**31

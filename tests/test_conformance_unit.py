@@ -108,10 +108,20 @@ class _Flaky(ReferenceBackend):
         return out + (type(self).calls % 2) * np.finfo(out.dtype).eps * out, lse
 
 
+class _Nothing(ReferenceBackend):
+    """Declines every request: certifies nothing."""
+
+    name: ClassVar[str] = "t_conf_nothing"
+    priority: ClassVar[int] = -50
+
+    def extra_reasons(self, req):
+        return ["this backend serves nothing"]
+
+
 class _Plugin:
     @hookimpl
     def attnhub_backends(self):
-        return [_Half(), _WrongDtype(), _Scribbler(), _Flaky()]
+        return [_Half(), _WrongDtype(), _Scribbler(), _Flaky(), _Nothing()]
 
 
 @pytest.fixture(scope="module")
@@ -221,3 +231,15 @@ def test_certify_reproduces_one_case(tmp_path):
     report = json.loads((tmp_path / "one.json").read_text())
     assert [r["id"] for r in report["results"]] == [case.id]
     assert (tmp_path / "one.md").read_text().startswith("# attnhub certify reference")
+
+
+def test_a_backend_declining_everything_certifies_nothing(broken_backends):
+    cert = Certifier("t_conf_nothing", seed=4)
+    for case in quick_grid(ALL, "numpy")[:6]:
+        assert cert.run(case).status == "declined"  # and declined honestly (no CaseFailure)
+    payload = {"backend": "t_conf_nothing", "mode": "quick", "seed": 4, "framework": "numpy", "device": "cpu",
+               "results": [r.__dict__ for r in cert.results.values()]}  # fmt: skip
+    report = rep.build_report(payload, 1.0, "attnhub certify t_conf_nothing --quick")
+    assert rep.verdict(report) == "certifies nothing: every case was declined"
+    assert report["matrix"]["rule causal"]["float32"]["status"] == "declined"
+    assert "declined (this backend serves nothing)" in rep.markdown(report)
