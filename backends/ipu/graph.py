@@ -25,7 +25,8 @@ class ChunkedAttention(torch.nn.Module):
     """Attention of canonical q (B, Hq, Nq, Dqk), k (B, Hkv, Nk, Dqk), v (B, Hkv, Nk, Dv).
 
     ``forward`` returns ``(out, lse)``: out (B, Hq, Nq, Dv) in the input dtype, lse (B, Hq, Nq)
-    float32. Masks of partially masked tiles are registered as buffers (constants of the graph).
+    float32. Masks of partially masked tiles are registered as buffers (constants of the graph),
+    one per distinct mask.
     """
 
     def __init__(
@@ -48,13 +49,20 @@ class ChunkedAttention(torch.nn.Module):
         self.scale = float(scale)
         self.nq = plan.q_bounds[-1][1] if plan.q_bounds else 0
         self.nk = plan.k_bounds[-1][1] if plan.k_bounds else 0
+        # One constant per distinct tile mask: tiles cut the same way by the rule share it (causal
+        # with equal chunks: every diagonal tile; local: every tile at the same chunk offset).
         self._mask_names: dict[tuple[int, int], str] = {}
+        distinct: dict[tuple, str] = {}
         for row in plan.tiles:
             for t in row:
-                if t.mask is not None:
-                    name = f"mask_{t.i}_{t.j}"
+                if t.mask is None:
+                    continue
+                key = (t.mask.shape, t.mask.tobytes())
+                name = distinct.get(key)
+                if name is None:
+                    name = distinct[key] = f"mask_{len(distinct)}"
                     self.register_buffer(name, torch.from_numpy(t.mask.copy()).to(device), persistent=False)
-                    self._mask_names[(t.i, t.j)] = name
+                self._mask_names[(t.i, t.j)] = name
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, hkv, g = self.batch, self.heads_kv, self.group
