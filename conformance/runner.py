@@ -200,7 +200,9 @@ class Certifier:
             res.status, res.check, res.message = "FAIL", "error", f"{type(exc).__name__}: {exc}"
             raise CaseFailure("error", res.message) from exc
         finally:
-            self.results[case.id] = res
+            prev = self.results.get(case.id)
+            if prev is None or prev.status != "FAIL":  # a replay never hides an earlier failure
+                self.results[case.id] = res
         return res
 
     # -- one case -------------------------------------------------------------------------------
