@@ -3,7 +3,8 @@ on the feature it breaks.
 
 The package (examples/toy_backend) is pip-installed, as a third party would, into a temporary
 ``--target`` directory (``--no-deps --no-build-isolation``: nothing is downloaded and the project's
-venv is left untouched); ``attnhub certify`` then runs in a subprocess with that directory on
+venv is left untouched; it builds with the venv's setuptools, hence ``setuptools>=70.1`` in the
+``dev`` extra); ``attnhub certify`` then runs in a subprocess with that directory on
 PYTHONPATH, so the backends are found through the ``attnhub`` entry-point group.
 """
 
