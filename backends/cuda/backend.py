@@ -104,10 +104,11 @@ class CudaBackend(Backend):
             idx = dev.index if dev.index is not None else torch.cuda.current_device()
             rows = req.batch * req.heads_q * req.nq
             pre = compiler.load_kernel(var, "attn_bwd_pre", idx, arch)
+            per_block = 8 if req.dtype in _HALF else 256  # warp per row / thread per row
             launch(
                 pre,
                 dev,
-                (ceil_div(rows, 8),),
+                (ceil_div(rows, per_block),),
                 256,
                 0,
                 ptr(out),

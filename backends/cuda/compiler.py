@@ -24,7 +24,9 @@ DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}
 #: Head dims (Dqk, Dv) served by the tensor-core kernel; anything else up to 128 uses SIMT.
 MMA_DIMS = (64, 128)
 #: (warps, keys per tile) of the tensor-core kernel per (Dqk, Dv); each warp owns 16 query rows.
-MMA_CONFIGS = {(64, 64): (8, 64), (64, 128): (8, 64), (128, 64): (8, 64), (128, 128): (8, 64)}
+# Chosen with benchmarks/cuda_tune.py on an H100 (bf16, L = 4096): (8, 128) was fastest at D = 64
+# (no spills) and D = 128 (64 bytes of spills); the mixed dims keep (8, 64), which spills nothing.
+MMA_CONFIGS = {(64, 64): (8, 128), (64, 128): (8, 64), (128, 64): (8, 64), (128, 128): (8, 128)}
 _STD = "c++17"
 _MMA_HEADERS = ("common.cuh", "mma.cuh")
 

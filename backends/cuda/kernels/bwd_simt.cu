@@ -1,5 +1,5 @@
 // attnhub CUDA backend: SIMT backward for every dtype (float32 accumulation for the half types).
-// attn_bwd_pre: delta = rowsum(dO * O).
+// attn_bwd_pre: delta = rowsum(dO * O) (grid: rows / 8 blocks for half types, rows / 256 otherwise).
 // attn_bwd_simt: one block per (32-key tile, kv head, batch); it walks every query head of its GQA
 // group and every query tile that is not fully masked, recomputes P from lse, accumulates dK and dV
 // in registers (so GQA sums need no atomics) and adds dQ into an ACC buffer with atomics.
@@ -12,6 +12,15 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_pre(const T* __restri
                                                               const T* __restrict__ dout,
                                                               ACC* __restrict__ delta, i64 rows,
                                                               int Dv) {
+#if ATT_DTYPE >= 2
+  // float32 / float64: one thread per row, summed in the same order as dP in attn_bwd_simt, so that
+  // dS = P (dP - delta) is exactly 0 where a row attends a single key (O = V there).
+  const i64 row = (i64)blockIdx.x * 256 + threadIdx.x;
+  if (row >= rows) return;
+  ACC acc = 0;
+  for (int d = 0; d < Dv; ++d) acc += (ACC)to_f(dout[row * Dv + d]) * (ACC)to_f(o[row * Dv + d]);
+  delta[row] = acc;
+#else
   const i64 row = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
@@ -20,6 +29,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_pre(const T* __restri
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, off);
   if (lane == 0) delta[row] = acc;
+#endif
 }
 
 extern "C" __global__ void __launch_bounds__(256) attn_bwd_simt(
