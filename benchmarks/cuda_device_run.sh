@@ -15,3 +15,4 @@ timeout 200 python -m pytest -q -m gpu tests/test_cuda_gpu.py -p no:cacheprovide
 if [ "${1:-tune}" = tune ]; then timeout 150 python benchmarks/cuda_tune.py 2>&1 | tee $OUT/tune.log; fi
 Q=""; [ "${2:-full}" = quick ] && Q="--quick"
 timeout 240 attnhub certify cuda $Q --report $OUT/certify-cuda > $OUT/certify.log 2>&1; echo "certify rc=$?"; tail -30 $OUT/certify.log
+if [ "${3:-bench}" = bench ]; then timeout 240 python benchmarks/cuda_bench.py --out $OUT/bench.jsonl > $OUT/bench.log 2>&1; echo "bench rc=$?"; tail -24 $OUT/bench.log; fi
