@@ -1,6 +1,6 @@
 #!/bin/bash
 # One batch on the GPU machine: install, cold/warm compile timings, GPU tests, certify, tuning, bench.
-# Usage (device machine, repo root): bash benchmarks/cuda_device_run.sh [tune|notune] [quick|full]
+# Usage (device machine, repo root): bash benchmarks/cuda_device_run.sh [tune|notune] [quick|full] [bench|nobench]
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
