@@ -55,13 +55,18 @@ class JaxBackend(Backend):
         return []
 
     def path_for(self, req: Request) -> tuple[str, str]:
-        """(path, why): ``"cudnn"`` where cuDNN serves ``req`` exactly, else ``"blockwise"``."""
-        from attnhub_backends.jax import cudnn
+        """(path, why): ``"cudnn"`` where cuDNN serves ``req`` exactly, else ``"pallas"`` on NVIDIA
+        GPUs where the Pallas kernel can, else ``"blockwise"``."""
+        from attnhub_backends.jax import cudnn, pallas
 
         why = cudnn.obstacles(req)
         if not why:
             return "cudnn", "jax.nn.dot_product_attention(implementation='cudnn') serves it exactly"
-        return "blockwise", "blockwise online softmax in jax.lax (cuDNN: " + "; ".join(why) + ")"
+        not_cudnn = "cuDNN: " + "; ".join(why)
+        why_not = pallas.obstacles(req)
+        if not why_not:
+            return "pallas", f"Pallas flash kernel with tile skipping ({not_cudnn})"
+        return "blockwise", f"blockwise online softmax in jax.lax ({not_cudnn}; Pallas: {'; '.join(why_not)})"
 
     def note(self, req: Request) -> str | None:
         path, why = self.path_for(req)

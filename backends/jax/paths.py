@@ -2,6 +2,8 @@
 
 - ``blockwise``: :mod:`blockwise` under ``jax.custom_vjp`` (forward saves out and lse, the
   backward recomputes probabilities tile by tile), every SPEC feature.
+- ``pallas``: the Pallas (Triton) forward kernel of :mod:`pallas` on NVIDIA GPUs for the
+  requests cuDNN cannot serve, with the same blockwise backward.
 - ``cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` for the requests it serves
   exactly (see :mod:`cudnn`); it differentiates through cuDNN's own backward.
 
@@ -21,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attnhub.request import Request
-from attnhub_backends.jax import blockwise, cudnn
+from attnhub_backends.jax import blockwise, cudnn, pallas
 from attnhub_backends.jax.blockwise import Config
 
 #: "bq,bk" overrides the tile sizes of the blockwise path (tests use small tiles).
@@ -58,13 +60,20 @@ def _zero_cotangent(mask: Any) -> Any:
     return np.zeros(mask.shape, dtype=jax.dtypes.float0)
 
 
-def _build_blockwise(req: Request, cfg: Config) -> Callable[..., tuple[Any, Any]]:
-    @jax.custom_vjp
-    def attend(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
+def _build_blockwise(req: Request, cfg: Config, path: str) -> Callable[..., tuple[Any, Any]]:
+    """``path`` "blockwise" or "pallas" forward under ``custom_vjp``; the blockwise backward."""
+
+    def run_forward(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
+        if path == "pallas":
+            return pallas.forward(q, k, v, req)
         return blockwise.forward(q, k, v, req, cfg, mask)
 
+    @jax.custom_vjp
+    def attend(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
+        return run_forward(q, k, v, mask)
+
     def fwd(q: Any, k: Any, v: Any, mask: Any) -> tuple[tuple[Any, Any], tuple]:
-        out, lse = blockwise.forward(q, k, v, req, cfg, mask)
+        out, lse = run_forward(q, k, v, mask)
         return (out, lse), (q, k, v, mask, out, lse)
 
     def bwd(res: tuple, cts: tuple[Any, Any]) -> tuple:
@@ -87,11 +96,11 @@ def _build_cudnn(req: Request) -> Callable[..., tuple[Any, Any]]:
 
 def function_for(req: Request, path: str) -> Callable[..., tuple[Any, Any]]:
     """The cached jitted ``(q, k, v, mask) -> (out, lse)`` of ``path`` for ``req``."""
-    cfg = config_for(req) if path == "blockwise" else None
-    key = (req, path, cfg)
+    cfg = None if path == "cudnn" else config_for(req)
+    key = (req, path, cfg, pallas.mode())
     fn = _CACHE.get(key)
     if fn is None:
-        fn = _build_blockwise(req, cfg) if cfg is not None else _build_cudnn(req)
+        fn = _build_cudnn(req) if cfg is None else _build_blockwise(req, cfg, path)
         with _LOCK:
             if len(_CACHE) > 512:
                 _CACHE.clear()
