@@ -165,7 +165,10 @@ def forward(q: Any, k: Any, v: Any, req: Request) -> tuple[Any, Any]:
     if not interpret:
         from jax.experimental.pallas import triton as plgpu
 
-        params["compiler_params"] = plgpu.CompilerParams(num_warps=4, num_stages=2)
+        make = getattr(plgpu, "CompilerParams", None) or getattr(plgpu, "TritonCompilerParams", None)
+        if make is not None:
+            warps = 8 if max(dqk, dv) >= 128 else 4
+            params["compiler_params"] = make(num_warps=warps, num_stages=3)
     out, lse = pl.pallas_call(
         kernel,
         grid=(nqt, req.batch, req.heads_q),
