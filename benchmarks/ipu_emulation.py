@@ -1,6 +1,7 @@
 """The ``ipu`` backend's chunked graph in CPU emulation: what tile skipping saves, next to torch SDPA.
 
-Run: ``ATTNHUB_IPU_EMULATE=1 .venv/bin/python benchmarks/ipu_emulation.py [--lengths 1024 4096]``.
+Run: ``ATTNHUB_IPU_EMULATE=1 .venv/bin/python benchmarks/ipu_emulation.py [--lengths 1024 4096]
+[--repeats 5] [--threads N]``.
 This times the torch graph on the CPU only; it says nothing about speed on an IPU (none was
 available). For each rule it reports the chunk counts the memory model picks, the chunk pairs
 computed out of all pairs, and the fastest of ``--repeats`` interleaved calls of the emulated graph
@@ -35,7 +36,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096])
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; B={B} H={H} D={D} float32")
     print(
