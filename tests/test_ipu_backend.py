@@ -162,6 +162,10 @@ def test_with_a_stand_in_poptorch_module(monkeypatch):
     assert be.availability() is None
     assert be.version() == "poptorch 3.3.0"
     assert be.device_types == ("ipu",)
+    fake.isRunningOnIpu = lambda: True  # as while PopTorch traces a model
+    assert be.device_types == ("cpu", "ipu")
+    fake.isRunningOnIpu = lambda: False
+    assert be.device_types == ("ipu",)
     monkeypatch.setenv("ATTNHUB_IPU_EMULATE", "1")
     assert be.version().startswith("poptorch 3.3.0 + cpu-emulation (torch ")
     assert be.device_types == ("cpu", "ipu")

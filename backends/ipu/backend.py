@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import threading
 from typing import Any, ClassVar
 
@@ -28,6 +29,17 @@ def emulation_enabled() -> bool:
 
 def poptorch_installed() -> bool:
     return importlib.util.find_spec("poptorch") is not None
+
+
+def running_on_ipu() -> bool:
+    """``poptorch.isRunningOnIpu()`` when the caller has imported poptorch (never imports it)."""
+    poptorch = sys.modules.get("poptorch")
+    if poptorch is None:
+        return False
+    try:
+        return bool(poptorch.isRunningOnIpu())
+    except Exception:  # a poptorch without it, or one that cannot answer outside a model
+        return False
 
 
 class IpuBackend(Backend):
@@ -50,8 +62,12 @@ class IpuBackend(Backend):
 
     @property
     def device_types(self) -> tuple[str, ...]:  # type: ignore[override]
-        """``("ipu",)``; ``("cpu", "ipu")`` in emulation mode."""
-        return ("cpu", "ipu") if emulation_enabled() else ("ipu",)
+        """``("ipu",)``; ``("cpu", "ipu")`` in emulation mode or while PopTorch traces a model.
+
+        PopTorch versions that trace with CPU tensors report ``poptorch.isRunningOnIpu()`` while
+        they do; such tensors are accepted then (name the backend, see docs/backends/ipu.md).
+        """
+        return ("cpu", "ipu") if emulation_enabled() or running_on_ipu() else ("ipu",)
 
     def availability(self) -> str | None:
         if emulation_enabled() or poptorch_installed():
