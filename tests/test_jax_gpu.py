@@ -67,7 +67,9 @@ def test_cudnn_path_matches_reference(rng, dtype, rule):
         assert err(g.astype(jnp.float32), r) < bwd
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize(
+    "dtype,path", [("bfloat16", "pallas"), ("bfloat16", "blockwise"), ("float32", "blockwise")]
+)
 @pytest.mark.parametrize(
     "rule,sync,sq,sk",
     [
@@ -77,10 +79,16 @@ def test_cudnn_path_matches_reference(rng, dtype, rule):
     ],
     ids=["local-stride", "causal-scale_end", "local-causal-none_end"],
 )
-def test_blockwise_path_on_gpu(rng, dtype, rule, sync, sq, sk):
+def test_pallas_and_blockwise_paths_on_gpu(rng, monkeypatch, dtype, path, rule, sync, sq, sk):
+    from attnhub_backends.jax import pallas
+
+    if path == "blockwise":
+        monkeypatch.setenv("ATTNHUB_JAX_PALLAS", "0")
+    elif pallas.mode() == "off":
+        pytest.skip("ATTNHUB_JAX_PALLAS=0")
     js, ((ref_out, _), ref_g) = case(rng, dtype, sq, sk, 4, 4, 64, rule, sync)
     note = next(v.note for v in attnhub.explain(*js[:3], mask=rule, sync=sync).verdicts if v.name == "jax")
-    assert note.startswith("path=blockwise"), note
+    assert note.startswith(f"path={path}"), note
     out, grads = run_and_grad(js, rule, sync)
     fwd, bwd = TOL[dtype]
     assert err(out.astype(jnp.float32), ref_out) < fwd
