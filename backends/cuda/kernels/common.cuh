@@ -23,13 +23,15 @@ struct Mask {
   int lcausal;             // local rule also causal
 
   __device__ __forceinline__ void qpos(int n, int& py, int& px, i64& f) const {
-    int iy = n / lqx, ix = n - iy * lqx;
+    int iy = n < lqx ? 0 : n / lqx;  // no division in 1-d (one row)
+    int ix = n - iy * lqx;
     py = iy * aqy + bqy;
     px = ix * aqx + bqx;
     f = (i64)py * mx + px;
   }
   __device__ __forceinline__ void kpos(int n, int& py, int& px, i64& f) const {
-    int iy = n / lkx, ix = n - iy * lkx;
+    int iy = n < lkx ? 0 : n / lkx;
+    int ix = n - iy * lkx;
     py = iy * aky + bky;
     px = ix * akx + bkx;
     f = (i64)py * mx + px;
