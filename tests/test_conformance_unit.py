@@ -243,3 +243,19 @@ def test_a_backend_declining_everything_certifies_nothing(broken_backends):
     assert rep.verdict(report) == "certifies nothing: every case was declined"
     assert report["matrix"]["rule causal"]["float32"]["status"] == "declined"
     assert "declined (this backend serves nothing)" in rep.markdown(report)
+
+
+def test_randomised_cases_replay_by_id(tmp_path):
+    """Full mode draws hypothesis cases from the seed; `--case random-N --seed S` replays one alone."""
+    base = [sys.executable, "-m", "attnhub_conformance.cli", "reference", "--seed", "13", "--examples", "4"]
+    out = subprocess.run(
+        [*base, "--feature", "randomised", "--report", str(tmp_path / "all")], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    ids = [r["id"] for r in json.loads((tmp_path / "all.json").read_text())["results"]]
+    assert ids and all(i.startswith("random-") for i in ids)
+    out = subprocess.run(
+        [*base, "--case", ids[-1], "--report", str(tmp_path / "one")], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert [r["id"] for r in json.loads((tmp_path / "one.json").read_text())["results"]] == [ids[-1]]
