@@ -65,3 +65,14 @@ def test_explicit_mask_and_float64_declined(interp) -> None:
         attnhub.attention(q, q, q, mask=torch.ones(8, 8, dtype=torch.bool), backend="triton")
     with pytest.raises(attnhub.BackendUnsupported, match="float64"):
         attnhub.attention(q.double(), q.double(), q.double(), backend="triton")
+
+
+def test_split_kv_and_gqa_packing(monkeypatch) -> None:
+    """Decoding shapes: GQA rows packed into one tile, keys split over programs and merged."""
+    monkeypatch.setenv("ATTNHUB_TRITON_SPLITS", "3")
+    check(torch, device="cpu", dtype="float32", seq_q=(1,), seq_k=(100,), rule=Full(), sync="none_end",
+          b=2, hq=8, hkv=2, dqk=32, dv=24)  # fmt: skip
+    check(torch, device="cpu", dtype="float32", seq_q=(40,), seq_k=(20,), rule=Causal(), sync="none_end",
+          b=1, hq=2, hkv=1, dqk=16, dv=16)  # fmt: skip
+    check(torch, device="cpu", dtype="bfloat16", seq_q=(5,), seq_k=(70,), rule=Local(5, causal=True),
+          sync="none_end", b=1, hq=4, hkv=1, dqk=16, dv=16)  # fmt: skip

@@ -65,6 +65,13 @@ def small_q_candidates(head_dim: int, elem_size: int) -> list[Cfg]:
     return found
 
 
+def local_extra(head_dim: int, elem_size: int) -> list[Cfg]:
+    """Narrow key tiles for sliding windows: less of each visited tile lies outside the window."""
+    if elem_size >= 4 or head_dim > 128:
+        return []
+    return [Cfg(64, 32, 4, 3), Cfg(128, 32, 4, 4)]
+
+
 def _older(cfg: Cfg) -> Cfg:
     """Pre-Hopper parts have less shared memory: fewer stages."""
     return Cfg(cfg.bm, cfg.bn, cfg.warps, max(1, min(cfg.stages, 2)))

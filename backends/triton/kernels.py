@@ -227,6 +227,7 @@ def fwd_kernel(
     LOG2S: tl.constexpr,
     IEEE: tl.constexpr,
     NEG: tl.constexpr,
+    PACK: tl.constexpr,
 ):
     """One (query tile, key split, head, batch) program: out and natural-log lse of its rows.
 
@@ -237,19 +238,30 @@ def fwd_kernel(
     pid0 = tl.num_programs(0) - 1 - tl.program_id(0)  # heavy (late) tiles first under causal
     pid_m = pid0 // SPLITS
     split = pid0 % SPLITS
-    h = tl.program_id(1)
     b = tl.program_id(2)
-    hk = h // GROUP
-    q_base = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
+    if PACK:
+        # GQA packing (few queries): the rows of one tile are (query head of the group, query),
+        # so the kv head's keys are read once for the whole group. Axis 1 is the kv head.
+        hk = tl.program_id(1)
+        r = tl.arange(0, BM)
+        offs_m = r % Nq
+        hrow = hk * GROUP + r // Nq
+        row_ok = r < Nq * GROUP
+    else:
+        h = tl.program_id(1)
+        hk = h // GROUP
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        hrow = h
+        row_ok = offs_m < Nq
     k_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
     v_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
-    offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = tl.arange(0, BN)
     offs_dq = tl.arange(0, BDQK)
     offs_dv = tl.arange(0, BDV)
+    q_rows = Q + b.to(tl.int64) * sqb + tl.cast(hrow, tl.int64) * sqh + offs_m * sqn
     q = tl.load(
-        q_base + offs_m[:, None] * sqn + offs_dq[None, :] * sqd,
-        mask=(offs_m < Nq)[:, None] & (offs_dq < DQK)[None, :],
+        q_rows[:, None] + offs_dq[None, :] * sqd,
+        mask=row_ok[:, None] & (offs_dq < DQK)[None, :],
         other=0.0,
     )
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
@@ -280,14 +292,14 @@ def fwd_kernel(
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-    o_base = O + split.to(tl.int64) * o_split + b.to(tl.int64) * sob + h.to(tl.int64) * soh
+    o_rows = O + split.to(tl.int64) * o_split + b.to(tl.int64) * sob + tl.cast(hrow, tl.int64) * soh
     tl.store(
-        o_base + offs_m[:, None] * son + offs_dv[None, :] * sod,
+        (o_rows + offs_m * son)[:, None] + offs_dv[None, :] * sod,
         out.to(O.dtype.element_ty),
-        mask=(offs_m < Nq)[:, None] & (offs_dv < DV)[None, :],
+        mask=row_ok[:, None] & (offs_dv < DV)[None, :],
     )
-    lse_base = LSE + split.to(tl.int64) * l_split + (b.to(tl.int64) * tl.num_programs(1) + h) * Nq
-    tl.store(lse_base + offs_m, lse, mask=offs_m < Nq)
+    lse_rows = LSE + split.to(tl.int64) * l_split + (b.to(tl.int64) * H + hrow) * Nq + offs_m
+    tl.store(lse_rows, lse, mask=row_ok)
 
 
 @triton.jit

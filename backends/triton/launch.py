@@ -78,7 +78,10 @@ def _cfgs(kernel: str, req: Request, x: torch.Tensor) -> list[configs.Cfg]:
     d = max(_pad(req.dim_qk), _pad(req.dim_v))
     if kernel == "fwd" and req.nq <= 16:
         return configs.small_q_candidates(d, x.element_size())
-    return configs.candidates(kernel, d, x.element_size(), _capability(x.device))
+    found = configs.candidates(kernel, d, x.element_size(), _capability(x.device))
+    if kernel == "fwd" and isinstance(req.rule, Local):
+        found = found + configs.local_extra(d, x.element_size())
+    return found
 
 
 def _splits(programs: int, visits: int, device: torch.device) -> int:
@@ -120,10 +123,16 @@ def forward(
     scalars, consts = mask_args(req)
     qk_scale = req.scale * LOG2E
 
+    group = hq // hkv
+    # GQA packing: with few queries, one tile holds every (query head of a group, query) row.
+    pack = group > 1 and nq * group <= 64
+
     def run(cfg: configs.Cfg) -> None:
-        pl = plan.plan(req.rule, req.seq_q, req.seq_k, req.sync, cfg.bm, cfg.bn, q.device)
-        tiles = triton_cdiv(nq, cfg.bm)
-        splits = _splits(tiles * hq * b, pl.max_visits, q.device)
+        bm = max(16, 1 << math.ceil(math.log2(nq * group))) if pack else cfg.bm
+        pl = plan.plan(req.rule, req.seq_q, req.seq_k, req.sync, nq if pack else bm, cfg.bn, q.device)
+        tiles = 1 if pack else triton_cdiv(nq, bm)
+        heads = hkv if pack else hq
+        splits = _splits(tiles * heads * b, pl.max_visits, q.device)
         if splits == 1:
             o_buf, l_buf, o_split, l_split = out, lse, 0, 0
         else:
@@ -131,12 +140,12 @@ def forward(
             l_buf = torch.empty((splits, b, hq, nq), dtype=torch.float32, device=q.device)
             o_split, l_split = o_buf.stride(0), l_buf.stride(0)
         o_strides = out.stride() if splits == 1 else o_buf.stride()[1:]
-        kern.fwd_kernel[(tiles * splits, hq, b)](
+        kern.fwd_kernel[(tiles * splits, heads, b)](
             q, k, v, o_buf, l_buf, pl.rows, pl.rows.stride(0),
             *q.stride(), *k.stride(), *v.stride(), *o_strides,
-            hq, hq // hkv, nq, nk, qk_scale, *scalars, splits, o_split, l_split,
-            DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=cfg.bm, BN=cfg.bn,
-            IEEE=_dot_mode(q), NEG=req.scale < 0, num_warps=cfg.warps,
+            hq, group, nq, nk, qk_scale, *scalars, splits, o_split, l_split,
+            DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=cfg.bn,
+            IEEE=_dot_mode(q), NEG=req.scale < 0, PACK=pack, num_warps=cfg.warps,
             num_stages=cfg.stages, **consts,
         )  # fmt: skip
         if splits > 1:
