@@ -124,7 +124,14 @@ def test_mqa_and_noncontiguous(rng):
 def test_fully_masked_rows(rng):
     # none_end with Lk < Lq: the first queries sit before every key under the causal rule.
     _check(rng, "bfloat16", (100,), (30,), Causal(), "none_end", grad=True)
-    _check(rng, "float32", (100,), (30,), Local(2, log2_stride=3), "scale_end", grad=True)
+    _check(rng, "float32", (100,), (30,), Causal(), "none_end", grad=True)
+    _check(rng, "float64", (100,), (30,), Local(40), "none_end", grad=True)
+    # Where every row attends at most one key, dq is exactly 0 (dS = P (dP - delta) with P one-hot
+    # and O = V): the backward must return zeros, not round-off.
+    q, k, v = (x.cuda().requires_grad_(True) for x in _inputs(rng, "float32", 1, 2, 2, (40,), (90,), 32, 32))
+    out = attnhub.attention(q, k, v, mask=Local(1, log2_stride=3), sync="scale_end", backend="cuda")
+    (dq,) = torch.autograd.grad(out, (q,), torch.randn_like(out))
+    assert bool((dq == 0).all())
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
