@@ -58,7 +58,7 @@ def _keep(
     NDIM: tl.constexpr,
     RULE: tl.constexpr,
     CAUSAL: tl.constexpr,
-    LOG2S: tl.constexpr,
+    LOG2S,
 ):
     """Boolean (len(offs_m), len(offs_n)) tile: query attends key, by the rule, from positions."""
     keep = (offs_n < Nk)[None, :] & (offs_m >= 0)[:, None]
@@ -125,7 +125,7 @@ def _fwd_step(
     NDIM: tl.constexpr,
     RULE: tl.constexpr,
     CAUSAL: tl.constexpr,
-    LOG2S: tl.constexpr,
+    LOG2S,
     IEEE: tl.constexpr,
     NEG: tl.constexpr,
 ):
@@ -224,7 +224,7 @@ def fwd_kernel(
     NDIM: tl.constexpr,
     RULE: tl.constexpr,
     CAUSAL: tl.constexpr,
-    LOG2S: tl.constexpr,
+    LOG2S,
     IEEE: tl.constexpr,
     NEG: tl.constexpr,
     PACK: tl.constexpr,
@@ -447,7 +447,7 @@ def _dkdv_step(
     NDIM: tl.constexpr,
     RULE: tl.constexpr,
     CAUSAL: tl.constexpr,
-    LOG2S: tl.constexpr,
+    LOG2S,
     IEEE: tl.constexpr,
 ):
     rows = start_m + offs_mb
@@ -536,7 +536,7 @@ def dkdv_kernel(
     NDIM: tl.constexpr,
     RULE: tl.constexpr,
     CAUSAL: tl.constexpr,
-    LOG2S: tl.constexpr,
+    LOG2S,
     IEEE: tl.constexpr,
 ):
     """One (key tile, kv head, batch) program: dk and dv summed over the query heads of its group."""
@@ -642,7 +642,7 @@ def _dq_step(
     NDIM: tl.constexpr,
     RULE: tl.constexpr,
     CAUSAL: tl.constexpr,
-    LOG2S: tl.constexpr,
+    LOG2S,
     IEEE: tl.constexpr,
 ):
     cols = start_n + offs_n
@@ -718,7 +718,7 @@ def dq_kernel(
     NDIM: tl.constexpr,
     RULE: tl.constexpr,
     CAUSAL: tl.constexpr,
-    LOG2S: tl.constexpr,
+    LOG2S,
     IEEE: tl.constexpr,
 ):
     """One (query tile, head, batch) program: dq of its rows."""
