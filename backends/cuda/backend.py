@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from typing import Any, ClassVar
@@ -31,9 +32,8 @@ class CudaBackend(Backend):
     requires: ClassVar[tuple[str, ...]] = ("torch", "cuda-core", "nvidia-cuda-nvrtc")
 
     def availability(self) -> str | None:
-        try:
-            import torch
-        except ImportError:
+        # Nothing here imports torch: a NumPy call must not pay for (or load) a framework it never uses.
+        if importlib.util.find_spec("torch") is None:
             return "needs torch with CUDA: pip install 'attnhub[cuda]'"
         try:
             compiler._core("Program")
@@ -41,9 +41,7 @@ class CudaBackend(Backend):
             compiler.nvrtc_version()
         except (ImportError, AttnhubError, RuntimeError, OSError) as exc:
             return f"needs cuda-python's NVRTC (pip install 'attnhub[cuda]'): {exc}"
-        if not torch.cuda.is_available():
-            return "no CUDA GPU is visible to torch (torch.cuda.is_available() is False)"
-        return None
+        return _driver_reason()
 
     def version(self) -> str | None:
         try:
@@ -272,3 +270,18 @@ def _backward_mma(
         _i32(req.heads_q), _i32(req.group), _i32(req.nq), _i32(req.nk), *scales, *mask_args(req),
     )  # fmt: skip
     return dq, dk, dv
+
+
+def _driver_reason() -> str | None:
+    """None when the CUDA driver sees at least one GPU, else why not (asks the driver, not torch)."""
+    try:
+        from cuda.bindings import driver
+
+        (err,) = driver.cuInit(0)
+        if err == driver.CUresult.CUDA_SUCCESS:
+            err, count = driver.cuDeviceGetCount()
+            if err == driver.CUresult.CUDA_SUCCESS and count > 0:
+                return None
+        return f"no CUDA GPU is visible to the driver ({err})"
+    except Exception as exc:  # no libcuda.so: no NVIDIA driver on this machine
+        return f"no NVIDIA driver / CUDA GPU on this machine ({type(exc).__name__})"
