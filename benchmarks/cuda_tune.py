@@ -12,7 +12,7 @@ import torch
 import attnhub
 from attnhub_backends.cuda import compiler
 
-CONFIGS = [(4, 32), (4, 64), (4, 128), (8, 32), (8, 64), (8, 128)]
+CONFIGS = [(8, 64, 1), (8, 128, 1), (4, 64, 2), (4, 32, 2), (4, 128, 2), (8, 64, 2)]
 
 
 def _ms(fn) -> float:
@@ -23,14 +23,14 @@ def _ms(fn) -> float:
 
 def main() -> None:
     b, h, n = 8, 16, 4096
-    print(f"{'D':>4} {'causal':6} " + " ".join(f"{w}w/{bn}".rjust(9) for w, bn in CONFIGS))
+    print(f"{'D':>4} {'causal':6} " + " ".join(f"{w}w/{bn}/{rb}".rjust(9) for w, bn, rb in CONFIGS))
     for d in (64, 128):
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         for causal in (False, True):
             flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
             cells = []
             for cfg in CONFIGS:
-                os.environ["ATTNHUB_CUDA_MMA"] = f"{cfg[0]},{cfg[1]}"
+                os.environ["ATTNHUB_CUDA_MMA"] = ",".join(map(str, cfg))
                 try:
                     with torch.no_grad():
                         mask = "causal" if causal else None

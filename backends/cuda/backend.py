@@ -184,7 +184,7 @@ def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> No
     launch(
         kern,
         dev,
-        (ceil_div(req.nq, 16 * cfg[0]), req.heads_q, req.batch),
+        (ceil_div(req.nq, 16 * cfg[0] * cfg[2]), req.heads_q, req.batch),
         32 * cfg[0],
         smem,
         ptr(q),

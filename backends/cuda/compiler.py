@@ -23,10 +23,9 @@ KERNEL_DIR = Path(__file__).with_name("kernels")
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}
 #: Head dims (Dqk, Dv) served by the tensor-core kernel; anything else up to 128 uses SIMT.
 MMA_DIMS = (64, 128)
-#: (warps, keys per tile) of the tensor-core kernel per (Dqk, Dv); each warp owns 16 query rows.
-# Chosen with benchmarks/cuda_tune.py on an H100 (bf16, L = 4096): (8, 128) was fastest at D = 64
-# (no spills) and D = 128 (64 bytes of spills); the mixed dims keep (8, 64), which spills nothing.
-MMA_CONFIGS = {(64, 64): (8, 128), (64, 128): (8, 64), (128, 64): (8, 64), (128, 128): (8, 128)}
+# (warps, keys per tile, 16-row blocks per warp), chosen with benchmarks/cuda_tune.py on an H100
+# (bf16, L = 4096); see docs/backends/cuda.md.
+MMA_CONFIGS = {(64, 64): (8, 128, 1), (64, 128): (8, 64, 1), (128, 64): (8, 64, 1), (128, 128): (8, 128, 1)}
 _STD = "c++17"
 _MMA_HEADERS = ("common.cuh", "mma.cuh")
 
@@ -58,18 +57,22 @@ class Variant:
         return "\n".join(lines) + "\n" + "\n".join(parts)
 
 
-def mma_config(dqk: int, dv: int) -> tuple[int, int]:
-    """(warps, keys per tile) for the tensor-core kernel; ``ATTNHUB_CUDA_MMA=warps,bn`` overrides (tuning)."""
+def mma_config(dqk: int, dv: int) -> tuple[int, int, int]:
+    """(warps, keys per tile, row blocks per warp) of the tensor-core forward for (Dqk, Dv).
+
+    ``ATTNHUB_CUDA_MMA=warps,bn[,rb]`` overrides it (tuning)."""
     env = os.environ.get("ATTNHUB_CUDA_MMA")
     if env:
-        w, bn = (int(x) for x in env.split(","))
-        return w, bn
+        vals = [int(x) for x in env.split(",")]
+        return vals[0], vals[1], vals[2] if len(vals) > 2 else 1
     return MMA_CONFIGS[(dqk, dv)]
 
 
-def mma_variant(dtype: str, dqk: int, dv: int, config: tuple[int, int] | None = None) -> Variant:
-    warps, bn = config or mma_config(dqk, dv)
-    defines = (("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv), ("NWARPS", warps), ("BN", bn))
+def mma_variant(dtype: str, dqk: int, dv: int, config: tuple[int, int, int] | None = None) -> Variant:
+    warps, bn, rb = config or mma_config(dqk, dv)
+    defines = (
+        ("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv), ("NWARPS", warps), ("BN", bn), ("RB", rb),
+    )  # fmt: skip
     return Variant("fwd_mma.cu", defines, ("attn_fwd_mma",), _MMA_HEADERS)
 
 
@@ -107,10 +110,10 @@ def bwd_mma_smem_bytes(dqk: int, dv: int) -> tuple[int, int]:
     return dkdv, dq
 
 
-def mma_smem_bytes(dqk: int, dv: int, config: tuple[int, int]) -> int:
-    """Dynamic shared memory of the tensor-core kernel: Q tile plus double-buffered K and V tiles."""
-    warps, bn = config
-    return 2 * (16 * warps * dqk + 2 * bn * (dqk + dv))
+def mma_smem_bytes(dqk: int, dv: int, config: tuple[int, int, int]) -> int:
+    """Dynamic shared memory of the tensor-core forward: Q tile plus double-buffered K and V tiles."""
+    warps, bn, rb = config
+    return 2 * (16 * rb * warps * dqk + 2 * bn * (dqk + dv))
 
 
 def _core(*names: str) -> tuple[Any, ...]:

@@ -1,9 +1,11 @@
 // attnhub CUDA backend: tensor-core forward for float16 / bfloat16 (sm_80+).
 // mma.sync m16n8k16 with float32 accumulators, online softmax in registers, Q/K/V tiles loaded with
 // cp.async into XOR-swizzled shared memory, K/V double-buffered, fully masked tiles skipped.
-// Compile-time parameters (defined by the host): ATT_DTYPE (0 f16, 1 bf16), DQK, DV, NWARPS, BN.
+// Compile-time parameters (defined by the host): ATT_DTYPE (0 f16, 1 bf16), DQK, DV, NWARPS, BN and
+// RB, the 16-row blocks per warp. With RB = 1 the Q fragments stay in registers; with RB > 1 they are
+// re-read from shared memory each tile, and every K/V fragment read feeds RB mma instructions.
 
-constexpr int BM = 16 * NWARPS;
+constexpr int BM = 16 * RB * NWARPS;
 constexpr int NT = 32 * NWARPS;
 
 extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
@@ -40,19 +42,28 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
   }
   cp_async_commit();
 
-  // Positions of this thread's two rows.
-  const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
-  int qy[2], qx[2];
-  i64 fq[2];
-  m.qpos(min(r0, Nq - 1), qy[0], qx[0], fq[0]);
-  m.qpos(min(r1, Nq - 1), qy[1], qx[1], fq[1]);
-
-  float mrow[2] = {ATT_NEG_INF, ATT_NEG_INF}, lrow[2] = {0.f, 0.f};
-  float oacc[DV / 8][4];
+  // Rows of this thread: block rb of the warp, rows g and g + 8 (index 2 rb + r).
+  int qy[2 * RB], qx[2 * RB];
+  i64 fq[2 * RB];
+  float mrow[2 * RB], lrow[2 * RB];
+  float oacc[RB][DV / 8][4];
 #pragma unroll
-  for (int i = 0; i < DV / 8; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+  for (int rb = 0; rb < RB; ++rb) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = q0 + (warp * RB + rb) * 16 + g + 8 * r;
+      m.qpos(min(row, Nq - 1), qy[2 * rb + r], qx[2 * rb + r], fq[2 * rb + r]);
+      mrow[2 * rb + r] = ATT_NEG_INF;
+      lrow[2 * rb + r] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < DV / 8; ++i) oacc[rb][i][0] = oacc[rb][i][1] = oacc[rb][i][2] = oacc[rb][i][3] = 0.f;
+  }
+  const int arow = (lane & 7) + ((lane >> 3) & 1) * 8;  // ldmatrix row of an A (16 x 16) fragment
+#if RB == 1
   u32 qf[DQK / 16][4];
   bool have_q = false;
+#endif
   int buf = 0;
 
   while (j < nkt) {
@@ -65,104 +76,132 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
+#if RB == 1
     if (!have_q) {
 #pragma unroll
-      for (int kk = 0; kk < DQK / 16; ++kk) {
-        int row = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        ldsm_x4(qf[kk], sQ + swz<DQK>(row, kk * 2 + (lane >> 4)));
-      }
+      for (int kk = 0; kk < DQK / 16; ++kk) ldsm_x4(qf[kk], sQ + swz<DQK>(warp * 16 + arow, kk * 2 + (lane >> 4)));
       have_q = true;
     }
+#endif
 
-    // S = Q K^T for this warp's 16 rows and BN keys.
-    float s[BN / 8][4];
+    // S = Q K^T for this warp's RB x 16 rows and BN keys.
+    float s[RB][BN / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    for (int rb = 0; rb < RB; ++rb)
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) s[rb][nt][0] = s[rb][nt][1] = s[rb][nt][2] = s[rb][nt][3] = 0.f;
     const T* sKb = sK + buf * BN * DQK;
 #pragma unroll
     for (int kk = 0; kk < DQK / 16; kk += 2) {
+#if RB > 1
+      u32 qreg[RB][2][4];
+#pragma unroll
+      for (int rb = 0; rb < RB; ++rb) {
+        const int row = (warp * RB + rb) * 16 + arow;
+        ldsm_x4(qreg[rb][0], sQ + swz<DQK>(row, kk * 2 + (lane >> 4)));
+        ldsm_x4(qreg[rb][1], sQ + swz<DQK>(row, kk * 2 + 2 + (lane >> 4)));
+      }
+#endif
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt) {
         u32 bf[4];
         ldsm_x4(bf, sKb + swz<DQK>(nt * 8 + (lane & 7), kk * 2 + (lane >> 3)));
-        mma16816(s[nt], qf[kk], bf[0], bf[1]);
-        mma16816(s[nt], qf[kk + 1], bf[2], bf[3]);
+#pragma unroll
+        for (int rb = 0; rb < RB; ++rb) {
+#if RB == 1
+          mma16816(s[rb][nt], qf[kk], bf[0], bf[1]);
+          mma16816(s[rb][nt], qf[kk + 1], bf[2], bf[3]);
+#else
+          mma16816(s[rb][nt], qreg[rb][0], bf[0], bf[1]);
+          mma16816(s[rb][nt], qreg[rb][1], bf[2], bf[3]);
+#endif
+        }
       }
     }
 
-    // Scale into the log2 domain, then mask.
-#pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
     const int k0 = j * BN;
     const int cls = m.tile(q0, q1, k0, min(k0 + BN, Nk) - 1);
-    if (cls != 2 || k0 + BN > Nk) {
-      // Bit (2 nt + e) of keep[r]: key k0 + 8 nt + 2 t4 + e is attended by row r. The rule is
-      // evaluated in a rolled loop (one copy of the code), then applied with constant indices.
-      u32 keep0 = 0, keep1 = 0;
-#pragma unroll 1
-      for (int c = 0; c < BN / 4; ++c) {
-        int kn = k0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
-        if (kn < Nk) {
-          int ky, kx;
-          i64 fk;
-          m.kpos(kn, ky, kx, fk);
-          keep0 |= (u32)m.attend(qy[0], qx[0], fq[0], ky, kx, fk) << c;
-          keep1 |= (u32)m.attend(qy[1], qx[1], fq[1], ky, kx, fk) << c;
-        }
-      }
+    const bool masked = cls != 2 || k0 + BN > Nk;
+#pragma unroll
+    for (int rb = 0; rb < RB; ++rb) {
+      // Scale into the log2 domain, then mask.
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if (!((keep0 >> (2 * nt + e)) & 1u)) s[nt][e] = ATT_NEG_INF;
-          if (!((keep1 >> (2 * nt + e)) & 1u)) s[nt][2 + e] = ATT_NEG_INF;
+        for (int e = 0; e < 4; ++e) s[rb][nt][e] *= scale_log2;
+      if (masked) {
+        // Bit (2 nt + e) of keep[r]: key k0 + 8 nt + 2 t4 + e is attended by row r. The rule is
+        // evaluated in a rolled loop (one copy of the code), then applied with constant indices.
+        u32 keep0 = 0, keep1 = 0;
+#pragma unroll 1
+        for (int c = 0; c < BN / 4; ++c) {
+          int kn = k0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
+          if (kn < Nk) {
+            int ky, kx;
+            i64 fk;
+            m.kpos(kn, ky, kx, fk);
+            keep0 |= (u32)m.attend(qy[2 * rb], qx[2 * rb], fq[2 * rb], ky, kx, fk) << c;
+            keep1 |= (u32)m.attend(qy[2 * rb + 1], qx[2 * rb + 1], fq[2 * rb + 1], ky, kx, fk) << c;
+          }
         }
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (!((keep0 >> (2 * nt + e)) & 1u)) s[rb][nt][e] = ATT_NEG_INF;
+            if (!((keep1 >> (2 * nt + e)) & 1u)) s[rb][nt][2 + e] = ATT_NEG_INF;
+          }
+      }
+
+      // Online softmax; row r of this block lives in s[rb][*][2r], s[rb][*][2r+1] across the quad.
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int ri = 2 * rb + r;
+        float mx_ = mrow[ri];
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) mx_ = fmaxf(mx_, fmaxf(s[rb][nt][2 * r], s[rb][nt][2 * r + 1]));
+        mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 1));
+        mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 2));
+        const float mu = (mx_ == ATT_NEG_INF) ? 0.f : mx_;
+        const float alpha = fast_exp2(mrow[ri] - mu);
+        mrow[ri] = mx_;
+        float rs = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) {
+          s[rb][nt][2 * r] = fast_exp2(s[rb][nt][2 * r] - mu);
+          s[rb][nt][2 * r + 1] = fast_exp2(s[rb][nt][2 * r + 1] - mu);
+          rs += s[rb][nt][2 * r] + s[rb][nt][2 * r + 1];
+        }
+        lrow[ri] = lrow[ri] * alpha + rs;
+#pragma unroll
+        for (int dt = 0; dt < DV / 8; ++dt) {
+          oacc[rb][dt][2 * r] *= alpha;
+          oacc[rb][dt][2 * r + 1] *= alpha;
+        }
+      }
     }
 
-    // Online softmax; row r of this thread lives in s[*][2r], s[*][2r+1] across the quad.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx_ = mrow[r];
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt) mx_ = fmaxf(mx_, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-      mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 1));
-      mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 2));
-      const float mu = (mx_ == ATT_NEG_INF) ? 0.f : mx_;
-      const float alpha = fast_exp2(mrow[r] - mu);
-      mrow[r] = mx_;
-      float rs = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt) {
-        s[nt][2 * r] = fast_exp2(s[nt][2 * r] - mu);
-        s[nt][2 * r + 1] = fast_exp2(s[nt][2 * r + 1] - mu);
-        rs += s[nt][2 * r] + s[nt][2 * r + 1];
-      }
-      lrow[r] = lrow[r] * alpha + rs;
-#pragma unroll
-      for (int dt = 0; dt < DV / 8; ++dt) {
-        oacc[dt][2 * r] *= alpha;
-        oacc[dt][2 * r + 1] *= alpha;
-      }
-    }
-
-    // O += P V
+    // O += P V; each V fragment read feeds RB mma instructions.
     const T* sVb = sV + buf * BN * DV;
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      u32 a[4];
-      a[0] = pack2(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      u32 a[RB][4];
+#pragma unroll
+      for (int rb = 0; rb < RB; ++rb) {
+        a[rb][0] = pack2(s[rb][2 * kk][0], s[rb][2 * kk][1]);
+        a[rb][1] = pack2(s[rb][2 * kk][2], s[rb][2 * kk][3]);
+        a[rb][2] = pack2(s[rb][2 * kk + 1][0], s[rb][2 * kk + 1][1]);
+        a[rb][3] = pack2(s[rb][2 * kk + 1][2], s[rb][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dt = 0; dt < DV / 8; dt += 2) {
         u32 bf[4];
-        int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        ldsm_x4_t(bf, sVb + swz<DV>(row, dt + (lane >> 4)));
-        mma16816(oacc[dt], a, bf[0], bf[1]);
-        mma16816(oacc[dt + 1], a, bf[2], bf[3]);
+        ldsm_x4_t(bf, sVb + swz<DV>(kk * 16 + arow, dt + (lane >> 4)));
+#pragma unroll
+        for (int rb = 0; rb < RB; ++rb) {
+          mma16816(oacc[rb][dt], a[rb], bf[0], bf[1]);
+          mma16816(oacc[rb][dt + 1], a[rb], bf[2], bf[3]);
+        }
       }
     }
     __syncthreads();
@@ -173,20 +212,23 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
 
   // Normalise and store; a row with no attended key gets out = 0 and lse = -inf.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = lrow[r];
-    l += __shfl_xor_sync(0xffffffff, l, 1);
-    l += __shfl_xor_sync(0xffffffff, l, 2);
-    const float inv = (l == 0.f) ? 0.f : 1.f / l;
-    const int row = r ? r1 : r0;
-    if (row < Nq) {
-      T* orow = op + (i64)row * DV;
+  for (int rb = 0; rb < RB; ++rb)
 #pragma unroll
-      for (int dt = 0; dt < DV / 8; ++dt) {
-        u32 pk = pack2(oacc[dt][2 * r] * inv, oacc[dt][2 * r + 1] * inv);
-        *reinterpret_cast<u32*>(orow + dt * 8 + 2 * t4) = pk;
+    for (int r = 0; r < 2; ++r) {
+      const int ri = 2 * rb + r;
+      float l = lrow[ri];
+      l += __shfl_xor_sync(0xffffffff, l, 1);
+      l += __shfl_xor_sync(0xffffffff, l, 2);
+      const float inv = (l == 0.f) ? 0.f : 1.f / l;
+      const int row = q0 + (warp * RB + rb) * 16 + g + 8 * r;
+      if (row < Nq) {
+        T* orow = op + (i64)row * DV;
+#pragma unroll
+        for (int dt = 0; dt < DV / 8; ++dt) {
+          u32 pk = pack2(oacc[rb][dt][2 * r] * inv, oacc[rb][dt][2 * r + 1] * inv);
+          *reinterpret_cast<u32*>(orow + dt * 8 + 2 * t4) = pk;
+        }
+        if (t4 == 0) lp[row] = (l == 0.f) ? ATT_NEG_INF : (mrow[ri] + log2f(l)) * 0.6931471805599453f;
       }
-      if (t4 == 0) lp[row] = (l == 0.f) ? ATT_NEG_INF : (mrow[r] + log2f(l)) * 0.6931471805599453f;
     }
-  }
 }
