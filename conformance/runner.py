@@ -19,8 +19,10 @@ import attnhub
 from attnhub.backend import Backend
 from attnhub.errors import BackendUnsupported
 from attnhub.frameworks import adapter_for, numpy_dtype
+from attnhub.positions import dense_rule_mask
 from attnhub.registry import REGISTRY
 from attnhub.request import Request, build_request, to_canonical
+from attnhub.rules import ExplicitMask
 from attnhub_backends.reference import kernel
 from attnhub_conformance.arrays import Ops, from_layout, round_to, to_layout
 from attnhub_conformance.cases import CHECK_FEATURES, Case
@@ -109,18 +111,32 @@ def make_data(case: Case, rng: np.random.Generator) -> Data:
     return Data(q, k, v, dout, mask)
 
 
-def errors(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
-    """(relative L2 error, max error relative to max |ref|) over the elements finite in both."""
+#: Gradient denominators are floored at the terms' magnitude divided by this (see grad_magnitudes).
+CANCELLATION_FLOOR = 64.0
+
+
+def errors(got: np.ndarray, ref: np.ndarray, floor: np.ndarray | None = None) -> tuple[float, float]:
+    """(relative L2 error, max error relative to max |ref|) over the elements finite in both.
+
+    With ``floor`` (same shape, >= 0) the denominators are at least ``floor``'s norm and maximum
+    divided by :data:`CANCELLATION_FLOOR`.
+    """
     fin = np.isfinite(got) & np.isfinite(ref)
     e, r = got[fin] - ref[fin], ref[fin]
     if e.size == 0:
         return 0.0, 0.0
     nr, mr = float(np.linalg.norm(r)), float(np.abs(r).max())
+    if floor is not None:
+        f = floor[fin]
+        nr = max(nr, float(np.linalg.norm(f)) / CANCELLATION_FLOOR)
+        mr = max(mr, float(np.abs(f).max()) / CANCELLATION_FLOOR)
     ne, me = float(np.linalg.norm(e)), float(np.abs(e).max())
     return (ne / nr if nr else ne), (me / mr if mr else me)
 
 
-def compare(check: str, got: np.ndarray, ref: np.ndarray, tol: float, dtype: str) -> None:
+def compare(
+    check: str, got: np.ndarray, ref: np.ndarray, tol: float, dtype: str, floor: np.ndarray | None = None
+) -> None:
     """Raise :class:`CaseFailure` unless ``got`` matches ``ref`` within ``tol`` (SPEC §6)."""
     if got.shape != ref.shape:
         raise CaseFailure(check, f"shape {got.shape}, the reference has {ref.shape}")
@@ -137,11 +153,52 @@ def compare(check: str, got: np.ndarray, ref: np.ndarray, tol: float, dtype: str
             check, f"{int(inf.sum())} infinite element(s) differ from the reference (first at {first}: "
             f"got {got[first]}, expected {ref[first]})",
         )  # fmt: skip
-    rel, mx = errors(got, ref)
+    rel, mx = errors(got, ref, floor)
     if not (rel <= tol and mx <= tol):
         raise CaseFailure(
             check, f"relative error {rel:.3g}, max error {mx:.3g}; SPEC §6 tolerance for {dtype} is {tol:g}"
         )
+
+
+def grad_magnitudes(data: Data, req: Request) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """|dq|, |dk|, |dv| computed without cancellation (float64, dense; the grid's sizes are small).
+
+    ``ds = p * (dp - delta)`` cancels exactly where a query attends a single key (Local window 1):
+    the reference gradient is then 0 up to rounding, and a relative error against it is noise
+    over noise. With ``ds_mag = p * (|dp| + |delta|)`` and absolute values in the products, these
+    bound the terms a backend sums; gradient errors are measured against at least 1/64 of them,
+    which leaves every well-conditioned case (ratio 4 to 16 on random data) under SPEC §6 as is.
+    """
+    g = req.group
+    q, dout = data.q, data.dout
+    k, v = np.repeat(data.k, g, axis=1), np.repeat(data.v, g, axis=1)
+    s = req.scale * (q @ np.swapaxes(k, -1, -2))
+    if isinstance(req.rule, ExplicitMask):
+        keep = np.ones(s.shape[-2:], dtype=bool)
+        if data.mask is not None and data.mask.dtype == np.bool_:
+            keep = keep & data.mask
+        elif data.mask is not None:
+            s = s + data.mask
+    else:
+        keep = dense_rule_mask(req.rule, req.seq_q, req.seq_k, req.sync)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.where(keep, s, -np.inf)
+        m = s.max(axis=-1, keepdims=True)
+        p = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+        l = p.sum(axis=-1, keepdims=True)
+        p = np.where(l > 0, p / np.where(l > 0, l, 1.0), 0.0)
+    dp = dout @ np.swapaxes(v, -1, -2)
+    delta = (dout * (p @ v)).sum(axis=-1, keepdims=True)
+    ds = p * (np.abs(dp) + np.abs(delta))
+    b, hq = q.shape[:2]
+
+    def per_kv(x: np.ndarray) -> np.ndarray:
+        return x.reshape(b, hq // g, g, *x.shape[2:]).sum(axis=2)
+
+    dq = req.scale * (ds @ np.abs(k))
+    dk = per_kv(req.scale * (np.swapaxes(ds, -1, -2) @ np.abs(q)))
+    dv = per_kv(np.swapaxes(p, -1, -2) @ np.abs(dout))
+    return dq, dk, dv
 
 
 def require_zero_rows(check: str, got: np.ndarray, empty: np.ndarray) -> None:
@@ -255,8 +312,9 @@ class Certifier:
             if grads is None:
                 return
             refs = kernel.backward(data.q, data.k, data.v, data.dout, req, data.mask)
-            for name, g, r in zip(("dq", "dk", "dv"), grads, refs):
-                compare(name, g, r, grad_tol, case.dtype)
+            floors = grad_magnitudes(data, req)
+            for name, g, r, f in zip(("dq", "dk", "dv"), grads, refs, floors):
+                compare(name, g, r, grad_tol, case.dtype, f)
             require_zero_rows("dq", grads[0], empty)
             self._unchanged(xs, before, "backward")
 
