@@ -36,6 +36,7 @@ def _command_line(name: str, quick: bool, seed: int, extra: str, cases: tuple[st
     "--report",
     "report_prefix",
     type=click.Path(dir_okay=False),
+    metavar="PREFIX",
     help="Write the report to PREFIX.json and PREFIX.md.",
 )
 @click.option("--seed", type=int, help="Seed of the inputs and randomised cases (printed; reproduces a run).")
