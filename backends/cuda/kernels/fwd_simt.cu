@@ -78,8 +78,38 @@ extern "C" __global__ void __launch_bounds__(256) attn_fwd_simt(
     {
       const ACC* qr = sQ + warp * SB_R * Dqk;
       const ACC* kr = sK + lane * ldk;
+      int d = 0;
+#if ATT_DTYPE == 3
+      // double2 broadcast reads of Q (same summation order as the scalar loop below)
+      if ((Dqk & 1) == 0) {
+        for (; d < Dqk; d += 2) {
+          const ACC k0 = kr[d], k1 = kr[d + 1];
+#pragma unroll
+          for (int i = 0; i < SB_R; ++i) {
+            const double2 qv = *reinterpret_cast<const double2*>(qr + i * Dqk + d);
+            dot[i] += qv.x * k0;
+            dot[i] += qv.y * k1;
+          }
+        }
+      }
+#else
+      // float4 broadcast reads of Q: 4 K loads and SB_R Q loads per 4 SB_R FMAs
+      if ((Dqk & 3) == 0) {
+        for (; d < Dqk; d += 4) {
+          const ACC k0 = kr[d], k1 = kr[d + 1], k2 = kr[d + 2], k3 = kr[d + 3];
+#pragma unroll
+          for (int i = 0; i < SB_R; ++i) {
+            const float4 qv = *reinterpret_cast<const float4*>(qr + i * Dqk + d);
+            dot[i] += qv.x * k0;
+            dot[i] += qv.y * k1;
+            dot[i] += qv.z * k2;
+            dot[i] += qv.w * k3;
+          }
+        }
+      }
+#endif
 #pragma unroll 4
-      for (int d = 0; d < Dqk; ++d) {
+      for (; d < Dqk; ++d) {
         const ACC kd = kr[d];
 #pragma unroll
         for (int i = 0; i < SB_R; ++i) dot[i] += qr[i * Dqk + d] * kd;
