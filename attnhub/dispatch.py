@@ -113,6 +113,9 @@ def backend_reasons(b: Backend, req: Request, disabled: frozenset[str]) -> list[
     """Every reason ``b`` cannot serve ``req`` (empty: it can)."""
     if b.name in disabled:
         return ["disabled by ATTNHUB_DISABLE"]
+    if req.framework not in b.frameworks:
+        # Decided from the declaration alone: no need to probe (and import) the backend's framework.
+        return [f"takes {', '.join(b.frameworks) or 'no'} arrays, got a {req.framework} array"]
     why = b.availability()
     if why:
         return [f"unavailable: {why}"]

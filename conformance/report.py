@@ -147,6 +147,14 @@ def device_description(framework: str, device: str) -> str:
     return f"CPU: {model}, {os.cpu_count()} logical cores"
 
 
+def _version_of(backend: Any) -> str | None:
+    """What the backend runs on (e.g. ``cpu-emulation (torch 2.13)``), as ``attnhub info`` shows it."""
+    try:
+        return backend.version()
+    except Exception as exc:  # a report must not fail on a version probe
+        return f"version() raised {type(exc).__name__}"
+
+
 def build_report(payload: dict[str, Any], elapsed_s: float, command: str) -> dict[str, Any]:
     """The full JSON report: run metadata, the matrix, a summary and every case result."""
     import attnhub
@@ -166,6 +174,7 @@ def build_report(payload: dict[str, Any], elapsed_s: float, command: str) -> dic
             "dtypes": list(b.dtypes),
             "features": sorted(b.features),
             "max_head_dim": b.max_head_dim,
+            "version": _version_of(b),
         },
         "mode": payload["mode"],
         "seed": payload["seed"],
@@ -213,6 +222,7 @@ def markdown(report: dict[str, Any], heading: str = "#") -> str:
         f"{heading} attnhub certify {report['backend']} ({report['mode']} mode): {verdict(report)}",
         "",
         f"- device: {report['device_description']} (inputs: {report['framework']} on {report['device']})",
+        f"- backend runs on: {report['backend_info'].get('version') or 'unknown'}",
         f"- date: {report['date']}; attnhub {report['attnhub_version']}; Python {report['python']}",
         f"- command: `{report['command']}` (seed {report['seed']}, {report['elapsed_s']} s)",
         f"- cases: {s['cases']} ({s['passed']} pass, {s['failed']} FAIL, {s['declined']} declined)"
