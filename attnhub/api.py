@@ -173,3 +173,12 @@ def backends() -> list[BackendRecord]:
             )
         )
     return records
+
+
+# TensorFlow's AutoGraph would otherwise rewrite these (and everything they call: dispatch,
+# plugin loading, backends' trace-time Python) inside tf.function and warn about what it cannot
+# convert. attnhub's own code is plain trace-time Python; marking the entry points as AutoGraph
+# artifacts (the attribute tf.autograph.experimental.do_not_convert sets) calls them unconverted.
+for _entry in (attention, explain, backends):
+    _entry.autograph_info__ = frozenset()  # type: ignore[attr-defined]
+del _entry
