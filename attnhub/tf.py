@@ -30,6 +30,9 @@ from attnhub.rules import Causal, Full, Local, Rule
 
 __all__ = ["causal_1d", "causal_2d", "full_1d", "full_2d", "local_1d", "local_2d"]
 
+# trace-time Python: AutoGraph must not rewrite it inside tf.function
+_plain = tf.autograph.experimental.do_not_convert
+
 
 def _attend(Q: Any, K: Any, V: Any, ndim: int, rule: Rule, sync_mode: str, returning_l_m: bool, backend: str):
     shapes = {n: tuple(x.shape) for n, x in (("Q", Q), ("K", K), ("V", V))}
@@ -80,16 +83,19 @@ def _row_max(q: Any, k: Any, v: Any, rule: Rule, sync: str) -> Any:
     return kernel.row_max(qc, kc, req, plan_for(req))
 
 
+@_plain
 def full_1d(Q, K, V, sync_mode="none_front", returning_l_m=False, *, backend="auto"):
     """Full attention on 1-d sequences: Q (..., C, Lq), K (..., C, Lk), V (..., Cv, Lk) -> O (..., Cv, Lq)."""
     return _attend(Q, K, V, 1, Full(), sync_mode, returning_l_m, backend)
 
 
+@_plain
 def causal_1d(Q, K, V, sync_mode, returning_l_m=False, *, backend="auto"):
     """Causal attention on 1-d sequences (flat query index >= flat key index under ``sync_mode``)."""
     return _attend(Q, K, V, 1, Causal(), sync_mode, returning_l_m, backend)
 
 
+@_plain
 def local_1d(
     Q, K, V, window_size, log2_stride_size, is_causal, sync_mode, returning_l_m=False, *, backend="auto"
 ):
@@ -98,16 +104,19 @@ def local_1d(
     return _attend(Q, K, V, 1, rule, sync_mode, returning_l_m, backend)
 
 
+@_plain
 def full_2d(Q, K, V, sync_mode="none_front", returning_l_m=False, *, backend="auto"):
     """Full attention on 2-d sequences: Q (..., C, Yq, Xq), K (..., C, Yk, Xk), V (..., Cv, Yk, Xk)."""
     return _attend(Q, K, V, 2, Full(), sync_mode, returning_l_m, backend)
 
 
+@_plain
 def causal_2d(Q, K, V, sync_mode, returning_l_m=False, *, backend="auto"):
     """Causal attention on 2-d sequences (row-major flat positions on the common grid)."""
     return _attend(Q, K, V, 2, Causal(), sync_mode, returning_l_m, backend)
 
 
+@_plain
 def local_2d(
     Q, K, V, window_size, log2_stride_size, is_causal, sync_mode, returning_l_m=False, *, backend="auto"
 ):

@@ -6,13 +6,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-tf = pytest.importorskip("tensorflow")
+import attnhub
+from attnhub import Causal, Full, Local, SpecError
+from attnhub.request import build_request
+from attnhub_backends.reference import kernel as ref
+from attnhub_backends.tf import tiles
 
-import attnhub  # noqa: E402
-from attnhub import Causal, Full, Local, SpecError  # noqa: E402
-from attnhub.request import build_request  # noqa: E402
-from attnhub_backends.reference import kernel as ref  # noqa: E402
-from attnhub_backends.tf import tiles  # noqa: E402
+tf = None  # imported by the fixture below, not at collection: TensorFlow loaded before triton
+# makes triton's LLVM abort the process ("Option ... registered more than once")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _tensorflow():
+    global tf
+    tf = pytest.importorskip("tensorflow")
+
 
 SYNCS = ("none_front", "scale_front", "scale_end", "none_end")
 FWD_TOL = {"float64": 1e-10, "float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}

@@ -6,12 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-tf = pytest.importorskip("tensorflow")
+import attnhub
+from attnhub import Causal, Full, Local, SpecError
+from attnhub.positions import dense_rule_mask
 
-import attnhub  # noqa: E402
-import attnhub.tf as fa  # noqa: E402
-from attnhub import Causal, Full, Local, SpecError  # noqa: E402
-from attnhub.positions import dense_rule_mask  # noqa: E402
+tf = fa = None  # imported by the fixture below, not at collection (see test_tf_backend.py)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _tensorflow():
+    global tf, fa
+    tf = pytest.importorskip("tensorflow")
+    import attnhub.tf as fa
 
 
 def _dense_l_m(Q, K, rule, sync, ndim):
@@ -116,3 +122,12 @@ def test_bad_batch_shapes_raise_spec_error():
         fa.local_2d(
             tf.zeros((1, 4, 3, 3)), tf.zeros((1, 4, 3, 3)), tf.zeros((1, 4, 3, 3)), 0, 0, False, "none_front"
         )
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_compat_inside_tf_function(jit):
+    rng = np.random.default_rng(4)
+    Q, K, V = (tf.constant(rng.standard_normal((2, 8, 6, 5)), tf.float32) for _ in range(3))
+    f = tf.function(lambda Q, K, V: fa.local_2d(Q, K, V, 2, 0, True, "scale_end", True), jit_compile=jit)
+    for got, want in zip(f(Q, K, V), fa.local_2d(Q, K, V, 2, 0, True, "scale_end", True)):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)

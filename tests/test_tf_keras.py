@@ -6,19 +6,27 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-tf = pytest.importorskip("tensorflow")
-keras = pytest.importorskip("keras")
+import attnhub
+from attnhub import Causal, Full, Local, SpecError
 
-import attnhub  # noqa: E402
-from attnhub import Causal, Full, Local, SpecError  # noqa: E402
-from attnhub.keras import DotProductAttention, rule_from_config, rule_to_config  # noqa: E402
+# imported by the fixture below, not at collection (see test_tf_backend.py)
+tf = keras = DotProductAttention = rule_from_config = rule_to_config = None
 
-pytestmark = pytest.mark.skipif(keras.config.backend() != "tensorflow", reason="Keras runs another backend")
+
+@pytest.fixture(autouse=True, scope="module")
+def _keras():
+    global tf, keras, DotProductAttention, rule_from_config, rule_to_config
+    tf = pytest.importorskip("tensorflow")
+    keras = pytest.importorskip("keras")
+    if keras.config.backend() != "tensorflow":
+        pytest.skip("Keras runs another backend")
+    from attnhub.keras import DotProductAttention, rule_from_config, rule_to_config
+
 
 L, F, H, D = 12, 6, 2, 4
 
 
-def _model(rule) -> keras.Model:
+def _model(rule):
     inp = keras.Input((L, F))
     heads = [keras.layers.Reshape((L, H, D))(keras.layers.Dense(H * D)(inp)) for _ in range(3)]
     att = DotProductAttention(mask=rule, layout="bshd", name="attn")(*heads)

@@ -1,6 +1,6 @@
 """Blockwise online-softmax attention and its recomputing backward, in TensorFlow ops.
 
-Every loop runs in Python at trace time over a :class:`~attnhub_backends.tf.tiles.Plan`, so the
+Every loop runs in Python at trace time (AutoGraph is kept out: ``do_not_convert``) over a :class:`~attnhub_backends.tf.tiles.Plan`, so the
 same code works eagerly, inside ``tf.function`` and under XLA (``jit_compile=True``): shapes are
 static and every slice is a constant. Memory is O(B·H·(N·D + block_q·block_k)); the ``Nq x Nk``
 logits are never formed. Half types are computed in float32, float64 in float64.
@@ -52,6 +52,18 @@ def _rule_keep(req: Request, plan: Plan, blk: RowBlock, tile: Tile) -> tf.Tensor
     return keep
 
 
+def _after(x: tf.Tensor, dep: tf.Tensor) -> tf.Tensor:
+    """``x``, made to depend on ``dep`` through data (an exact zero derived from one element).
+
+    A control dependency orders a graph executor but XLA drops it; a data dependency orders both,
+    so that neither computes every tile's logits ahead and holds them all. ``isnan`` keeps NaN in
+    ``dep`` from leaking into ``x``.
+    """
+    with tf.control_dependencies([dep]):
+        probe = tf.math.is_nan(tf.reshape(dep, [-1])[0])
+    return x + tf.cast(probe, x.dtype) * tf.constant(0, x.dtype)
+
+
 class _Ctx:
     """Per-call tensors and helpers shared by the forward and backward loops."""
 
@@ -86,8 +98,10 @@ class _Ctx:
         """
         b, hkv, g = self.shape5
         r, c = blk.q1 - blk.q0, tile.k1 - tile.k0
-        with tf.control_dependencies([] if after is None else [after]):
-            s = tf.matmul(qb, self.k[tile.index], transpose_b=True)
+        kt = self.k[tile.index]
+        if after is not None:
+            kt = _after(kt, after)
+        s = tf.matmul(qb, kt, transpose_b=True)
         s = tf.reshape(s, (b, hkv, g, r, c))
         keep = None
         if self.explicit:
@@ -116,6 +130,7 @@ class _Ctx:
         return tf.reshape(m, (mb, 1, 1, r, c))
 
 
+@tf.autograph.experimental.do_not_convert
 def forward(q, k, v, req: Request, plan: Plan, mask=None) -> tuple[tf.Tensor, tf.Tensor]:
     """(out, lse) on canonical tensors: out in the input dtype, lse float32 (float64 for float64)."""
     cx = _Ctx(q, k, v, req, plan, mask)
@@ -157,6 +172,7 @@ def forward(q, k, v, req: Request, plan: Plan, mask=None) -> tuple[tf.Tensor, tf
     return out, lse
 
 
+@tf.autograph.experimental.do_not_convert
 def backward(q, k, v, out, lse, dout, req: Request, plan: Plan, mask=None, dlse=None):
     """(dq, dk, dv) recomputed block by block from lse; ``dlse`` is the upstream gradient of lse."""
     cx = _Ctx(q, k, v, req, plan, mask)
@@ -216,6 +232,7 @@ def _assemble(parts: list, plan: Plan, req: Request, dim: int, ct: tf.DType) -> 
     return full[0] if len(full) == 1 else tf.concat(full, axis=2)
 
 
+@tf.autograph.experimental.do_not_convert
 def row_max(q, k, req: Request, plan: Plan, mask=None) -> tf.Tensor:
     """Maximum scaled logit per query over its attended keys, (B, Hq, Nq), -inf where none."""
     cx = _Ctx(q, k, k[..., :1], req, plan, mask)
