@@ -188,7 +188,7 @@ def causal_4k(rows: list[dict]) -> None:
     )  # fmt: skip
 
 
-def long_cases(rows: list[dict], small: bool = False) -> None:
+def long_cases(rows: list[dict], small: bool = False, only: str = "") -> None:
     h, d = (2, 64) if small else (16, 128)
     n, side, nq = (1024, 32, 256) if small else (16384, 128, 4096)
     cases = [
@@ -199,6 +199,8 @@ def long_cases(rows: list[dict], small: bool = False) -> None:
         (f"scale_end Lq={nq} Lk={n} Causal", Causal(), "scale_end", (nq,), (n,), False),
     ]  # fmt: skip
     for name, rule, sync, sq, sk, target in cases:
+        if only not in name:
+            continue
         try:
             one_long_case(rows, name, rule, sync, sq, sk, target, h, d)
         except Exception as exc:  # e.g. the dense XLA attention running out of memory
@@ -252,6 +254,7 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--small", action="store_true", help="small long-sequence cases (a dry run on the CPU)")
+    ap.add_argument("--only", default=None, help="only the long-sequence cases whose name contains this")
     args = ap.parse_args()
     print(f"jax {jax.__version__}, devices {jax.devices()}")
     if args.smoke:

@@ -283,14 +283,16 @@ def test_tile_sizes_do_not_change_results(rng, monkeypatch, tiles):
     assert err(np.asarray(lse).reshape(ref_lse.shape), ref_lse) < TOL["float32"][0]
 
 
-def test_pallas_kernel_in_interpret_mode(rng, monkeypatch):
+@pytest.mark.parametrize("x64", [False, True], ids=["x32", "x64"])
+def test_pallas_kernel_in_interpret_mode(rng, monkeypatch, x64):
     """The GPU Pallas forward kernel's semantics, run by Pallas' interpreter on the CPU."""
     monkeypatch.setenv("ATTNHUB_JAX_PALLAS", "interpret")
     rule, sync = Local((2, 3), log2_stride=1, causal=True), "scale_end"
     xs, js = inputs(rng, "bfloat16", (6, 20), (12, 10), hq=2, hkv=1, d=16, dv=32, big=True)
     note = next(v.note for v in attnhub.explain(*js, mask=rule, sync=sync).verdicts if v.name == "jax")
     assert note.startswith("path=pallas"), note
-    out, lse = attnhub.attention(*js, mask=rule, sync=sync, return_lse=True)
+    with jax.enable_x64(x64):  # index arithmetic must stay int32 under x64 too
+        out, lse = attnhub.attention(*js, mask=rule, sync=sync, return_lse=True)
     ref_out, ref_lse, _ = reference(xs, rule, sync)
     assert err(canon(np.asarray(out, np.float32)), ref_out) < TOL["bfloat16"][0]
     assert err(np.asarray(lse).reshape(ref_lse.shape), ref_lse) < TOL["bfloat16"][0]

@@ -16,11 +16,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from attnhub.request import Request
-from attnhub.rules import Causal, ExplicitMask, Full, Local
+from attnhub.rules import ExplicitMask, Full
 from attnhub_backends.jax import plan as planning
+from attnhub_backends.jax import rulemask
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,6 @@ class _Problem:
         self.nqt = math.ceil(req.nq / cfg.bq)
         self.nkt = math.ceil(req.nk / cfg.bk)
         self.rule = Full() if isinstance(req.rule, ExplicitMask) else req.rule
-        self.pos = planning.positions(req.seq_q, req.seq_k, req.sync, cfg.bq, cfg.bk)
         self.pairs = planning.tile_pairs(self.rule, req.seq_q, req.seq_k, req.sync, cfg.bq, cfg.bk)
         self.acc = _acc_dtype(req)
         self.cdt = jnp.dtype(cfg.compute_dtype)
@@ -114,30 +113,11 @@ class _Problem:
     # ---- masks --------------------------------------------------------------------------
     def keep(self, qt: Any, kt: Any, valid: Any) -> Any:
         """(lanes, bq, bk) bool: the rule on query tiles ``qt`` x key tiles ``kt`` (lanes,)."""
-        cfg, pos = self.cfg, self.pos
-        kvalid = jnp.asarray(pos.kvalid.reshape(self.nkt, cfg.bk))[kt]  # (L, bk)
-        keep = (kvalid & valid[:, None])[:, None, :]
-        rule = self.rule
-        if isinstance(rule, Full):
-            return jnp.broadcast_to(keep, (kt.shape[0], cfg.bq, cfg.bk))
-
-        def qpos(a: np.ndarray) -> Any:
-            return jnp.asarray(a.reshape(self.nqt, cfg.bq))[qt][:, :, None]
-
-        def kpos(a: np.ndarray) -> Any:
-            return jnp.asarray(a.reshape(self.nkt, cfg.bk))[kt][:, None, :]
-
-        causal = isinstance(rule, Causal) or (isinstance(rule, Local) and rule.causal)
-        if causal:
-            keep = keep & (qpos(pos.fq) >= kpos(pos.fk))
-        if isinstance(rule, Local):
-            s = rule.log2_stride
-            for d, w in enumerate(rule.windows(self.req.ndim)):
-                delta = jnp.abs(qpos(pos.pq[d]) - kpos(pos.pk[d]))
-                if s:
-                    keep = keep & ((delta & ((1 << s) - 1)) == 0)
-                keep = keep & ((delta >> s) < w)
-        return jnp.broadcast_to(keep, (kt.shape[0], cfg.bq, cfg.bk))
+        cfg = self.cfg
+        qi = (qt * cfg.bq)[:, None, None] + jnp.arange(cfg.bq, dtype=jnp.int32)[None, :, None]
+        kj = (kt * cfg.bk)[:, None, None] + jnp.arange(cfg.bk, dtype=jnp.int32)[None, None, :]
+        ok = rulemask.keep(self.req, qi, kj) & valid[:, None, None]
+        return jnp.broadcast_to(ok, (kt.shape[0], cfg.bq, cfg.bk))
 
     def explicit(self, mtiles: Any, qt: Any, kt: Any) -> Any:
         """The explicit mask of the lanes' tiles, broadcastable to (B, Hkv, G, L, bq, bk)."""

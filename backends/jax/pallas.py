@@ -23,6 +23,7 @@ import numpy as np
 from attnhub.request import Request
 from attnhub.rules import Causal, Full, Local
 from attnhub_backends.jax import plan as planning
+from attnhub_backends.jax import rulemask
 
 ENV = "ATTNHUB_JAX_PALLAS"
 BQ, BK = 128, 64
@@ -52,19 +53,6 @@ def obstacles(req: Request) -> list[str]:
     return why
 
 
-def _axis(lq: int, lk: int, sync: str) -> tuple[int, int, int, int]:
-    """(aq, cq, ak, ck): positions P(i) = aq*i + cq and R(j) = ak*j + ck along one dimension."""
-    m = max(lq, lk)
-    if sync == "none_front":
-        return 1, 0, 1, 0
-    if sync == "none_end":
-        return 1, m - lq, 1, m - lk
-    sq, sk = m // lq, m // lk
-    if sync == "scale_front":
-        return sq, 0, sk, 0
-    return sq, sq - 1, sk, sk - 1  # scale_end
-
-
 def _tile_bounds(req: Request, nqt: int) -> np.ndarray:
     """(nQT, 2) int32: first and one-past-last key tile that any query of the tile attends."""
     pairs = planning.tile_pairs(req.rule, req.seq_q, req.seq_k, req.sync, BQ, BK)
@@ -73,37 +61,6 @@ def _tile_bounds(req: Request, nqt: int) -> np.ndarray:
         if row:
             out[i] = (row[0], row[-1] + 1)
     return out
-
-
-def _keep(req: Request, qi: Any, kj: Any) -> Any:
-    """The rule on query indices ``qi`` (BQ, 1) x key indices ``kj`` (1, BK), inside the kernel."""
-    keep = kj < req.nk
-    rule = req.rule
-    if isinstance(rule, Full):
-        return keep
-    axes = [_axis(a, b, req.sync) for a, b in zip(req.seq_q, req.seq_k)]
-    if req.ndim == 1:
-        iq, ik = [qi], [kj]
-    else:
-        xq, xk = req.seq_q[1], req.seq_k[1]
-        iq = [jax.lax.div(qi, jnp.int32(xq)), jax.lax.rem(qi, jnp.int32(xq))]
-        ik = [jax.lax.div(kj, jnp.int32(xk)), jax.lax.rem(kj, jnp.int32(xk))]
-    pq = [a[0] * i + a[1] for a, i in zip(axes, iq)]
-    pk = [a[2] * j + a[3] for a, j in zip(axes, ik)]
-    if isinstance(rule, Causal) or (isinstance(rule, Local) and rule.causal):
-        mx = max(req.seq_q[-1], req.seq_k[-1])
-        fq = pq[0] if req.ndim == 1 else pq[0] * mx + pq[1]
-        fk = pk[0] if req.ndim == 1 else pk[0] * mx + pk[1]
-        keep = keep & (fq >= fk)
-    if isinstance(rule, Local):
-        s = rule.log2_stride
-        for d, w in enumerate(rule.windows(req.ndim)):
-            delta = jnp.maximum(pq[d] - pk[d], pk[d] - pq[d])
-            if s:
-                keep = keep & ((delta & ((1 << s) - 1)) == 0)
-                delta = jax.lax.shift_right_logical(delta, jnp.int32(s))
-            keep = keep & (delta < w)
-    return keep
 
 
 def forward(q: Any, k: Any, v: Any, req: Request) -> tuple[Any, Any]:
@@ -124,10 +81,10 @@ def forward(q: Any, k: Any, v: Any, req: Request) -> tuple[Any, Any]:
         i = pl.program_id(0)
         two = b_ref[...]
         first = jnp.arange(2) == 0
-        lo = jnp.sum(jnp.where(first, two, 0))
-        hi = jnp.sum(jnp.where(first, 0, two))
+        lo = jnp.sum(jnp.where(first, two, 0), dtype=jnp.int32)
+        hi = jnp.sum(jnp.where(first, 0, two), dtype=jnp.int32)
         qt = q_ref[...]
-        qi = i * BQ + jnp.arange(BQ)[:, None]
+        qi = i * BQ + jnp.arange(BQ, dtype=jnp.int32)[:, None]
 
         def body(t: Any, carry: tuple) -> tuple:
             m, l, acc = carry
@@ -137,7 +94,7 @@ def forward(q: Any, k: Any, v: Any, req: Request) -> tuple[Any, Any]:
             s = jax.lax.dot_general(
                 qt, kt, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
             ) * jnp.float32(scale)
-            keep = _keep(req, qi, start + jnp.arange(BK)[None, :])
+            keep = rulemask.keep(req, qi, start + jnp.arange(BK, dtype=jnp.int32)[None, :])
             s = jnp.where(keep, s, -jnp.inf)
             m_new = jnp.maximum(m, jnp.max(s, axis=1))
             m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)

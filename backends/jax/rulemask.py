@@ -1,0 +1,65 @@
+"""A rule (SPEC §3) evaluated on query and key indices with jnp integer arithmetic.
+
+Every sync mode puts index i of a dimension at an affine position ``a*i + c`` (SPEC §2), and a
+2-d flat index splits into (row, column) by division by the row length, so the mask of any tile
+follows from its indices alone: no position table is read. Used inside the Pallas kernel and by
+the blockwise ``jax.lax`` path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from attnhub.request import Request
+from attnhub.rules import Causal, ExplicitMask, Full, Local
+
+
+def axis_affine(lq: int, lk: int, sync: str) -> tuple[int, int, int, int]:
+    """(aq, cq, ak, ck): positions P(i) = aq*i + cq and R(j) = ak*j + ck along one dimension."""
+    m = max(lq, lk)
+    if sync == "none_front":
+        return 1, 0, 1, 0
+    if sync == "none_end":
+        return 1, m - lq, 1, m - lk
+    sq, sk = m // lq, m // lk
+    if sync == "scale_front":
+        return sq, 0, sk, 0
+    return sq, sq - 1, sk, sk - 1  # scale_end
+
+
+def keep(req: Request, qi: Any, kj: Any) -> Any:
+    """Bool mask of flat query indices ``qi`` x flat key indices ``kj`` (int32, broadcastable).
+
+    Keys at or past ``req.nk`` (tile padding) are never attended. An explicit mask's request
+    gets the ``Full`` rule here (the array is applied separately).
+    """
+    qi, kj = qi.astype(jnp.int32), kj.astype(jnp.int32)  # int64 under jax_enable_x64 otherwise
+    ok = kj < req.nk
+    rule = req.rule
+    if isinstance(rule, (Full, ExplicitMask)):
+        return ok
+    axes = [axis_affine(a, b, req.sync) for a, b in zip(req.seq_q, req.seq_k)]
+    if req.ndim == 1:
+        iq, ik = [qi], [kj]
+    else:
+        xq, xk = jnp.int32(req.seq_q[1]), jnp.int32(req.seq_k[1])
+        iq = [jax.lax.div(qi, xq), jax.lax.rem(qi, xq)]
+        ik = [jax.lax.div(kj, xk), jax.lax.rem(kj, xk)]
+    pq = [a[0] * i + a[1] for a, i in zip(axes, iq)]
+    pk = [a[2] * j + a[3] for a, j in zip(axes, ik)]
+    if isinstance(rule, Causal) or (isinstance(rule, Local) and rule.causal):
+        mx = max(req.seq_q[-1], req.seq_k[-1])
+        fq = pq[0] if req.ndim == 1 else pq[0] * mx + pq[1]
+        fk = pk[0] if req.ndim == 1 else pk[0] * mx + pk[1]
+        ok = ok & (fq >= fk)
+    if isinstance(rule, Local):
+        s = rule.stride
+        for d, w in enumerate(rule.windows(req.ndim)):
+            delta = jnp.maximum(pq[d] - pk[d], pk[d] - pq[d])
+            if s > 1:
+                ok = ok & ((delta & (s - 1)) == 0)
+            ok = ok & (delta < s * w)  # delta // s < w
+    return ok
