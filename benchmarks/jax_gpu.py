@@ -260,9 +260,9 @@ def main() -> int:
     if args.smoke:
         return smoke()
     rows: list[dict] = []
-    parts = (
-        (lambda r: long_cases(r, small=True),) if args.small else (causal_4k, long_cases, cudnn_window_probe)
-    )
+    parts: tuple = (causal_4k, long_cases, cudnn_window_probe)
+    if args.small or args.only is not None:
+        parts = (lambda r: long_cases(r, small=args.small, only=args.only or ""),)
     for part in parts:
         try:
             part(rows)
