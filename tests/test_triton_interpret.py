@@ -6,6 +6,7 @@ The kernel checks live in ``triton_interp_cases.py`` and run in a child pytest w
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -18,7 +19,8 @@ from attnhub.rules import Causal, Full, Local
 from attnhub_backends.triton import plan
 
 pytest.importorskip("torch")
-pytest.importorskip("triton")
+if importlib.util.find_spec("triton") is None:  # not imported here: see tests/triton_check.py
+    pytest.skip("triton is not installed", allow_module_level=True)
 
 
 @pytest.mark.slow

@@ -44,11 +44,13 @@ class TritonBackend(Backend):
         return None
 
     def version(self) -> str | None:
-        try:
-            import triton
+        # From the package metadata: importing triton into a process that loaded TensorFlow first
+        # can abort LLVM, and ``attnhub info`` asks every backend.
+        from importlib.metadata import PackageNotFoundError, version
 
-            return f"triton {triton.__version__}" + (" (interpreter)" if interpret_mode() else "")
-        except ImportError:
+        try:
+            return f"triton {version('triton')}" + (" (interpreter)" if interpret_mode() else "")
+        except PackageNotFoundError:
             return None
 
     def extra_reasons(self, req: Request) -> list[str]:
