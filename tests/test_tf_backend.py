@@ -289,3 +289,22 @@ def test_plan_classification_is_exact(rule, sync):
             if t.full:
                 assert dense[blk.q0 : blk.q1, t.k0 : t.k1].all()
     assert not (dense & ~seen).any()
+
+
+@pytest.mark.parametrize("jit", [None, True])
+def test_nan_stays_in_its_row(jit):
+    """SPEC §4: NaN propagates to the affected outputs only (blocks are chained through data)."""
+    rng = np.random.default_rng(10)
+    q, k, v = _inputs(rng, 1, 2, 2, (64,), (64,), 8, 8, "float32")
+    q[0, 0, 5, 0] = np.nan
+
+    def f(q, k, v):
+        return attnhub.attention(q, k, v, mask="causal", backend="tf")
+
+    if jit is not None:
+        f = tf.function(f, jit_compile=jit)
+    out = f(*map(tf.constant, (q, k, v))).numpy()
+    assert np.isnan(out[0, 0, 5]).all()
+    nan_rows = np.isnan(out).any(axis=-1)
+    nan_rows[0, 0, 5] = False
+    assert not nan_rows.any()

@@ -55,9 +55,9 @@ def _rule_keep(req: Request, plan: Plan, blk: RowBlock, tile: Tile) -> tf.Tensor
 def _after(x: tf.Tensor, dep: tf.Tensor) -> tf.Tensor:
     """``x``, made to depend on ``dep`` through data (an exact zero derived from one element).
 
-    A control dependency orders a graph executor but XLA drops it; a data dependency orders both,
-    so that neither computes every tile's logits ahead and holds them all. ``isnan`` keeps NaN in
-    ``dep`` from leaking into ``x``.
+    Used once per row block on its queries: XLA drops control dependencies, so without it XLA may
+    compute every block's logits ahead and hold them all. Tiles within a block are ordered by
+    control dependencies (cheaper: no copy). ``isnan`` keeps NaN in ``dep`` out of ``x``.
     """
     with tf.control_dependencies([dep]):
         probe = tf.math.is_nan(tf.reshape(dep, [-1])[0])
@@ -98,10 +98,8 @@ class _Ctx:
         """
         b, hkv, g = self.shape5
         r, c = blk.q1 - blk.q0, tile.k1 - tile.k0
-        kt = self.k[tile.index]
-        if after is not None:
-            kt = _after(kt, after)
-        s = tf.matmul(qb, kt, transpose_b=True)
+        with tf.control_dependencies([] if after is None else [after]):
+            s = tf.matmul(qb, self.k[tile.index], transpose_b=True)
         s = tf.reshape(s, (b, hkv, g, r, c))
         keep = None
         if self.explicit:
@@ -144,7 +142,7 @@ def forward(q, k, v, req: Request, plan: Plan, mask=None) -> tuple[tf.Tensor, tf
             outs.append(tf.zeros((b, hkv, g, r, req.dim_v), ct))
             lses.append(tf.fill((b, hkv, g, r), tf.constant(NEG_INF, ct)))
             continue
-        qb = cx.rows(cx.qs, blk)
+        qb = cx.rows(cx.qs, blk) if last is None else _after(cx.rows(cx.qs, blk), last)
         m = denom = acc = m_safe_prev = None
         for tile in blk.tiles:
             s, _ = cx.logits(qb, blk, tile, last)
@@ -193,7 +191,7 @@ def backward(q, k, v, out, lse, dout, req: Request, plan: Plan, mask=None, dlse=
         if not blk.tiles:
             dqs.append(tf.zeros((b, hkv, g, r, req.dim_qk), ct))
             continue
-        qb = cx.rows(cx.qs, blk)
+        qb = cx.rows(cx.qs, blk) if last is None else _after(cx.rows(cx.qs, blk), last)
         dob = cx.rows(do5, blk)
         lse_b = lse5[:, :, :, blk.q0 : blk.q1, :]
         dd_b = dd[:, :, :, blk.q0 : blk.q1, :]
@@ -241,7 +239,7 @@ def row_max(q, k, req: Request, plan: Plan, mask=None) -> tf.Tensor:
     for blk in plan.blocks:
         r = blk.q1 - blk.q0
         m = tf.fill((b, hkv, g, r), tf.constant(NEG_INF, cx.ct))
-        qb = cx.rows(cx.qs, blk)
+        qb = cx.rows(cx.qs, blk) if last is None else _after(cx.rows(cx.qs, blk), last)
         for tile in blk.tiles:
             s, _ = cx.logits(qb, blk, tile, last)
             m = last = tf.maximum(m, tf.reduce_max(s, axis=-1))
