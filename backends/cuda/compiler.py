@@ -25,7 +25,7 @@ DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}
 MMA_DIMS = (64, 128)
 # (warps, keys per tile, 16-row blocks per warp), chosen with benchmarks/cuda_tune.py on an H100
 # (bf16, L = 4096); see docs/backends/cuda.md.
-MMA_CONFIGS = {(64, 64): (8, 128, 1), (64, 128): (8, 64, 1), (128, 64): (8, 64, 1), (128, 128): (8, 128, 1)}
+MMA_CONFIGS = {(64, 64): (4, 64, 2), (64, 128): (8, 64, 1), (128, 64): (8, 64, 1), (128, 128): (8, 128, 1)}
 _STD = "c++17"
 _MMA_HEADERS = ("common.cuh", "mma.cuh")
 
