@@ -1,8 +1,8 @@
 """Blockwise online-softmax attention and its recomputing backward, in TensorFlow ops.
 
-Every loop runs in Python at trace time (AutoGraph is kept out: ``do_not_convert``) over a :class:`~attnhub_backends.tf.tiles.Plan`, so the
-same code works eagerly, inside ``tf.function`` and under XLA (``jit_compile=True``): shapes are
-static and every slice is a constant. Memory is O(B·H·(N·D + block_q·block_k)); the ``Nq x Nk``
+Every loop runs in Python at trace time over a :class:`~attnhub_backends.tf.tiles.Plan` (AutoGraph
+is kept out with ``do_not_convert``), so the same code works eagerly, inside ``tf.function`` and
+under XLA (``jit_compile=True``): shapes are static and every slice is a constant. Memory is O(B·H·(N·D + block_q·block_k)); the ``Nq x Nk``
 logits are never formed. Half types are computed in float32, float64 in float64.
 """
 
@@ -98,20 +98,21 @@ class _Ctx:
         """
         b, hkv, g = self.shape5
         r, c = blk.q1 - blk.q0, tile.k1 - tile.k0
+        # the whole tile waits (matmul, mask slices and rule mask), not just its matmul
         with tf.control_dependencies([] if after is None else [after]):
             s = tf.matmul(qb, self.k[tile.index], transpose_b=True)
-        s = tf.reshape(s, (b, hkv, g, r, c))
-        keep = None
-        if self.explicit:
-            part = self._mask_part(blk, tile)
-            if self.req.rule.kind == "bool":
-                keep = part
-            else:
-                s = s + tf.cast(part, self.ct)
-        elif not tile.full:
-            keep = _rule_keep(self.req, self.plan, blk, tile)
-        if keep is not None:
-            s = tf.where(keep, s, tf.constant(NEG_INF, self.ct))
+            s = tf.reshape(s, (b, hkv, g, r, c))
+            keep = None
+            if self.explicit:
+                part = self._mask_part(blk, tile)
+                if self.req.rule.kind == "bool":
+                    keep = part
+                else:
+                    s = s + tf.cast(part, self.ct)
+            elif not tile.full:
+                keep = _rule_keep(self.req, self.plan, blk, tile)
+            if keep is not None:
+                s = tf.where(keep, s, tf.constant(NEG_INF, self.ct))
         return s, keep
 
     def _mask_part(self, blk: RowBlock, tile: Tile) -> tf.Tensor:
