@@ -202,3 +202,22 @@ def test_backend_declines_with_reasons():
         "none_front", 0.1,
     )  # fmt: skip
     assert any("explicit mask" in r for r in be.check(req2))
+
+
+def test_shared_memory_limits_pick_smaller_tiles_or_decline(monkeypatch):
+    """On GPUs with 99 KiB of shared memory per block (sm_86/sm_89) big tiles shrink or decline."""
+    from attnhub_backends.cuda import backend as be
+
+    monkeypatch.setattr(be, "_smem_limit", lambda device: 101376)
+
+    def req(dtype, d, grad):
+        return Request(
+            "torch", "cuda:0", dtype, "bhsd", 1, 1, 1, (8,), (8,), d, d, Full(), "none_front", 0.1, grad
+        )
+
+    cfg = be._mma_config_for(req("bfloat16", 128, True), 101376)
+    assert cfg is not None and compiler.mma_smem_bytes(128, 128, cfg) <= 101376
+    assert be._smem_reasons(req("bfloat16", 128, True)) == []
+    assert be._smem_reasons(req("float64", 64, True)) == []
+    (reason,) = be._smem_reasons(req("float64", 128, True))
+    assert "backward kernel needs" in reason and "101376" in reason

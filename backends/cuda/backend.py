@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import os
@@ -61,6 +62,8 @@ class CudaBackend(Backend):
                 reasons.append(
                     f"needs compute capability 8.0 or newer (cp.async, mma.sync), {req.device} has {major}.x"
                 )
+            else:
+                reasons.extend(_smem_reasons(req))
         return reasons
 
     # ---------------------------------------------------------------- forward
@@ -89,7 +92,7 @@ class CudaBackend(Backend):
         dev = q.device
         with torch.cuda.device(dev):
             q, k, v, out, dout = (x.contiguous() for x in (q, k, v, out, dout))
-            if use_mma(req) and os.environ.get("ATTNHUB_CUDA_BWD") != "simt":
+            if use_mma(req) and not _simt_backward_forced():
                 return _backward_mma(q, k, v, out, lse, dout, req)
             acc = torch.float64 if req.dtype == "float64" else torch.float32
             lse = lse.to(acc).contiguous()
@@ -115,8 +118,7 @@ class CudaBackend(Backend):
                 i64(rows),
                 _i32(req.dim_v),
             )
-            el = 8 if req.dtype == "float64" else 4
-            smem = el * (32 * (req.dim_qk + 1) * 2 + 32 * (req.dim_v + 1) * 2 + 2 * 32 * 33 + 64)
+            smem = _simt_bwd_smem(req)
             kern = compiler.load_kernel(var, "attn_bwd_simt", idx, arch, smem)
             launch(
                 kern,
@@ -143,6 +145,66 @@ class CudaBackend(Backend):
                 *mask_args(req),
             )
             return dq.to(q.dtype), dk, dv
+
+
+def _smem_reasons(req: Request) -> list[str]:
+    """Requests whose kernels need more shared memory than this GPU gives a block."""
+    limit = _smem_limit(req.device)
+    need = []
+    if use_mma(req):
+        if _mma_config_for(req, limit) is None:
+            need.append(("forward", compiler.mma_smem_bytes(req.dim_qk, req.dim_v, _MMA_FALLBACKS[-1])))
+        if req.needs_grad and not _simt_backward_forced():
+            need.append(("backward", max(compiler.bwd_mma_smem_bytes(req.dim_qk, req.dim_v))))
+    else:
+        need.append(("forward", _simt_fwd_smem(req)))
+    if req.needs_grad and (not use_mma(req) or _simt_backward_forced()):
+        need.append(("backward", _simt_bwd_smem(req)))
+    return [
+        f"the {what} kernel needs {n} bytes of shared memory per block, {req.device} allows {limit} "
+        f"(use smaller head dims{' or float32' if req.dtype == 'float64' else ''})"
+        for what, n in need
+        if n > limit
+    ]
+
+
+def _simt_backward_forced() -> bool:
+    return os.environ.get("ATTNHUB_CUDA_BWD") == "simt"
+
+
+def _smem_limit(device: Any) -> int:
+    """Largest dynamic shared memory a block may opt into on ``device`` (bytes)."""
+    return _smem_limit_of(str(device))
+
+
+@functools.cache
+def _smem_limit_of(device: str) -> int:
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.device(device))
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024)
+
+
+def _simt_fwd_smem(req: Request) -> int:
+    el = 8 if req.dtype == "float64" else 4
+    return el * (32 * req.dim_qk + 32 * (req.dim_qk + 1) + 32 * 32 * ceil_div(req.dim_v, 32))
+
+
+def _simt_bwd_smem(req: Request) -> int:
+    el = 8 if req.dtype == "float64" else 4
+    return el * (32 * (req.dim_qk + 1) * 2 + 32 * (req.dim_v + 1) * 2 + 2 * 32 * 33 + 64)
+
+
+#: Smaller forward tiles tried, in order, when the default does not fit the GPU's shared memory.
+_MMA_FALLBACKS = ((8, 64, 1), (4, 64, 1), (4, 32, 1))
+
+
+def _mma_config_for(req: Request, limit: int) -> tuple[int, int, int] | None:
+    cfg = compiler.mma_config(req.dim_qk, req.dim_v)
+    for c in (cfg, *_MMA_FALLBACKS):
+        if compiler.mma_smem_bytes(req.dim_qk, req.dim_v, c) <= limit:
+            return c
+    return None
 
 
 def use_mma(req: Request) -> bool:
@@ -177,7 +239,7 @@ def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> No
     q, k, v = (_strided(x, 8) for x in (q, k, v))
     dev = q.device
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    cfg = compiler.mma_config(req.dim_qk, req.dim_v)
+    cfg = _mma_config_for(req, _smem_limit(dev)) or compiler.mma_config(req.dim_qk, req.dim_v)
     var = compiler.mma_variant(req.dtype, req.dim_qk, req.dim_v, cfg)
     smem = compiler.mma_smem_bytes(req.dim_qk, req.dim_v, cfg)
     kern = compiler.load_kernel(var, "attn_fwd_mma", idx, arch_of(dev), smem)
@@ -209,8 +271,7 @@ def _forward_simt(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> N
     dev = q.device
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
     var = compiler.simt_variant(req.dtype)
-    el = 8 if req.dtype == "float64" else 4
-    smem = el * (32 * req.dim_qk + 32 * (req.dim_qk + 1) + 32 * 32 * ceil_div(req.dim_v, 32))
+    smem = _simt_fwd_smem(req)
     kern = compiler.load_kernel(var, "attn_fwd_simt", idx, arch_of(dev), smem)
     launch(
         kern,
