@@ -180,9 +180,15 @@ def _smem_limit(device: Any) -> int:
 @functools.cache
 def _smem_limit_of(device: str) -> int:
     import torch
+    from cuda.bindings import driver
 
-    props = torch.cuda.get_device_properties(torch.device(device))
-    return int(getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024)
+    dev = torch.device(device)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    attr = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    err, value = driver.cuDeviceGetAttribute(attr, index)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return 48 * 1024
+    return int(value)
 
 
 def _simt_fwd_smem(req: Request) -> int:
