@@ -185,6 +185,7 @@ def _smem_limit_of(device: str) -> int:
     dev = torch.device(device)
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     attr = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    driver.cuInit(0)
     err, value = driver.cuDeviceGetAttribute(attr, index)
     if err != driver.CUresult.CUDA_SUCCESS:
         return 48 * 1024
