@@ -296,3 +296,46 @@ def test_pallas_kernel_in_interpret_mode(rng, monkeypatch, x64):
     ref_out, ref_lse, _ = reference(xs, rule, sync)
     assert err(canon(np.asarray(out, np.float32)), ref_out) < TOL["bfloat16"][0]
     assert err(np.asarray(lse).reshape(ref_lse.shape), ref_lse) < TOL["bfloat16"][0]
+
+
+def _req(**kw):
+    from attnhub.request import Request
+
+    base = dict(
+        framework="jax", device="cuda:0", dtype="bfloat16", layout="bhsd", batch=2, heads_q=8,
+        heads_kv=2, seq_q=(4096,), seq_k=(4096,), dim_qk=128, dim_v=128, rule=Causal(),
+        sync="none_front", scale=0.088,
+    )  # fmt: skip
+    base.update(kw)
+    return Request(**base)
+
+
+@pytest.mark.parametrize(
+    "kw,path,why",
+    [
+        ({}, "cudnn", "serves it exactly"),
+        ({"sync": "scale_end"}, "cudnn", "serves it exactly"),  # Sq == Sk: every sync mode agrees
+        ({"seq_q": (1024,)}, "pallas", "causal with Sq != Sk"),
+        ({"rule": Local(128, log2_stride=1)}, "pallas", "no exact form of local"),
+        ({"return_lse": True}, "pallas", "lse rounded"),
+        ({"dtype": "float32"}, "blockwise", "float16/bfloat16"),
+        ({"rule": Full(), "seq_q": (100,), "seq_k": (300,)}, "cudnn", "serves it exactly"),
+        ({"dim_qk": 100, "dim_v": 100}, "blockwise", "16/32/64/128"),
+        ({"device": "cpu"}, "blockwise", "not on an NVIDIA GPU"),
+    ],
+)
+def test_path_choice_and_reasons(kw, path, why):
+    from attnhub_backends.jax.backend import JaxBackend
+
+    got, text = JaxBackend().path_for(_req(**kw))
+    assert got == path and why in text, text
+
+
+def test_float64_needs_x64():
+    from attnhub_backends.jax.backend import JaxBackend
+
+    with jax.enable_x64(False):
+        reasons = JaxBackend().check(_req(dtype="float64", device="cpu"))
+    assert any("jax_enable_x64" in r for r in reasons)
+    with jax.enable_x64(True):
+        assert JaxBackend().check(_req(dtype="float64", device="cpu")) == []
