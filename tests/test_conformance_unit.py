@@ -199,6 +199,12 @@ def test_matrix_script_renders_reports(tmp_path):
     page = matrix_mod.render(matrix_mod.load([str(path)]))
     assert "## Overview" in page and "| rule causal | **FAIL** f32 |" in page
     assert "CPU" in page
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{matrix_mod.START}\nold table\n{matrix_mod.END}\noutro\n")
+    matrix_mod.main([str(path), "--readme", str(readme)])
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith("outro\n") and "old table" not in text
+    assert "| rule causal | **FAIL** f32 |" in text
 
 
 def test_certify_unknown_and_unavailable_backends(broken_backends, monkeypatch):

@@ -51,7 +51,10 @@ class TFBackend(Backend):
         return kernel.backward(q, k, v, out, lse, dout, req, plan_for(req), mask)
 
     def run(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
-        """Forward under ``tf.custom_gradient``: the tape keeps q, k, v, out and lse (O(L) memory)."""
+        """Forward under ``tf.custom_gradient``: the tape keeps q, k, v, out (in the compute dtype) and lse.
+
+        Memory stays O(L); the backward recomputes the tiles from lse.
+        """
         import tensorflow as tf
 
         from attnhub_backends.tf import kernel
@@ -61,12 +64,12 @@ class TFBackend(Backend):
 
         @tf.custom_gradient
         def _attend(q, k, v):
-            out, lse = kernel.forward(q, k, v, req, plan, mask)
+            out, lse, out_ct = kernel.forward_with_residual(q, k, v, req, plan, mask)
 
             def grad(dout, dlse=None):
                 if dout is None:
                     dout = tf.zeros_like(out)
-                return kernel.backward(q, k, v, out, lse, dout, req, plan, mask, dlse)
+                return kernel.backward(q, k, v, out_ct, lse, dout, req, plan, mask, dlse)
 
             return (out, lse), grad
 

@@ -132,6 +132,19 @@ class _Ctx:
 @tf.autograph.experimental.do_not_convert
 def forward(q, k, v, req: Request, plan: Plan, mask=None) -> tuple[tf.Tensor, tf.Tensor]:
     """(out, lse) on canonical tensors: out in the input dtype, lse float32 (float64 for float64)."""
+    out, lse, _ = forward_with_residual(q, k, v, req, plan, mask)
+    return out, lse
+
+
+@tf.autograph.experimental.do_not_convert
+def forward_with_residual(
+    q, k, v, req: Request, plan: Plan, mask=None
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(out, lse, out in the compute dtype): the backward's rowsum(dO·O) needs O before rounding.
+
+    With half inputs and peaked softmax rows, dP − rowsum(dO·O) cancels; O rounded to bfloat16
+    there costs dq several times SPEC's tolerance, so the backward gets the float32 O.
+    """
     cx = _Ctx(q, k, v, req, plan, mask)
     b, hkv, g = cx.shape5
     ct = cx.ct
@@ -166,9 +179,9 @@ def forward(q, k, v, req: Request, plan: Plan, mask=None) -> tuple[tf.Tensor, tf
         lses.append(lse[..., 0])
     out = outs[0] if len(outs) == 1 else tf.concat(outs, axis=3)
     lse = lses[0] if len(lses) == 1 else tf.concat(lses, axis=3)
-    out = tf.cast(tf.reshape(out, (b, req.heads_q, req.nq, req.dim_v)), q.dtype)
+    out_ct = tf.reshape(out, (b, req.heads_q, req.nq, req.dim_v))
     lse = tf.reshape(lse, (b, req.heads_q, req.nq))
-    return out, lse
+    return tf.cast(out_ct, q.dtype), lse, out_ct
 
 
 @tf.autograph.experimental.do_not_convert
