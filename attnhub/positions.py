@@ -12,22 +12,30 @@ from attnhub.errors import SpecError
 from attnhub.rules import SYNC_MODES, Causal, Full, Local, Rule
 
 
-def axis_positions(lq: int, lk: int, sync: str) -> tuple[np.ndarray, np.ndarray]:
-    """Query and key positions along one sequence dimension under ``sync``."""
+def axis_affine(lq: int, lk: int, sync: str) -> tuple[int, int, int, int]:
+    """(a_q, b_q, a_k, b_k) with query position ``a_q·i + b_q`` and key position ``a_k·j + b_k``.
+
+    SPEC §2 along one sequence dimension; kernels take these four integers to evaluate rules
+    from indices.
+    """
     m = max(lq, lk)
-    i = np.arange(lq, dtype=np.int64)
-    j = np.arange(lk, dtype=np.int64)
     if sync == "none_front":
-        return i, j
+        return 1, 0, 1, 0
     if sync == "none_end":
-        return i + (m - lq), j + (m - lk)
+        return 1, m - lq, 1, m - lk
     sq = m // lq if lq else 1
     sk = m // lk if lk else 1
     if sync == "scale_front":
-        return i * sq, j * sk
+        return sq, 0, sk, 0
     if sync == "scale_end":
-        return (i + 1) * sq - 1, (j + 1) * sk - 1
+        return sq, sq - 1, sk, sk - 1
     raise SpecError("sync", "one of " + ", ".join(SYNC_MODES), sync)
+
+
+def axis_positions(lq: int, lk: int, sync: str) -> tuple[np.ndarray, np.ndarray]:
+    """Query and key positions along one sequence dimension under ``sync``."""
+    aq, bq, ak, bk = axis_affine(lq, lk, sync)
+    return np.arange(lq, dtype=np.int64) * aq + bq, np.arange(lk, dtype=np.int64) * ak + bk
 
 
 def grid_positions(

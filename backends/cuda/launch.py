@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from attnhub.positions import axis_affine
 from attnhub.request import Request
 from attnhub.rules import Causal, Full, Local
 from attnhub_backends.cuda import compiler
@@ -14,27 +15,14 @@ from attnhub_backends.cuda import compiler
 _WINDOW_CAP = 1 << 30
 
 
-def _axis(lq: int, lk: int, sync: str) -> tuple[int, int, int, int]:
-    """(a_q, b_q, a_k, b_k) with position = index * a + b along one dimension (SPEC §2)."""
-    m = max(lq, lk)
-    if sync == "none_front":
-        return 1, 0, 1, 0
-    if sync == "none_end":
-        return 1, m - lq, 1, m - lk
-    sq, sk = m // lq, m // lk
-    if sync == "scale_front":
-        return sq, 0, sk, 0
-    return sq, sq - 1, sk, sk - 1  # scale_end
-
-
 def mask_args(req: Request) -> list[np.int32]:
     """The 16 integers of the kernels' ``Mask`` struct for ``req`` (1-d requests as 2-d with Y = 1)."""
     seq_q, seq_k = req.seq_q, req.seq_k
     if len(seq_q) == 1:
         seq_q, seq_k = (1, *seq_q), (1, *seq_k)
     (lqy, lqx), (lky, lkx) = seq_q, seq_k
-    aqy, bqy, aky, bky = _axis(lqy, lky, req.sync)
-    aqx, bqx, akx, bkx = _axis(lqx, lkx, req.sync)
+    aqy, bqy, aky, bky = axis_affine(lqy, lky, req.sync)
+    aqx, bqx, akx, bkx = axis_affine(lqx, lkx, req.sync)
     mx = max(lqx, lkx)
     rule = req.rule
     wy = wx = 1

@@ -13,21 +13,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from attnhub.positions import axis_affine
 from attnhub.request import Request
 from attnhub.rules import Causal, ExplicitMask, Full, Local
-
-
-def axis_affine(lq: int, lk: int, sync: str) -> tuple[int, int, int, int]:
-    """(aq, cq, ak, ck): positions P(i) = aq*i + cq and R(j) = ak*j + ck along one dimension."""
-    m = max(lq, lk)
-    if sync == "none_front":
-        return 1, 0, 1, 0
-    if sync == "none_end":
-        return 1, m - lq, 1, m - lk
-    sq, sk = m // lq, m // lk
-    if sync == "scale_front":
-        return sq, 0, sk, 0
-    return sq, sq - 1, sk, sk - 1  # scale_end
 
 
 def keep(req: Request, qi: Any, kj: Any) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from attnhub.positions import axis_affine
 from attnhub.request import Request
 from attnhub.rules import Causal, Full, Local
 from attnhub_backends.triton import configs, plan
@@ -16,29 +17,16 @@ from attnhub_backends.triton.loader import interpret_mode, kernels
 LOG2E = 1.4426950408889634
 
 
-def _affine(lq: int, lk: int, sync: str) -> tuple[int, int, int, int]:
-    """(a_q, b_q, a_k, b_k) with P(i) = a_q i + b_q and R(j) = a_k j + b_k (SPEC §2)."""
-    m = max(lq, lk)
-    if sync == "none_front":
-        return 1, 0, 1, 0
-    if sync == "none_end":
-        return 1, m - lq, 1, m - lk
-    sq, sk = m // lq, m // lk
-    if sync == "scale_front":
-        return sq, 0, sk, 0
-    return sq, sq - 1, sk, sk - 1  # scale_end
-
-
 def mask_args(req: Request) -> tuple[list[int], dict[str, Any]]:
     """Runtime scalars (XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX) and constexprs."""
     rule = req.rule
     if req.ndim == 2:
         (yq, xq), (yk, xk) = req.seq_q, req.seq_k
-        ay = _affine(yq, yk, req.sync)
+        ay = axis_affine(yq, yk, req.sync)
     else:
         (xq,), (xk,) = req.seq_q, req.seq_k
         ay = (1, 0, 1, 0)
-    ax = _affine(xq, xk, req.sync)
+    ax = axis_affine(xq, xk, req.sync)
     mx = max(xq, xk)
     wy = wx = 1
     log2s = 0
