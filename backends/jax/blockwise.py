@@ -168,8 +168,10 @@ def _finish(m: Any, l: Any, o: Any) -> tuple[Any, Any]:
     return out, lse
 
 
-def forward(q: Any, k: Any, v: Any, req: Request, cfg: Config, mask: Any = None) -> tuple[Any, Any]:
-    """(out (B, Hq, Nq, Dv) in the input dtype, lse (B, Hq, Nq) float32/float64)."""
+def forward(
+    q: Any, k: Any, v: Any, req: Request, cfg: Config, mask: Any = None, out_dtype: Any = None
+) -> tuple[Any, Any]:
+    """(out (B, Hq, Nq, Dv) in ``out_dtype`` (default: the input dtype), lse (B, Hq, Nq) float32/float64)."""
     pb = _Problem(req, cfg)
     lp = planning.lanes(pb.pairs, _max_lanes(req, cfg))
     n_lanes, direct = lp.shape[0], lp.direct
@@ -211,7 +213,7 @@ def forward(q: Any, k: Any, v: Any, req: Request, cfg: Config, mask: Any = None)
 
     carry, _ = jax.lax.scan(step, init, _lanes_table(lp))
     out, lse = _finish(*carry[:3]) if direct else carry[3:]
-    return pb.untile_q(out, q.dtype), pb.untile_rows(lse)
+    return pb.untile_q(out, q.dtype if out_dtype is None else out_dtype), pb.untile_rows(lse)
 
 
 def backward(
