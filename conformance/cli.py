@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from attnhub_conformance.parallel import run_sharded
+
 FRAMEWORK_CHOICES = ("numpy", "torch", "tensorflow", "jax")
 DEFAULT_EXAMPLES = 60
 
@@ -23,9 +25,11 @@ def _plugin_autoloaded() -> bool:
     return any(ep.value == "attnhub_conformance.plugin" for ep in metadata.entry_points(group="pytest11"))
 
 
-def _command_line(name: str, quick: bool, seed: int, extra: str, cases: tuple[str, ...]) -> str:
+def _command_line(
+    name: str, quick: bool, seed: int, extra: str, cases: tuple[str, ...], features: tuple[str, ...] = ()
+) -> str:
     parts = ["attnhub", "certify", name] + (["--quick"] if quick else []) + ["--seed", str(seed)]
-    parts += [f"--case={c}" for c in cases]
+    parts += [f"--case={c}" for c in cases] + [f"--feature='{f}'" for f in features]
     return " ".join(parts) + extra
 
 
@@ -52,6 +56,14 @@ def _command_line(name: str, quick: bool, seed: int, extra: str, cases: tuple[st
     "--feature", "features", multiple=True, help="Only the cases showing this matrix row (repeatable)."
 )
 @click.option("-v", "--verbose", is_flag=True, help="One line per case instead of pytest's dots.")
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help="Processes sharing the cases (kernel compilation runs in parallel); same cases, one report.",
+)
 def certify(
     name: str,
     quick: bool,
@@ -63,6 +75,7 @@ def certify(
     examples: int,
     features: tuple[str, ...],
     verbose: bool,
+    jobs: int,
 ) -> None:
     """Certify backend NAME against the float64 reference (SPEC §6); non-zero exit if any accepted case fails."""
     import pytest
@@ -99,7 +112,7 @@ def certify(
     if examples != DEFAULT_EXAMPLES:
         extra += f" --examples {examples}"
     mode = "quick" if quick else "full"
-    command = _command_line(name, quick, seed, extra, cases)
+    command = _command_line(name, quick, seed, extra, cases, features)
     console.print(f"[bold]attnhub certify {name}[/]: {mode} mode, seed {seed} (re-run exactly: {command})")
 
     suite = Path(__file__).with_name("suite.py")
@@ -107,8 +120,8 @@ def certify(
         results = Path(tmp) / "results.json"
         args = [
             str(suite), "-c", os.devnull, "--rootdir", str(suite.parent), "-p", "no:cacheprovider", "--import-mode=importlib",
-            "--tb=no", "-rN", "-W", "ignore::DeprecationWarning", "-v" if verbose else "-q",
-            f"--attnhub-backend={name}", f"--attnhub-seed={seed}", f"--attnhub-results={results}",
+            "--tb=no", "-rN", "-W", "ignore::DeprecationWarning", "-v" if verbose and jobs == 1 else "-q",
+            f"--attnhub-backend={name}", f"--attnhub-seed={seed}",
             f"--attnhub-examples={examples}", f"--attnhub-repro={extra}",
         ]  # fmt: skip
         if quick:
@@ -122,12 +135,22 @@ def certify(
         if not _plugin_autoloaded():
             args += ["-p", "attnhub_conformance.plugin"]
         t0 = time.perf_counter()
-        rc = pytest.main(args)
-        elapsed = time.perf_counter() - t0
-        sys.stdout.flush()
-        if not results.exists():
-            raise click.ClickException(f"the suite did not run (pytest exit status {int(rc)})")
-        payload = json.loads(results.read_text(encoding="utf-8"))
+        if jobs > 1:
+            console.print(f"running in {jobs} processes; progress every 15 s")
+            try:
+                rc, payload = run_sharded(
+                    args, jobs, Path(tmp), lambda line: console.print(line, highlight=False)
+                )
+            except RuntimeError as exc:
+                raise click.ClickException(str(exc)) from None
+            elapsed = time.perf_counter() - t0
+        else:
+            rc = pytest.main([*args, f"--attnhub-results={results}"])
+            elapsed = time.perf_counter() - t0
+            sys.stdout.flush()
+            if not results.exists():
+                raise click.ClickException(f"the suite did not run (pytest exit status {int(rc)})")
+            payload = json.loads(results.read_text(encoding="utf-8"))
 
     report = rep.build_report(payload, elapsed, command)
     console.print(rep.rich_table(report))

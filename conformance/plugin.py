@@ -25,9 +25,14 @@ class SuiteState:
     mode: str
     random_examples: int
     wanted: frozenset[str]
+    shard: tuple[int, int] = (0, 1)
 
     def wants(self, case_id: str) -> bool:
         return not self.wanted or case_id in self.wanted
+
+    def owns(self, draw: int) -> bool:
+        """Whether this shard runs the ``draw``-th randomised case (``--attnhub-shard i/n``)."""
+        return draw % self.shard[1] == self.shard[0]
 
     @property
     def random_enabled(self) -> bool:
@@ -53,6 +58,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--attnhub-feature", action="append", default=[], help="keep only cases with this feature")
     g.addoption("--attnhub-results", default=None, metavar="PATH", help="write the results as JSON")
     g.addoption("--attnhub-repro", default=None, help="(certify) options appended to reproduce commands")
+    g.addoption(
+        "--attnhub-shard",
+        default=None,
+        metavar="I/N",
+        help="(certify --jobs) run every N-th case from the I-th",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -91,9 +102,24 @@ def pytest_configure(config: pytest.Config) -> None:
         # a case id from the other mode: look it up in both grids
         other = full_grid(dtypes, cert.framework) + quick_grid(dtypes, cert.framework)
         cases = list({c.id: c for c in other if c.id in wanted}.values())
+    shard = _parse_shard(config.getoption("attnhub_shard"))
     config.stash[STATE] = SuiteState(
-        cert, cases, "quick" if quick else "full", int(config.getoption("attnhub_examples")), wanted
-    )
+        cert, cases[shard[0] :: shard[1]], "quick" if quick else "full", int(config.getoption("attnhub_examples")),
+        wanted, shard,
+    )  # fmt: skip
+
+
+def _parse_shard(text: str | None) -> tuple[int, int]:
+    """``"i/n"`` -> (i, n) with 0 <= i < n; None -> (0, 1)."""
+    if not text:
+        return (0, 1)
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--attnhub-shard takes I/N (two integers), got {text!r}") from None
+    if not 0 <= i < n:
+        raise pytest.UsageError(f"--attnhub-shard I/N needs 0 <= I < N, got {text!r}")
+    return (i, n)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -48,7 +48,9 @@ def toy_site(tmp_path_factory) -> Path:
     return site
 
 
-def certify(site: Path, name: str, report: Path) -> tuple[subprocess.CompletedProcess, dict]:
+def certify(
+    site: Path, name: str, report: Path, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.CompletedProcess, dict]:
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     )
@@ -62,6 +64,7 @@ def certify(site: Path, name: str, report: Path) -> tuple[subprocess.CompletedPr
         "11",
         "--report",
         str(report),
+        *extra,
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     data = json.loads(report.with_suffix(".json").read_text()) if report.with_suffix(".json").exists() else {}
@@ -92,3 +95,20 @@ def test_broken_variant_fails_on_its_feature(toy_site, tmp_path, variant):
     first = report["failures"][0]
     assert first["repro"] == f"attnhub certify {variant} --case {first['id']} --seed 11"
     assert first["repro"] in out.stdout
+
+
+def test_jobs_run_the_same_cases_as_one_process(toy_site, tmp_path):
+    """``--jobs 2`` shards the cases over two processes: same ids, same verdicts, one report."""
+    _, one = certify(toy_site, "toy", tmp_path / "one")
+    out, two = certify(toy_site, "toy", tmp_path / "two", ("--jobs", "2"))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "shard 2/2 finished" in out.stdout
+    verdicts = lambda r: sorted((x["id"], x["status"]) for x in r["results"])  # noqa: E731
+    assert verdicts(one) == verdicts(two) and len(verdicts(one)) >= 35
+
+
+def test_jobs_keep_a_failure(toy_site, tmp_path):
+    """A broken backend still fails when its failing case runs in another shard than the first."""
+    out, report = certify(toy_site, "toy_causal_off_by_one", tmp_path / "broken", ("-j", "3"))
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    assert any(c["status"] == "FAIL" for c in report["matrix"]["rule causal"].values())
