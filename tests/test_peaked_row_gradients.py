@@ -79,3 +79,16 @@ def test_jax_dq_on_peaked_row():
 
     dq = np.asarray(jax.grad(loss)(qj).astype(jnp.float32))
     assert rel_err(dq, want) < BF16_GRAD_TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_torch_gpu_dq_on_peaked_row(backend):
+    """The GPU kernels' backward on the same row (their rowsum(dO·O) reads the saved output)."""
+    torch = pytest.importorskip("torch")
+    q, k, v, dout, want = peaked_case()
+    qt, kt, vt = (torch.tensor(x, dtype=torch.bfloat16, device="cuda") for x in (q, k, v))
+    qt.requires_grad_(True)
+    out = attnhub.attention(qt, kt, vt, backend=backend)
+    (dq,) = torch.autograd.grad(out, qt, torch.tensor(dout, dtype=torch.bfloat16, device="cuda"))
+    assert rel_err(dq.float().cpu().numpy(), want) < BF16_GRAD_TOL
