@@ -46,6 +46,8 @@ def run_sharded(pytest_args: list[str], jobs: int, tmp: Path, echo: Any) -> tupl
         cmd.append(f"--attnhub-results={results}")
         fh = open(log, "w", encoding="utf-8")  # noqa: SIM115 - closed when the shard ends
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # N processes on one GPU: JAX must not take 75 % of its memory in each.
+        env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         procs.append((subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env), results, log))
         fh.close()
     t0 = time.perf_counter()
