@@ -96,6 +96,20 @@ class Backend:
         """Compute (out, lse) on canonical arrays (see the module docstring)."""
         raise NotImplementedError
 
+    def forward_for_grad(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None
+    ) -> tuple[Any, Any, Any]:
+        """(out, lse, saved): the forward when a backward will follow; ``saved`` is what
+        :meth:`backward` receives as ``out``.
+
+        Default: the output itself. A backend whose backward forms rowsum(dO·O) overrides this to
+        keep a float32 output for half-precision inputs: on a row whose probability sits on one
+        key, dP − rowsum(dO·O) cancels and O rounded to bfloat16 costs dq several times SPEC's
+        tolerance (tests/test_peaked_row_gradients.py).
+        """
+        out, lse = self.forward(q, k, v, req, mask)
+        return out, lse, out
+
     def backward(
         self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
     ) -> tuple[Any, Any, Any]:

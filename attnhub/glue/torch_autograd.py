@@ -12,8 +12,12 @@ from attnhub.request import Request
 class _AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, backend, req, mask):  # type: ignore[override]
-        out, lse = backend.forward(q, k, v, req, mask)
-        ctx.save_for_backward(q, k, v, out, lse)
+        if any(ctx.needs_input_grad[:3]):
+            out, lse, saved = backend.forward_for_grad(q, k, v, req, mask)
+        else:
+            out, lse = backend.forward(q, k, v, req, mask)
+            saved = out
+        ctx.save_for_backward(q, k, v, saved, lse)
         ctx.backend, ctx.req, ctx.mask = backend, req, mask
         ctx.mark_non_differentiable(lse)
         return out, lse

@@ -71,6 +71,21 @@ class TritonBackend(Backend):
 
         return launch.forward(q, k, v, req)
 
+    def forward_for_grad(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None
+    ) -> tuple[Any, Any, Any]:
+        """Half-precision inputs: the kernel writes a float32 output; the backward's rowsum(dO·O)
+        reads it, the caller gets it rounded to the input dtype (the same rounding as forward)."""
+        import torch
+
+        from attnhub_backends.triton import launch
+
+        if q.element_size() >= 4:
+            out, lse = launch.forward(q, k, v, req)
+            return out, lse, out
+        out32, lse = launch.forward(q, k, v, req, out_dtype=torch.float32)
+        return out32.to(q.dtype), lse, out32
+
     def backward(
         self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
     ) -> tuple[Any, Any, Any]:

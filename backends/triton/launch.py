@@ -100,13 +100,13 @@ def _work(req: Request) -> int:
 
 
 def forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, req: Request
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, req: Request, out_dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) for canonical torch tensors (any strides)."""
+    """(out, lse) for canonical torch tensors (any strides); ``out`` in ``out_dtype`` (default q's)."""
     kern = kernels()
     b, hq, nq, dqk = q.shape
     hkv, nk, dv = k.shape[1], k.shape[2], v.shape[3]
-    out = torch.empty((b, hq, nq, dv), dtype=q.dtype, device=q.device)
+    out = torch.empty((b, hq, nq, dv), dtype=out_dtype or q.dtype, device=q.device)
     lse = torch.empty((b, hq, nq), dtype=torch.float32, device=q.device)
     scalars, consts = mask_args(req)
     qk_scale = req.scale * LOG2E
