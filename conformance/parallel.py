@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -33,6 +34,32 @@ def _done_count(log: Path) -> int:
     return count
 
 
+def _raise_exit(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _wait(procs: list[tuple[subprocess.Popen, Path, Path]], echo: Any) -> dict[int, int]:
+    """Wait for every shard, echoing each end and the cases done every 15 s; their exit codes."""
+    jobs = len(procs)
+    t0 = time.perf_counter()
+    last = t0
+    running = set(range(jobs))
+    codes: dict[int, int] = {}
+    while running:
+        time.sleep(0.5)
+        for i in sorted(running):
+            rc = procs[i][0].poll()
+            if rc is not None:
+                running.discard(i)
+                codes[i] = rc
+                echo(f"  shard {i + 1}/{jobs} finished (exit {rc}) after {time.perf_counter() - t0:.0f} s")
+        if running and time.perf_counter() - last >= _PROGRESS_EVERY_S:
+            last = time.perf_counter()
+            done = sum(_done_count(log) for _, _, log in procs)
+            echo(f"  {done} cases done, {len(running)} shard(s) running, {last - t0:.0f} s")
+    return codes
+
+
 def run_sharded(pytest_args: list[str], jobs: int, tmp: Path, echo: Any) -> tuple[int, dict[str, Any]]:
     """Run ``pytest_args`` in ``jobs`` shards; returns (worst exit status, merged results payload).
 
@@ -50,22 +77,14 @@ def run_sharded(pytest_args: list[str], jobs: int, tmp: Path, echo: Any) -> tupl
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         procs.append((subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env), results, log))
         fh.close()
-    t0 = time.perf_counter()
-    last = t0
-    running = set(range(jobs))
-    codes: dict[int, int] = {}
-    while running:
-        time.sleep(0.5)
-        for i in sorted(running):
-            rc = procs[i][0].poll()
-            if rc is not None:
-                running.discard(i)
-                codes[i] = rc
-                echo(f"  shard {i + 1}/{jobs} finished (exit {rc}) after {time.perf_counter() - t0:.0f} s")
-        if running and time.perf_counter() - last >= _PROGRESS_EVERY_S:
-            last = time.perf_counter()
-            done = sum(_done_count(log) for _, _, log in procs)
-            echo(f"  {done} cases done, {len(running)} shard(s) running, {last - t0:.0f} s")
+    previous = signal.signal(signal.SIGTERM, _raise_exit)
+    try:
+        codes = _wait(procs, echo)
+    finally:  # interrupted (Ctrl-C, SIGTERM from a time limit): no shard outlives the command
+        signal.signal(signal.SIGTERM, previous)
+        for proc, _, _ in procs:
+            if proc.poll() is None:
+                proc.kill()
     merged: dict[str, Any] | None = None
     for i, (_, results, log) in enumerate(procs):
         if not results.exists():
