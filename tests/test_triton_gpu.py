@@ -88,3 +88,33 @@ def test_deterministic() -> None:
         outs.append([o.detach(), qq.grad, kk.grad, vv.grad])
     for a, b in zip(*outs, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mode", ["0", "1", "2", "3"])
+def test_forward_load_paths(monkeypatch, mode) -> None:
+    """Pointer loads (0) and the tensor-descriptor (TMA) modes of the forward's K/V loads."""
+    monkeypatch.setenv("ATTNHUB_TRITON_TMA", mode)
+    check(torch, device="cuda", dtype="bfloat16", seq_q=(300,), seq_k=(300,), rule=Causal(), b=2, hq=4,
+          hkv=2, dqk=128, dv=128, grad=False)  # fmt: skip
+    check(torch, device="cuda", dtype="float16", seq_q=(190,), seq_k=(333,), rule=Local(100, causal=True),
+          sync="none_end", b=2, hq=8, hkv=2, dqk=64, dv=64, layout="bshd", grad=False)  # fmt: skip
+    check(torch, device="cuda", dtype="bfloat16", seq_q=(1,), seq_k=(1000,), rule=Full(), sync="none_end",
+          b=2, hq=8, hkv=2, dqk=128, dv=128, grad=False)  # fmt: skip
+    check(torch, device="cuda", dtype="bfloat16", seq_q=(77,), seq_k=(1000,), rule=Local(9, log2_stride=1),
+          sync="scale_front", b=1, hq=2, hkv=1, dqk=64, dv=64, grad=False)  # fmt: skip
+
+
+def test_tma_eligibility(monkeypatch) -> None:
+    """Descriptors only where TMA's rules hold; everything else keeps the pointer path."""
+    from attnhub_backends.triton import launch
+
+    monkeypatch.delenv("ATTNHUB_TRITON_TMA", raising=False)
+    x = torch.randn(2, 4, 64, 128, device="cuda", dtype=torch.bfloat16)
+    assert launch._tma_mode(x, x, x) == launch.TMA_DEFAULT
+    assert launch._tma_mode(x.float(), x.float(), x.float()) == 0  # float32: pointers
+    odd = torch.randn(2 * 4 * 64 * 128 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(2, 4, 64, 128)
+    assert launch._tma_mode(odd, odd, odd) == 0  # base not 16-byte aligned
+    y = torch.randn(2, 4, 64, 97, device="cuda", dtype=torch.bfloat16)[..., :96]
+    assert launch._tma_mode(y, y, y) == 0  # head dim 96 (not a power of two), odd row stride
+    monkeypatch.setenv("ATTNHUB_TRITON_TMA", "2")
+    assert launch._tma_mode(x, x, x) == 2

@@ -76,3 +76,18 @@ def test_split_kv_and_gqa_packing(monkeypatch) -> None:
           b=1, hq=2, hkv=1, dqk=16, dv=16)  # fmt: skip
     check(torch, device="cpu", dtype="bfloat16", seq_q=(5,), seq_k=(70,), rule=Local(5, causal=True),
           sync="none_end", b=1, hq=4, hkv=1, dqk=16, dv=16)  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["1", "2"])
+def test_tensor_descriptor_loads(monkeypatch, mode) -> None:
+    """K/V through in-kernel tensor descriptors (zero-filled past the keys; bhsd and bshd strides)."""
+    from attnhub_backends.triton import launch
+
+    monkeypatch.setenv("ATTNHUB_TRITON_TMA", mode)
+    k = torch.zeros(2, 3, 40, 32, dtype=torch.float16)
+    assert launch._tma_mode(k, k, k) == int(mode)
+    assert launch._tma_mode(k, k[..., :24], k) == 0  # head dim not a power of two: pointers
+    check(torch, device="cpu", dtype="float16", seq_q=(33,), seq_k=(70,), rule=Local(5, causal=True),
+          sync="none_end", b=2, hq=4, hkv=2, dqk=32, dv=16, layout="bshd")  # fmt: skip
+    check(torch, device="cpu", dtype="bfloat16", seq_q=(45,), seq_k=(45,), rule=Causal(), b=1, hq=2,
+          hkv=1, dqk=16, dv=32, grad=False)  # fmt: skip

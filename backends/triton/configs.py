@@ -16,12 +16,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Cfg:
-    """Query tile rows ``bm``, key tile rows ``bn``, warps and software-pipelining stages."""
+    """Query tile rows ``bm``, key tile rows ``bn``, warps, software-pipelining stages; forward
+    only: a register cap per thread (``maxnreg``, 0 = none) and Triton's warp specialisation."""
 
     bm: int
     bn: int
     warps: int = 4
     stages: int = 2
+    maxnreg: int = 0
+    ws: bool = False
 
 
 INTERPRET = {"fwd": Cfg(32, 16, 1, 1), "dkdv": Cfg(16, 32, 1, 1), "dq": Cfg(32, 16, 1, 1)}
@@ -30,7 +33,7 @@ INTERPRET = {"fwd": Cfg(32, 16, 1, 1), "dkdv": Cfg(16, 32, 1, 1), "dq": Cfg(32, 
 # Hopper gets the deeper pipelines first.
 _HOPPER: dict[tuple[str, int, int], list[Cfg]] = {
     ("fwd", 64, 2): [Cfg(128, 64, 4, 3), Cfg(128, 128, 8, 3), Cfg(128, 64, 4, 4), Cfg(64, 64, 4, 3)],
-    ("fwd", 128, 2): [Cfg(128, 64, 8, 3), Cfg(128, 128, 8, 3), Cfg(128, 64, 4, 3), Cfg(64, 64, 4, 3)],
+    ("fwd", 128, 2): [Cfg(128, 128, 8, 3), Cfg(128, 64, 8, 3), Cfg(64, 64, 4, 3)],
     ("fwd", 256, 2): [Cfg(64, 64, 4, 2), Cfg(128, 64, 8, 2), Cfg(64, 32, 4, 2)],
     ("fwd", 64, 4): [Cfg(64, 64, 4, 2), Cfg(64, 32, 4, 2), Cfg(128, 32, 8, 2)],
     ("fwd", 128, 4): [Cfg(64, 32, 4, 2), Cfg(64, 64, 8, 2), Cfg(32, 32, 4, 2)],
@@ -65,16 +68,34 @@ def small_q_candidates(head_dim: int, elem_size: int) -> list[Cfg]:
     return found
 
 
-def local_extra(head_dim: int, elem_size: int) -> list[Cfg]:
-    """Narrow key tiles for sliding windows: less of each visited tile lies outside the window."""
-    if elem_size >= 4 or head_dim > 128:
-        return []
-    return [Cfg(64, 32, 4, 3), Cfg(128, 32, 4, 4)]
+# Sliding windows (16-bit, head dim <= 128): 64-row query tiles (128-row ones were 1.3-3x slower on
+# the H100, 2026-11-22: more of their key tiles need the mask); narrow key tiles waste less.
+_LOCAL: dict[int, list[Cfg]] = {
+    64: [Cfg(64, 64, 4, 3), Cfg(64, 32, 4, 3), Cfg(64, 64, 4, 4), Cfg(64, 32, 4, 4)],
+    128: [Cfg(64, 64, 4, 3), Cfg(64, 32, 4, 3), Cfg(64, 64, 4, 2), Cfg(64, 32, 4, 4)],
+}  # fmt: skip
+
+
+def local_candidates(head_dim: int, capability: tuple[int, int]) -> list[Cfg]:
+    """Forward candidates for a Local rule, 16-bit dtypes, head dim <= 128."""
+    found = _LOCAL[64 if head_dim <= 64 else 128]
+    if capability[0] < 9:
+        found = list(dict.fromkeys(_older(c) for c in found))
+    return found
+
+
+def forced(kernel: str) -> Cfg | None:
+    """``ATTNHUB_TRITON_<KERNEL>_CFG=bm,bn,warps,stages[,maxnreg[,ws]]`` pins one config (probes)."""
+    env = os.environ.get(f"ATTNHUB_TRITON_{kernel.upper()}_CFG")
+    if not env:
+        return None
+    parts = [int(x) for x in env.split(",")]
+    return Cfg(*parts[:5], bool(parts[5]) if len(parts) > 5 else False)
 
 
 def _older(cfg: Cfg) -> Cfg:
     """Pre-Hopper parts have less shared memory: fewer stages."""
-    return Cfg(cfg.bm, cfg.bn, cfg.warps, max(1, min(cfg.stages, 2)))
+    return Cfg(cfg.bm, cfg.bn, cfg.warps, max(1, min(cfg.stages, 2)), cfg.maxnreg)
 
 
 def candidates(kernel: str, head_dim: int, elem_size: int, capability: tuple[int, int]) -> list[Cfg]:
@@ -96,6 +117,7 @@ def bucket(n: int) -> int:
 
 
 _CHOSEN: dict[tuple, Cfg] = {}
+_BATCH = 4
 
 
 def choose(key: tuple, cands: list[Cfg], run: Callable[[Cfg], object], work: int) -> Cfg:
@@ -121,15 +143,17 @@ def choose(key: tuple, cands: list[Cfg], run: Callable[[Cfg], object], work: int
     for cfg in cands:
         try:
             run(cfg)  # compile and warm up
+            run(cfg)
             torch.cuda.synchronize()
             times = []
-            for _ in range(5):
+            for _ in range(3):  # median of 3 batches of back-to-back runs (launch gaps hidden)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
-                run(cfg)
+                for _ in range(_BATCH):
+                    run(cfg)
                 end.record()
                 end.synchronize()
-                times.append(start.elapsed_time(end))
+                times.append(start.elapsed_time(end) / _BATCH)
         except Exception as exc:  # noqa: BLE001
             if "OutOfResources" not in type(exc).__name__ and "resources" not in str(exc):
                 raise

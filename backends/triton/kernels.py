@@ -58,7 +58,7 @@ def _keep(
     NDIM: tl.constexpr,
     RULE: tl.constexpr,
     CAUSAL: tl.constexpr,
-    LOG2S,
+    LOG2S: tl.constexpr,
 ):
     """Boolean (len(offs_m), len(offs_n)) tile: query attends key, by the rule, from positions."""
     keep = (offs_n < Nk)[None, :] & (offs_m >= 0)[:, None]
@@ -72,6 +72,10 @@ def _keep(
         pky = offs_n * 0
         pqx = AQX * offs_m + BQX
         pkx = AKX * offs_n + BKX
+    if NDIM == 1 and CAUSAL and RULE == 2 and LOG2S == 0:
+        # 1-d causal sliding window (the common case): 0 <= P - R < w, one difference per pair.
+        d = pqx[:, None] - pkx[None, :]
+        return keep & (d >= 0) & (d < WX)
     if CAUSAL:
         fq = pqy * MX + pqx
         fk = pky * MX + pkx
@@ -86,10 +90,50 @@ def _keep(
 
 
 @triton.jit
+def _load_kv(
+    kd, vd, k_ptrs, v_ptrs, start_n, b, hk, cols, offs_dq, offs_dv, skn, svn, Nk,
+    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BN: tl.constexpr,
+    MASKED: tl.constexpr, TMA: tl.constexpr,
+):  # fmt: skip
+    """K^T (BDQK, BN) and V (BN, BDV) tiles at key ``start_n``.
+
+    TMA 0: pointer loads (bounds/pad masks where needed). TMA 1: per-(batch, head) 2-d tensor
+    descriptors made in the kernel; 2: 4-d (B, H, L, D) descriptors made in the kernel; 3: 4-d
+    descriptors made on the host. Descriptors zero-fill rows past ``Nk`` (no padded head dims).
+    """
+    if TMA == 1:
+        kt = tl.trans(kd.load([start_n, 0]))
+        v = vd.load([start_n, 0])
+    elif TMA >= 2:
+        kt = tl.trans(kd.load([b, hk, start_n, 0]).reshape(BN, BDQK))
+        v = vd.load([b, hk, start_n, 0]).reshape(BN, BDV)
+    else:
+        koff = tl.cast(start_n, tl.int64) * skn
+        voff = tl.cast(start_n, tl.int64) * svn
+        if MASKED:
+            kt = tl.load(k_ptrs + koff, mask=(cols < Nk)[None, :] & (offs_dq < DQK)[:, None], other=0.0)
+            v = tl.load(v_ptrs + voff, mask=(cols < Nk)[:, None] & (offs_dv < DV)[None, :], other=0.0)
+        else:
+            if BDQK != DQK:
+                kt = tl.load(k_ptrs + koff, mask=(offs_dq < DQK)[:, None], other=0.0)
+            else:
+                kt = tl.load(k_ptrs + koff)
+            if BDV != DV:
+                v = tl.load(v_ptrs + voff, mask=(offs_dv < DV)[None, :], other=0.0)
+            else:
+                v = tl.load(v_ptrs + voff)
+    return kt, v
+
+
+@triton.jit
 def _fwd_step(
     q,
+    kd,
+    vd,
     k_ptrs,
     v_ptrs,
+    b,
+    hk,
     start_n,
     offs_m,
     offs_n,
@@ -125,25 +169,17 @@ def _fwd_step(
     NDIM: tl.constexpr,
     RULE: tl.constexpr,
     CAUSAL: tl.constexpr,
-    LOG2S,
+    LOG2S: tl.constexpr,
     IEEE: tl.constexpr,
     NEG: tl.constexpr,
+    BN: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     cols = start_n + offs_n
-    koff = tl.cast(start_n, tl.int64) * skn
-    voff = tl.cast(start_n, tl.int64) * svn
-    if MASKED:
-        kt = tl.load(k_ptrs + koff, mask=(cols < Nk)[None, :] & (offs_dq < DQK)[:, None], other=0.0)
-        v = tl.load(v_ptrs + voff, mask=(cols < Nk)[:, None] & (offs_dv < DV)[None, :], other=0.0)
-    else:
-        if BDQK != DQK:
-            kt = tl.load(k_ptrs + koff, mask=(offs_dq < DQK)[:, None], other=0.0)
-        else:
-            kt = tl.load(k_ptrs + koff)
-        if BDV != DV:
-            v = tl.load(v_ptrs + voff, mask=(offs_dv < DV)[None, :], other=0.0)
-        else:
-            v = tl.load(v_ptrs + voff)
+    kt, v = _load_kv(
+        kd, vd, k_ptrs, v_ptrs, start_n, b, hk, cols, offs_dq, offs_dv, skn, svn, Nk,
+        DQK, DV, BDQK, BDV, BN, MASKED, TMA,
+    )  # fmt: skip
     qk = _dot(q, kt, IEEE)
     if MASKED:
         keep = _keep(
@@ -224,10 +260,14 @@ def fwd_kernel(
     NDIM: tl.constexpr,
     RULE: tl.constexpr,
     CAUSAL: tl.constexpr,
-    LOG2S,
+    LOG2S: tl.constexpr,
     IEEE: tl.constexpr,
     NEG: tl.constexpr,
     PACK: tl.constexpr,
+    TMA: tl.constexpr = 0,
+    WS: tl.constexpr = False,
+    NB=1,
+    HKV=1,
 ):
     """One (query tile, key split, head, batch) program: out and natural-log lse of its rows.
 
@@ -253,11 +293,28 @@ def fwd_kernel(
         offs_m = pid_m * BM + tl.arange(0, BM)
         hrow = h
         row_ok = offs_m < Nq
-    k_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
-    v_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
     offs_n = tl.arange(0, BN)
     offs_dq = tl.arange(0, BDQK)
     offs_dv = tl.arange(0, BDV)
+    if TMA == 3:  # K and V are host-made 4-d descriptors
+        kd = K
+        vd = V
+        k_ptrs = 0
+        v_ptrs = 0
+    else:
+        k_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
+        v_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
+        k_ptrs = k_base + offs_n[None, :] * skn + offs_dq[:, None] * skd
+        v_ptrs = v_base + offs_n[:, None] * svn + offs_dv[None, :] * svd
+        if TMA == 1:
+            kd = tl.make_tensor_descriptor(k_base, [Nk, DQK], [skn, 1], [BN, BDQK])
+            vd = tl.make_tensor_descriptor(v_base, [Nk, DV], [svn, 1], [BN, BDV])
+        elif TMA == 2:
+            kd = tl.make_tensor_descriptor(K, [NB, HKV, Nk, DQK], [skb, skh, skn, 1], [1, 1, BN, BDQK])
+            vd = tl.make_tensor_descriptor(V, [NB, HKV, Nk, DV], [svb, svh, svn, 1], [1, 1, BN, BDV])
+        else:
+            kd = 0
+            vd = 0
     q_rows = Q + b.to(tl.int64) * sqb + tl.cast(hrow, tl.int64) * sqh + offs_m * sqn
     q = tl.load(
         q_rows[:, None] + offs_dq[None, :] * sqd,
@@ -267,8 +324,6 @@ def fwd_kernel(
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, BDV], dtype=tl.float32)
-    k_ptrs = k_base + offs_n[None, :] * skn + offs_dq[:, None] * skd
-    v_ptrs = v_base + offs_n[:, None] * svn + offs_dv[None, :] * svd
     row = PLAN + pid_m * plan_stride
     full_lo = tl.load(row)
     full_hi = tl.load(row + 1)
@@ -279,16 +334,24 @@ def fwd_kernel(
     for t in range(split, count, SPLITS):
         start_n = tl.load(row + 3 + t) * BN
         m_i, l_i, acc = _fwd_step(
-            q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc, qk_scale,
-            skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
-            DQK, DV, BDQK, BDV, True, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG,
+            q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc,
+            qk_scale, skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
+            DQK, DV, BDQK, BDV, True, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG, BN, TMA,
         )  # fmt: skip
-    for start_n in range(full_lo * BN, full_hi * BN, BN):
-        m_i, l_i, acc = _fwd_step(
-            q, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc, qk_scale,
-            skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
-            DQK, DV, BDQK, BDV, False, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG,
-        )  # fmt: skip
+    if WS:  # Triton's automatic warp specialisation of the unmasked run (Hopper: experimental)
+        for start_n in tl.range(full_lo * BN, full_hi * BN, BN, warp_specialize=True):
+            m_i, l_i, acc = _fwd_step(
+                q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i,
+                acc, qk_scale, skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX,
+                WY, WX, DQK, DV, BDQK, BDV, False, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG, BN, TMA,
+            )  # fmt: skip
+    else:
+        for start_n in range(full_lo * BN, full_hi * BN, BN):
+            m_i, l_i, acc = _fwd_step(
+                q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i,
+                acc, qk_scale, skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX,
+                WY, WX, DQK, DV, BDQK, BDV, False, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG, BN, TMA,
+            )  # fmt: skip
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
@@ -447,7 +510,7 @@ def _dkdv_step(
     NDIM: tl.constexpr,
     RULE: tl.constexpr,
     CAUSAL: tl.constexpr,
-    LOG2S,
+    LOG2S: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     rows = start_m + offs_mb
@@ -536,7 +599,7 @@ def dkdv_kernel(
     NDIM: tl.constexpr,
     RULE: tl.constexpr,
     CAUSAL: tl.constexpr,
-    LOG2S,
+    LOG2S: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     """One (key tile, kv head, batch) program: dk and dv summed over the query heads of its group."""
@@ -642,7 +705,7 @@ def _dq_step(
     NDIM: tl.constexpr,
     RULE: tl.constexpr,
     CAUSAL: tl.constexpr,
-    LOG2S,
+    LOG2S: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     cols = start_n + offs_n
@@ -718,7 +781,7 @@ def dq_kernel(
     NDIM: tl.constexpr,
     RULE: tl.constexpr,
     CAUSAL: tl.constexpr,
-    LOG2S,
+    LOG2S: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     """One (query tile, head, batch) program: dq of its rows."""

@@ -61,15 +61,71 @@ def _capability(device: torch.device) -> tuple[int, int]:
 
 
 def _cfgs(kernel: str, req: Request, x: torch.Tensor) -> list[configs.Cfg]:
+    forced = configs.forced(kernel)
+    if forced is not None:
+        return [forced]
     if interpret_mode() or x.device.type != "cuda":
         return [configs.INTERPRET[kernel]]
     d = max(_pad(req.dim_qk), _pad(req.dim_v))
     if kernel == "fwd" and req.nq <= 16:
         return configs.small_q_candidates(d, x.element_size())
-    found = configs.candidates(kernel, d, x.element_size(), _capability(x.device))
-    if kernel == "fwd" and isinstance(req.rule, Local):
-        found = found + configs.local_extra(d, x.element_size())
-    return found
+    if kernel == "fwd" and isinstance(req.rule, Local) and x.element_size() == 2 and d <= 128:
+        return configs.local_candidates(d, _capability(x.device))
+    return configs.candidates(kernel, d, x.element_size(), _capability(x.device))
+
+
+# TMA (tensor descriptor) modes of the forward's K/V loads; see kernels._load_kv.
+TMA_DEFAULT = 3  # host-made 4-d descriptors: fastest of 1-3 on the H100 (2026-11-22)
+
+
+def _tma_mode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
+    """The forward's K/V load path: a descriptor mode where TMA's rules hold, else 0 (pointers).
+
+    Descriptors need 16-byte aligned bases and outer strides, a contiguous head dim and a head dim
+    that is its own power-of-two tile (no padding). By default they are used on sm90+ for 16-bit
+    dtypes; ``ATTNHUB_TRITON_TMA=N`` forces mode N wherever it is allowed (the interpreter too).
+    """
+    env = os.environ.get("ATTNHUB_TRITON_TMA")
+    if env is None:
+        if interpret_mode() or q.device.type != "cuda" or _capability(q.device)[0] < 9:
+            return 0
+        if q.dtype not in (torch.float16, torch.bfloat16):
+            return 0
+        mode = TMA_DEFAULT
+    else:
+        mode = int(env)
+    if mode == 0:
+        return 0
+    size = k.element_size()
+    for x in (k, v):
+        d = x.shape[-1]
+        if x.stride(-1) != 1 or d != _pad(d) or d * size < 16 or x.data_ptr() % 16:
+            return 0
+        if any((s * size) % 16 for s in x.stride()[:-1]):
+            return 0
+    if mode == 3 and interpret_mode():
+        return 0
+    _ensure_allocator()
+    return mode
+
+
+_ALLOCATOR = False
+
+
+def _ensure_allocator() -> None:
+    """In-kernel descriptors need a global scratch allocator (set once for the process)."""
+    global _ALLOCATOR
+    if _ALLOCATOR:
+        return
+    import triton
+
+    device = "cpu" if interpret_mode() else "cuda"
+
+    def alloc(size: int, alignment: int, stream: Any) -> torch.Tensor:
+        return torch.empty(size, dtype=torch.int8, device=device)
+
+    triton.set_allocator(alloc)
+    _ALLOCATOR = True
 
 
 def _splits(programs: int, visits: int, device: torch.device) -> int:
@@ -91,8 +147,16 @@ def _key(kernel: str, req: Request, x: torch.Tensor) -> tuple:
     return (
         kernel, str(x.device), _capability(x.device), req.dtype, _pad(req.dim_qk), _pad(req.dim_v),
         type(rule).__name__, getattr(rule, "causal", False), req.ndim, configs.bucket(req.nq),
-        configs.bucket(req.nk), interpret_mode(),
+        configs.bucket(req.nk), interpret_mode(), _window_key(rule, req.ndim),
+        os.environ.get("ATTNHUB_TRITON_TMA"), os.environ.get(f"ATTNHUB_TRITON_{kernel.upper()}_CFG"),
     )  # fmt: skip
+
+
+def _window_key(rule: Any, ndim: int) -> tuple:
+    """Local windows tune apart by power-of-two bucket of each window, and by stride."""
+    if not isinstance(rule, Local):
+        return ()
+    return (tuple(configs.bucket(w) for w in rule.windows(ndim)), rule.log2_stride)
 
 
 def _work(req: Request) -> int:
@@ -115,6 +179,8 @@ def forward(
     # GQA packing: with few queries, one tile holds every (query head of a group, query) row.
     pack = group > 1 and nq * group <= 64
 
+    tma = _tma_mode(q, k, v)
+
     def run(cfg: configs.Cfg) -> None:
         bm = max(16, 1 << math.ceil(math.log2(nq * group))) if pack else cfg.bm
         pl = plan.plan(req.rule, req.seq_q, req.seq_k, req.sync, nq if pack else bm, cfg.bn, q.device)
@@ -128,13 +194,20 @@ def forward(
             l_buf = torch.empty((splits, b, hq, nq), dtype=torch.float32, device=q.device)
             o_split, l_split = o_buf.stride(0), l_buf.stride(0)
         o_strides = out.stride() if splits == 1 else o_buf.stride()[1:]
+        kk, vv = k, v
+        if tma == 3:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            kk = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, cfg.bn, dqk])
+            vv = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, cfg.bn, dv])
+        extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}
         kern.fwd_kernel[(tiles * splits, heads, b)](
-            q, k, v, o_buf, l_buf, pl.rows, pl.rows.stride(0),
+            q, kk, vv, o_buf, l_buf, pl.rows, pl.rows.stride(0),
             *q.stride(), *k.stride(), *v.stride(), *o_strides,
             hq, group, nq, nk, qk_scale, *scalars, splits, o_split, l_split,
             DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=cfg.bn,
-            IEEE=_dot_mode(q), NEG=req.scale < 0, PACK=pack, num_warps=cfg.warps,
-            num_stages=cfg.stages, **consts,
+            IEEE=_dot_mode(q), NEG=req.scale < 0, PACK=pack, TMA=tma, WS=cfg.ws and not pack,
+            NB=b, HKV=hkv, num_warps=cfg.warps, num_stages=cfg.stages, **consts, **extra,
         )  # fmt: skip
         if splits > 1:
             bm = 16

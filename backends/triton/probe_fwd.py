@@ -1,0 +1,147 @@
+"""Forward probe for the device machine: correctness of each K/V load path, then timings of load
+paths x pinned configs against the peers (SDPA cuDNN, FlexAttention), all in one process.
+
+``python3 -m attnhub_backends.triton.probe_fwd [check] [dense] [local] [tuned] [ws]``; results are
+printed as lines ``RES <case> <variant> <ms> <TFLOP/s>`` and a per-case summary at the end.
+Variants are set through ``ATTNHUB_TRITON_TMA`` and ``ATTNHUB_TRITON_FWD_CFG`` (see launch.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+from attnhub.bench.grid import Case
+from attnhub.bench.runners import runner
+from attnhub.bench.timing import time_case
+from attnhub.rules import Causal, Full, Local
+
+DENSE = [
+    Case("dense", 4, 16, 16, 4096, 4096, 128, Full()),
+    Case("dense", 2, 16, 16, 8192, 8192, 128, Full()),
+    Case("dense", 1, 16, 16, 16384, 16384, 128, Full()),
+    Case("dense", 4, 16, 16, 4096, 4096, 128, Causal()),
+    Case("dense", 1, 16, 16, 16384, 16384, 128, Causal()),
+]
+LOCAL = [
+    Case("local", 1, h, h, 16384, 16384, d, Local(w, causal=True), "none_end")
+    for d, h in ((64, 32), (128, 16))
+    for w in (256, 1024)
+]
+DENSE_CFGS = ["128,128,8,3", "128,64,8,3", "128,64,4,3", "128,128,8,2"]
+LOCAL_CFGS = ["64,64,4,3", "128,64,4,3", "128,64,8,3", "64,32,4,3", "128,128,8,3"]
+RESULTS: dict[str, dict[str, float]] = {}
+
+
+def _label(c: Case) -> str:
+    return f"L={c.len_q} D={c.dim} {c.rule.describe()}"
+
+
+def _set(tma: str | None, cfg: str | None) -> None:
+    for name, val in (("ATTNHUB_TRITON_TMA", tma), ("ATTNHUB_TRITON_FWD_CFG", cfg)):
+        if val is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = val
+
+
+def _time(name: str, case: Case, variant: str) -> None:
+    t0 = time.time()
+    r = time_case(name, case, runner, 25, 100)
+    ms = r.ms if r.ms is not None else float("nan")
+    print(f"RES {_label(case):40s} {variant:28s} {ms:8.4f} ms {r.tflops or 0:6.0f} TF/s "
+          f"({time.time() - t0:.1f}s) {r.error or ''}")  # fmt: skip
+    if r.ms is not None:
+        RESULTS.setdefault(_label(case), {})[variant] = r.ms
+
+
+def check() -> None:
+    import torch
+
+    from tests.triton_check import check as chk
+
+    for mode in ("0", "1", "2", "3"):
+        _set(mode, None)
+        try:
+            chk(torch, device="cuda", dtype="bfloat16", seq_q=(1000,), seq_k=(1000,), rule=Causal(), b=2,
+                hq=4, hkv=2, dqk=128, dv=128, grad=False)  # fmt: skip
+            chk(torch, device="cuda", dtype="bfloat16", seq_q=(700,), seq_k=(900,), rule=Local(100, causal=True),
+                sync="none_end", b=2, hq=8, hkv=2, dqk=64, dv=64, layout="bshd", grad=False)  # fmt: skip
+            chk(torch, device="cuda", dtype="float16", seq_q=(333,), seq_k=(333,), rule=Full(), b=1, hq=2,
+                hkv=2, dqk=64, dv=64, grad=False)  # fmt: skip
+            print(f"CHECK tma={mode} ok")
+        except Exception:  # noqa: BLE001
+            print(f"CHECK tma={mode} FAIL\n{traceback.format_exc()[-1500:]}")
+    _set(None, None)
+
+
+def sweep(cases: list[Case], cfgs: list[str], modes: tuple[str, ...], peer: str) -> None:
+    for case in cases:
+        _time(peer, case, peer)
+    for mode in modes:
+        for cfg in cfgs:
+            _set(mode, cfg)
+            for case in cases:
+                _time("triton", case, f"tma{mode} {cfg}")
+    _set(None, None)
+
+
+def tuned(cases: list[Case]) -> None:
+    _set(None, None)
+    for case in cases:
+        _time("triton", case, "tuned-default")
+    from attnhub_backends.triton import configs
+
+    for k, v in configs.chosen().items():
+        print("TUNED", " ".join(map(str, k)), v)
+
+
+def ws() -> None:
+    """Warp specialisation in a child process (the Hopper pass may crash the compiler)."""
+    code = (
+        "from attnhub_backends.triton.probe_fwd import _time, DENSE, LOCAL\n"
+        "import sys\n"
+        "_time('triton', DENSE[2], 'ws ' + sys.argv[1])\n_time('triton', LOCAL[3], 'ws ' + sys.argv[1])\n"
+    )
+    for mode, cfg in (("1", "128,128,8,3,0,1"), ("0", "128,128,8,3,0,1")):
+        env = dict(os.environ, ATTNHUB_TRITON_TMA=mode, ATTNHUB_TRITON_FWD_CFG=cfg)
+        try:
+            p = subprocess.run([sys.executable, "-c", code, f"tma{mode}"], env=env, timeout=90,
+                               capture_output=True, text=True)  # fmt: skip
+            print(p.stdout[-1500:], p.stderr[-1500:], "rc", p.returncode)
+        except subprocess.TimeoutExpired:
+            print("WS timeout", mode)
+
+
+def summary() -> None:
+    print("\nSUMMARY (peer / variant time; best first)")
+    for label, res in RESULTS.items():
+        peer = next((v for k, v in res.items() if not k.startswith(("tma", "tuned", "ws"))), None)
+        ranked = sorted((v, k) for k, v in res.items() if k.startswith(("tma", "tuned", "ws")))
+        top = ", ".join(f"{k}={v:.4f} ({peer / v:.2f}x)" if peer else f"{k}={v:.4f}" for v, k in ranked[:4])
+        print(f"{label:40s} peer={peer}  {top}")
+
+
+def main() -> None:
+    steps = sys.argv[1:] or ["check", "dense", "local", "tuned", "ws"]
+    for step in steps:
+        t0 = time.time()
+        if step == "check":
+            check()
+        elif step == "dense":
+            sweep(DENSE, DENSE_CFGS, ("0", "1", "3"), "sdpa-cudnn")
+        elif step == "local":
+            sweep(LOCAL, LOCAL_CFGS, ("0", "1", "3"), "flex")
+        elif step == "tuned":
+            tuned(DENSE + LOCAL)
+        elif step == "ws":
+            ws()
+        print(f"STEP {step} {time.time() - t0:.0f}s")
+        summary()
+
+
+if __name__ == "__main__":
+    main()
