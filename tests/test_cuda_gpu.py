@@ -99,7 +99,7 @@ def test_forward_2d(rng, dtype, rule, sync):
     _check(rng, dtype, (12, 20), (5, 9), rule, sync)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 @pytest.mark.parametrize("dims", [(64, 64), (128, 128), (64, 128), (128, 64), (40, 72)], ids=str)
 @pytest.mark.parametrize("rule", [Full(), Causal()], ids=lambda r: r.describe())
 def test_forward_dims_large_logits(rng, dtype, dims, rule):
@@ -110,6 +110,38 @@ def test_forward_dims_large_logits(rng, dtype, dims, rule):
 @pytest.mark.parametrize("dims", [(1, 1), (33, 17), (128, 128)], ids=str)
 def test_forward_simt_dims(rng, dtype, dims):
     _check(rng, dtype, (70,), (45,), Causal(), "none_front", dqk=dims[0], dv=dims[1], qscale=8.0)
+
+
+@pytest.mark.parametrize("config", ["4,64,2", "8,64,1", "4,32,1", "8,32,2", "4,64,1/2"])
+@pytest.mark.parametrize("dims", [(64, 64), (128, 128)], ids=str)
+def test_forward_float32_tensor_core_tiles(rng, monkeypatch, config, dims):
+    # 3xTF32 float32 forward at float32 tolerance (plain TF32 misses it ~10x) for every tile shape,
+    # with long rows (many key tiles), large logits, GQA and lengths off the tiles.
+    # "tile/pvc": also P V summed in several chunks per key tile (ATTNHUB_CUDA_TF32_PVC).
+    tile, _, pvc = config.partition("/")
+    monkeypatch.setenv("ATTNHUB_CUDA_TF32", tile)
+    if pvc:
+        monkeypatch.setenv("ATTNHUB_CUDA_TF32_PVC", pvc)
+    _check(rng, "float32", (700,), (1500,), Full(), "none_end", dqk=dims[0], dv=dims[1], qscale=8.0)
+    _check(rng, "float32", (333,), (333,), Causal(), "none_front", dqk=dims[0], dv=dims[1], qscale=8.0)
+
+
+@pytest.mark.parametrize("dims", [(64, 64), (128, 128)], ids=str)
+def test_forward_float32_long_flat_rows(rng, dims):
+    # Flat softmax over 4096 keys: the output is a small average of many terms, so float32 errors
+    # of the P V sums show at full size. Summing whole rows in the tensor core's (truncating) float32
+    # accumulator gave 2.9e-5 here, over the 2e-5 tolerance; chunked sums give ~1e-6.
+    _check(rng, "float32", (256,), (4096,), Full(), "none_front", dqk=dims[0], dv=dims[1], hq=2, hkv=1, b=1)
+
+
+@pytest.mark.parametrize(
+    "rule", [Full(), Causal(), Local(3, log2_stride=1, causal=True)], ids=lambda r: r.describe()
+)
+def test_forward_float32_simt_forced(rng, monkeypatch, rule):
+    # ATTNHUB_CUDA_F32=simt keeps the CUDA-core float32 kernel reachable at head dims 64/128.
+    monkeypatch.setenv("ATTNHUB_CUDA_F32", "simt")
+    _check(rng, "float32", (200,), (77,), rule, "scale_end", qscale=8.0)
+    _check(rng, "float32", (6, 10), (12, 20), rule, "none_front", dqk=128, dv=128)
 
 
 def test_mqa_and_noncontiguous(rng):

@@ -78,6 +78,8 @@ class CudaBackend(Backend):
             lse = torch.empty((req.batch, req.heads_q, req.nq), dtype=lse_dtype, device=dev)
             if use_mma(req):
                 _forward_mma(q, k, v, out, lse, req)
+            elif use_tf32(req):
+                _forward_tf32(q, k, v, out, lse, req)
             else:
                 _forward_simt(q, k, v, out, lse, req)
         return out, lse
@@ -156,6 +158,9 @@ def _smem_reasons(req: Request) -> list[str]:
             need.append(("forward", compiler.mma_smem_bytes(req.dim_qk, req.dim_v, _MMA_FALLBACKS[-1])))
         if req.needs_grad and not _simt_backward_forced():
             need.append(("backward", max(compiler.bwd_mma_smem_bytes(req.dim_qk, req.dim_v))))
+    elif use_tf32(req):
+        if _tf32_config_for(req, limit) is None:
+            need.append(("forward", compiler.tf32_smem_bytes(req.dim_qk, req.dim_v, _TF32_FALLBACKS[-1])))
     else:
         need.append(("forward", _simt_fwd_smem(req)))
     if req.needs_grad and (not use_mma(req) or _simt_backward_forced()):
@@ -214,6 +219,30 @@ def _mma_config_for(req: Request, limit: int) -> tuple[int, int, int] | None:
     return None
 
 
+#: Smaller 3xTF32 forward tiles tried, in order, when the default does not fit.
+_TF32_FALLBACKS = ((4, 64, 1), (4, 32, 1))
+
+
+def _tf32_config_for(req: Request, limit: int) -> tuple[int, int, int] | None:
+    cfg = compiler.tf32_config(req.dim_qk, req.dim_v)
+    for c in (cfg, *_TF32_FALLBACKS):
+        if compiler.tf32_smem_bytes(req.dim_qk, req.dim_v, c) <= limit:
+            return c
+    return None
+
+
+def use_tf32(req: Request) -> bool:
+    """True when the 3xTF32 tensor-core forward serves ``req`` (float32, head dims 64/128).
+
+    ``ATTNHUB_CUDA_F32=simt`` forces the SIMT kernel instead (for comparisons)."""
+    return (
+        req.dtype == "float32"
+        and req.dim_qk in compiler.MMA_DIMS
+        and req.dim_v in compiler.MMA_DIMS
+        and os.environ.get("ATTNHUB_CUDA_F32") != "simt"
+    )
+
+
 def use_mma(req: Request) -> bool:
     """True when the tensor-core kernel serves ``req`` (half types, head dims 64/128)."""
     return req.dtype in _HALF and req.dim_qk in compiler.MMA_DIMS and req.dim_v in compiler.MMA_DIMS
@@ -234,7 +263,9 @@ def _f64(x: float) -> Any:
 def _strided(x: Any, align: int) -> Any:
     """``x`` itself when its rows are unit-stride and ``align``-element aligned, else a contiguous copy."""
     ok = (
-        x.stride(-1) == 1 and all(s % align == 0 for s in x.stride()[:-1]) and x.data_ptr() % (2 * align) == 0
+        x.stride(-1) == 1
+        and all(s % align == 0 for s in x.stride()[:-1])
+        and x.data_ptr() % (x.element_size() * align) == 0
     )
     return x if ok else x.contiguous()
 
@@ -250,6 +281,38 @@ def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> No
     var = compiler.mma_variant(req.dtype, req.dim_qk, req.dim_v, cfg)
     smem = compiler.mma_smem_bytes(req.dim_qk, req.dim_v, cfg)
     kern = compiler.load_kernel(var, "attn_fwd_mma", idx, arch_of(dev), smem)
+    launch(
+        kern,
+        dev,
+        (ceil_div(req.nq, 16 * cfg[0] * cfg[2]), req.heads_q, req.batch),
+        32 * cfg[0],
+        smem,
+        ptr(q),
+        ptr(k),
+        ptr(v),
+        ptr(out),
+        ptr(lse),
+        *(i64(s) for x in (q, k, v) for s in x.stride()[:3]),
+        _i32(req.heads_q),
+        _i32(req.group),
+        _i32(req.nq),
+        _i32(req.nk),
+        np.float32(req.scale * math.log2(math.e)),
+        *mask_args(req),
+    )
+
+
+def _forward_tf32(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> None:
+    import numpy as np
+    import torch
+
+    q, k, v = (_strided(x, 4) for x in (q, k, v))  # 16-byte rows for cp.async
+    dev = q.device
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    cfg = _tf32_config_for(req, _smem_limit(dev)) or compiler.tf32_config(req.dim_qk, req.dim_v)
+    var = compiler.tf32_variant(req.dim_qk, req.dim_v, cfg)
+    smem = compiler.tf32_smem_bytes(req.dim_qk, req.dim_v, cfg)
+    kern = compiler.load_kernel(var, "attn_fwd_tf32", idx, arch_of(dev), smem)
     launch(
         kern,
         dev,

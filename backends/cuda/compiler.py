@@ -26,6 +26,9 @@ MMA_DIMS = (64, 128)
 # (warps, keys per tile, 16-row blocks per warp), chosen with benchmarks/cuda_tune.py on an H100
 # (bf16, L = 4096); see docs/backends/cuda.md.
 MMA_CONFIGS = {(64, 64): (4, 64, 2), (64, 128): (8, 64, 1), (128, 64): (8, 64, 1), (128, 128): (8, 128, 1)}
+# float32 forward on tensor cores (3xTF32, fwd_tf32.cu): (warps, keys per tile, 16-row blocks per warp),
+# chosen with benchmarks/cuda_f32.py on an H100 (L = 4096); see docs/backends/cuda.md.
+TF32_CONFIGS = {(64, 64): (4, 64, 2), (64, 128): (8, 32, 2), (128, 64): (8, 32, 2), (128, 128): (8, 32, 2)}
 _STD = "c++17"
 _MMA_HEADERS = ("common.cuh", "mma.cuh")
 
@@ -76,6 +79,40 @@ def mma_variant(dtype: str, dqk: int, dv: int, config: tuple[int, int, int] | No
     return Variant("fwd_mma.cu", defines, ("attn_fwd_mma",), _MMA_HEADERS)
 
 
+def tf32_config(dqk: int, dv: int) -> tuple[int, int, int]:
+    """(warps, keys per tile, row blocks per warp) of the 3xTF32 float32 forward for (Dqk, Dv).
+
+    ``ATTNHUB_CUDA_TF32=warps,bn[,rb]`` overrides it (tuning)."""
+    env = os.environ.get("ATTNHUB_CUDA_TF32")
+    if env:
+        vals = [int(x) for x in env.split(",")]
+        return vals[0], vals[1], vals[2] if len(vals) > 2 else 1
+    return TF32_CONFIGS[(dqk, dv)]
+
+
+def tf32_variant(dqk: int, dv: int, config: tuple[int, int, int] | None = None) -> Variant:
+    warps, bn, rb = config or tf32_config(dqk, dv)
+    defines = (
+        ("ATT_DTYPE", DTYPE_CODES["float32"]),
+        ("DQK", dqk),
+        ("DV", dv),
+        ("NWARPS", warps),
+        ("BN", bn),
+        ("RB", rb),
+    )
+    pvc = int(os.environ.get("ATTNHUB_CUDA_TF32_PVC", "0"))  # tuning: 8-key blocks per P V chunk
+    if pvc:
+        defines += (("PVC", pvc),)
+    return Variant("fwd_tf32.cu", defines, ("attn_fwd_tf32",))
+
+
+def tf32_smem_bytes(dqk: int, dv: int, config: tuple[int, int, int]) -> int:
+    """Dynamic shared memory of the 3xTF32 forward: Q tile plus double-buffered K and V tiles (rows
+    padded by 4 floats)."""
+    warps, bn, rb = config
+    return 4 * (16 * rb * warps * (dqk + 4) + 2 * bn * (dqk + 4 + dv + 4))
+
+
 def bwd_mma_variant(dtype: str, dqk: int, dv: int) -> Variant:
     defines = (("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv))
     return Variant("bwd_mma.cu", defines, ("attn_bwd_dkdv_mma", "attn_bwd_dq_mma"), _MMA_HEADERS)
@@ -97,6 +134,7 @@ def all_variants() -> list[Variant]:
         for a in MMA_DIMS
         for b in MMA_DIMS
     ]
+    out += [tf32_variant(a, b, TF32_CONFIGS[(a, b)]) for a in MMA_DIMS for b in MMA_DIMS]
     out += [simt_variant(dt) for dt in DTYPE_CODES]
     out += [bwd_variant(dt) for dt in DTYPE_CODES]
     out += [bwd_mma_variant(dt, a, b) for dt in ("float16", "bfloat16") for a in MMA_DIMS for b in MMA_DIMS]
