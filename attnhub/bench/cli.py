@@ -12,7 +12,7 @@ import click
 
 from attnhub.bench.grid import default_grid
 from attnhub.bench.report import table_text, write_json, write_plot
-from attnhub.bench.runners import PEERS, runner
+from attnhub.bench.runners import EXTRA_PEERS, PEERS, runner
 from attnhub.bench.timing import Result, time_case
 
 
@@ -23,12 +23,18 @@ def _split(value: str) -> list[str]:
 @click.command(name="bench")
 @click.option("--backends", default="triton", show_default=True, help="attnhub backends, comma-separated.")
 @click.option(
-    "--peers", default=",".join(PEERS), show_default=True, help="torch peers (or 'none'), comma-separated."
+    "--peers",
+    default=",".join(PEERS),
+    show_default=True,
+    help=f"torch peers (or 'none'), comma-separated; also {', '.join(EXTRA_PEERS)} (SDPA pinned to MATH).",
 )
 @click.option("--quick", is_flag=True, help="A short grid (D=128, L in 1k/4k, one window, one decode).")
-@click.option("--dtype", default="bfloat16", show_default=True, type=click.Choice(["bfloat16", "float16"]))
+@click.option(
+    "--dtype", default="bfloat16", show_default=True, type=click.Choice(["bfloat16", "float16", "float32"])
+)
 @click.option("--family", default="dense,local,decode", show_default=True, help="Case families to run.")
 @click.option("--direction", default="fwd,bwd", show_default=True, help="fwd, bwd or both.")
+@click.option("--lengths", default="", help="Keep only cases with these query lengths, comma-separated.")
 @click.option("--out", "out_dir", default="bench-results", show_default=True, type=click.Path())
 @click.option("--warmup", default=25, show_default=True, help="do_bench warm-up (ms).")
 @click.option("--rep", default=100, show_default=True, help="do_bench repetitions (ms).")
@@ -39,6 +45,7 @@ def bench(
     dtype: str,
     family: str,
     direction: str,
+    lengths: str,
     out_dir: str,
     warmup: int,
     rep: int,
@@ -55,11 +62,16 @@ def bench(
         raise click.ClickException("attnhub bench needs a CUDA GPU (torch.cuda.is_available() is False)")
     names = _split(backends)
     peer_names = [] if peers.strip() == "none" else _split(peers)
-    unknown = [p for p in peer_names if p not in PEERS]
+    unknown = [p for p in peer_names if p not in PEERS + EXTRA_PEERS]
     if unknown:
-        raise click.ClickException(f"unknown peers {unknown}; choose from {', '.join(PEERS)}")
+        raise click.ClickException(f"unknown peers {unknown}; choose from {', '.join(PEERS + EXTRA_PEERS)}")
     fams, dirs = set(_split(family)), set(_split(direction))
-    cases = [c for c in default_grid(quick, dtype) if c.family in fams and c.direction in dirs]
+    lens = {int(x) for x in _split(lengths)}
+    cases = [
+        c
+        for c in default_grid(quick, dtype)
+        if c.family in fams and c.direction in dirs and (not lens or c.len_q in lens)
+    ]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = {
@@ -70,6 +82,8 @@ def bench(
         "command": " ".join(["attnhub", "bench", *sys.argv[2:]]) if len(sys.argv) > 1 else "attnhub bench",
         "backends": names,
         "peers": peer_names,
+        # float32 peers (sdpa-math's matmuls) use TF32 only when this is true
+        "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
     }
     try:
         import triton

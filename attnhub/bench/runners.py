@@ -9,6 +9,8 @@ from attnhub.bench.grid import Case
 from attnhub.rules import Causal, Full, Local
 
 PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex")
+#: Peers run only when named: torch's unfused SDPA (the float32 baseline; it holds L x L scores).
+EXTRA_PEERS = ("sdpa-math",)
 
 
 class Unsupported(Exception):
@@ -48,6 +50,7 @@ def _sdpa(which: str, case: Case) -> Callable[[Any, Any, Any], Any]:
         "sdpa-flash": SDPBackend.FLASH_ATTENTION,
         "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
         "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "sdpa-math": SDPBackend.MATH,
     }[which]
     if isinstance(case.rule, Local):
         raise Unsupported("SDPA has no sliding-window rule without a dense mask")
