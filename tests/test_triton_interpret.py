@@ -70,30 +70,6 @@ def test_plan_is_exact_where_it_claims(rule, sync, sq, sk) -> None:
         assert all(cls[i, j] == plan.FULL for j in range(lo, hi))
 
 
-@pytest.mark.parametrize(
-    "rule,sync,sq,sk",
-    [
-        (Causal(), "none_end", (33,), (90,)),
-        (Local(40, causal=True), "none_end", (300,), (300,)),
-        (Local(9, log2_stride=2), "scale_end", (200,), (100,)),
-        (Local((2, 3)), "none_front", (9, 11), (9, 11)),
-        (Causal(), "none_end", (90,), (33,)),  # rows with no key tile
-    ],
-)
-def test_run_lists_visit_each_tile_once(rule, sync, sq, sk) -> None:
-    """The forward's masked runs plus its list visit exactly the non-EMPTY tiles, FULL ones unmasked."""
-    cls = plan.classify(rule, sq, sk, sync, 16, 8)
-    runs = plan.run_lists(cls)
-    for i in range(cls.shape[0]):
-        lo, hi, n, pre, post = runs[i, :5].tolist()
-        assert pre <= lo <= hi <= post
-        seq = list(range(pre, lo)) + list(range(lo, hi)) + list(range(hi, post)) + runs[i, 5 : 5 + n].tolist()
-        assert sorted(seq) == np.flatnonzero(cls[i] != plan.EMPTY).tolist()
-        assert all(cls[i, j] == plan.FULL for j in range(lo, hi))
-    if len(sq) == 1 and isinstance(rule, Local) and rule.log2_stride == 0:
-        assert (runs[:, 2] == 0).all()  # 1-d sliding window: no index list at all
-
-
 def test_work_skipping_counts() -> None:
     """Causal visits about half the tile pairs of Full; a local window O(L·w)."""
     n, b = 4096, 128

@@ -266,7 +266,6 @@ def fwd_kernel(
     PACK: tl.constexpr,
     TMA: tl.constexpr = 0,
     WS: tl.constexpr = False,
-    RUNS: tl.constexpr = False,
     NB=1,
     HKV=1,
 ):
@@ -329,29 +328,11 @@ def fwd_kernel(
     full_lo = tl.load(row)
     full_hi = tl.load(row + 1)
     count = tl.load(row + 2)
-    if RUNS:  # plan.run_lists: masked contiguous runs before and after the full run
-        pre_lo = tl.load(row + 3)
-        post_hi = tl.load(row + 4)
-        for start_n in range(pre_lo * BN + split * BN, full_lo * BN, SPLITS * BN):
-            m_i, l_i, acc = _fwd_step(
-                q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i,
-                acc, qk_scale, skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX,
-                WY, WX, DQK, DV, BDQK, BDV, True, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG, BN, TMA,
-            )  # fmt: skip
-        for start_n in range(full_hi * BN + split * BN, post_hi * BN, SPLITS * BN):
-            m_i, l_i, acc = _fwd_step(
-                q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i,
-                acc, qk_scale, skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX,
-                WY, WX, DQK, DV, BDQK, BDV, True, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG, BN, TMA,
-            )  # fmt: skip
-        idx = row + 5
-    else:
-        idx = row + 3
     per = tl.cdiv(full_hi - full_lo, SPLITS)
     full_lo = full_lo + split * per
     full_hi = tl.minimum(full_hi, full_lo + per)
     for t in range(split, count, SPLITS):
-        start_n = tl.load(idx + t) * BN
+        start_n = tl.load(row + 3 + t) * BN
         m_i, l_i, acc = _fwd_step(
             q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc,
             qk_scale, skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,

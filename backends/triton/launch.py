@@ -149,7 +149,6 @@ def _key(kernel: str, req: Request, x: torch.Tensor) -> tuple:
         type(rule).__name__, getattr(rule, "causal", False), req.ndim, configs.bucket(req.nq),
         configs.bucket(req.nk), interpret_mode(), _window_key(rule, req.ndim),
         os.environ.get("ATTNHUB_TRITON_TMA"), os.environ.get(f"ATTNHUB_TRITON_{kernel.upper()}_CFG"),
-        os.environ.get("ATTNHUB_TRITON_RUNS"),
     )  # fmt: skip
 
 
@@ -181,8 +180,6 @@ def forward(
     pack = group > 1 and nq * group <= 64
 
     tma = _tma_mode(q, k, v)
-    # Masked tiles as contiguous runs (plan.run_lists); ATTNHUB_TRITON_RUNS=0: index list only.
-    runs = os.environ.get("ATTNHUB_TRITON_RUNS", "1") != "0"
 
     def run(cfg: configs.Cfg) -> None:
         bm = max(16, 1 << math.ceil(math.log2(nq * group))) if pack else cfg.bm
@@ -204,13 +201,12 @@ def forward(
             kk = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, cfg.bn, dqk])
             vv = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, cfg.bn, dv])
         extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}
-        rows = pl.runs if runs else pl.rows
         kern.fwd_kernel[(tiles * splits, heads, b)](
-            q, kk, vv, o_buf, l_buf, rows, rows.stride(0),
+            q, kk, vv, o_buf, l_buf, pl.rows, pl.rows.stride(0),
             *q.stride(), *k.stride(), *v.stride(), *o_strides,
             hq, group, nq, nk, qk_scale, *scalars, splits, o_split, l_split,
             DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=cfg.bn,
-            IEEE=_dot_mode(q), NEG=req.scale < 0, PACK=pack, TMA=tma, WS=cfg.ws and not pack, RUNS=runs,
+            IEEE=_dot_mode(q), NEG=req.scale < 0, PACK=pack, TMA=tma, WS=cfg.ws and not pack,
             NB=b, HKV=hkv, num_warps=cfg.warps, num_stages=cfg.stages, **consts, **extra,
         )  # fmt: skip
         if splits > 1:

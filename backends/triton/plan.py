@@ -90,44 +90,12 @@ def lists(cls: np.ndarray) -> np.ndarray:
     return out
 
 
-def run_lists(cls: np.ndarray) -> np.ndarray:
-    """Forward lists with masked runs: ``[full_lo, full_hi, count, pre_lo, post_hi, idx...]``.
-
-    Columns ``pre_lo..full_lo-1`` and ``full_hi..post_hi-1`` are visited with a mask as contiguous
-    runs (no index loads, so they pipeline); ``idx[:count]`` holds the visited columns outside
-    ``pre_lo..post_hi-1`` (none for 1-d causal and sliding-window rules). Without FULL columns the
-    full run is the empty run at the first visited column.
-    """
-    rows, cols = cls.shape
-    visit = cls != EMPTY
-    base = lists(cls)
-    width = base.shape[1] - 3
-    out = np.zeros((rows, 5 + width), dtype=np.int32)
-    for r in range(rows):
-        lo, hi = int(base[r, 0]), int(base[r, 1])
-        if lo == hi:
-            first = np.flatnonzero(visit[r])
-            lo = hi = int(first[0]) if first.size else 0
-        pre = lo
-        while pre > 0 and visit[r, pre - 1]:
-            pre -= 1
-        post = hi
-        while post < cols and visit[r, post]:
-            post += 1
-        rest = np.flatnonzero(visit[r])
-        rest = rest[(rest < pre) | (rest >= post)]
-        out[r, :5] = lo, hi, rest.size, pre, post
-        out[r, 5 : 5 + rest.size] = rest
-    return out
-
-
 @dataclass(frozen=True)
 class Plan:
     """Forward-direction lists (per query tile) and transposed lists (per key tile), on a device."""
 
     rows: Any  # (query tiles, 3 + width) int32
     cols: Any  # (key tiles, 3 + width) int32
-    runs: Any  # (query tiles, 5 + width) int32: forward lists with masked runs (run_lists)
     pairs: int  # tile pairs visited (for reporting)
     max_visits: int  # most tiles one query tile visits (split-KV heuristic)
 
@@ -157,11 +125,8 @@ def plan(
     cls = classify(rule, seq_q, seq_k, sync, block_m, block_n)
     rows = torch.from_numpy(lists(cls)).to(device)
     cols = torch.from_numpy(lists(np.ascontiguousarray(cls.T))).to(device) if transposed else rows
-    runs = torch.from_numpy(run_lists(cls)).to(device)
     visits = (cls != EMPTY).sum(axis=1)
-    found = Plan(
-        rows=rows, cols=cols, runs=runs, pairs=int(visits.sum()), max_visits=int(visits.max(initial=0))
-    )
+    found = Plan(rows=rows, cols=cols, pairs=int(visits.sum()), max_visits=int(visits.max(initial=0)))
     _CACHE[key] = found
     if len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)

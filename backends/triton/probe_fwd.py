@@ -135,18 +135,6 @@ def main() -> None:
             sweep(DENSE, DENSE_CFGS, ("0", "1", "3"), "sdpa-cudnn")
         elif step == "local":
             sweep(LOCAL, LOCAL_CFGS, ("0", "1", "3"), "flex")
-        elif step == "runs":  # masked runs (default) against the index list only
-            for runs in ("1", "0"):
-                os.environ["ATTNHUB_TRITON_RUNS"] = runs
-                for mode in ("3", "0"):
-                    for cfg in ("64,64,4,3", "64,32,4,3"):
-                        _set(mode, cfg)
-                        for case in LOCAL:
-                            _time("triton", case, f"tma{mode} {cfg} runs{runs}")
-            os.environ.pop("ATTNHUB_TRITON_RUNS")
-            _set(None, None)
-            for case in LOCAL:
-                _time("flex", case, "flex")
         elif step == "tuned":
             tuned(DENSE + LOCAL)
         elif step == "ws":
