@@ -112,6 +112,7 @@ def test_tma_eligibility(monkeypatch) -> None:
     x = torch.randn(2, 4, 64, 128, device="cuda", dtype=torch.bfloat16)
     assert launch._tma_mode(x, x, x) == launch.TMA_DEFAULT
     assert launch._tma_mode(x.float(), x.float(), x.float()) == 0  # float32: pointers
+    assert launch._tma_mode(x[..., :64], x[..., :64], x[..., :64]) == 0  # head dim 64: pointers
     odd = torch.randn(2 * 4 * 64 * 128 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(2, 4, 64, 128)
     assert launch._tma_mode(odd, odd, odd) == 0  # base not 16-byte aligned
     y = torch.randn(2, 4, 64, 97, device="cuda", dtype=torch.bfloat16)[..., :96]

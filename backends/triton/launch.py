@@ -83,7 +83,8 @@ def _tma_mode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
 
     Descriptors need 16-byte aligned bases and outer strides, a contiguous head dim and a head dim
     that is its own power-of-two tile (no padding). By default they are used on sm90+ for 16-bit
-    dtypes; ``ATTNHUB_TRITON_TMA=N`` forces mode N wherever it is allowed (the interpreter too).
+    dtypes at head dim 128; ``ATTNHUB_TRITON_TMA=N`` forces mode N wherever it is allowed (the
+    interpreter too).
     """
     env = os.environ.get("ATTNHUB_TRITON_TMA")
     if env is None:
@@ -91,6 +92,8 @@ def _tma_mode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
             return 0
         if q.dtype not in (torch.float16, torch.bfloat16):
             return 0
+        if q.shape[-1] != 128 or v.shape[-1] != 128:
+            return 0  # a gain was measured at head dim 128 only (none at 64: see docs/benchmarks.md)
         mode = TMA_DEFAULT
     else:
         mode = int(env)
