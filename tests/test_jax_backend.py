@@ -320,6 +320,8 @@ def _req(**kw):
         ({"return_lse": True}, "pallas", "lse rounded"),
         ({"dtype": "float32"}, "blockwise", "float16/bfloat16"),
         ({"rule": Full(), "seq_q": (100,), "seq_k": (300,)}, "cudnn", "serves it exactly"),
+        ({"rule": Full(), "seq_q": (31,), "seq_k": (17,)}, "pallas", "even sequence lengths"),
+        ({"seq_q": (33,), "seq_k": (33,)}, "pallas", "Lq=33, Lk=33"),
         ({"dim_qk": 100, "dim_v": 100}, "blockwise", "16/32/64/128"),
         ({"device": "cpu"}, "blockwise", "not on an NVIDIA GPU"),
     ],

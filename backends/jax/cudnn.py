@@ -10,6 +10,8 @@ request only when its own semantics coincide with SPEC's:
 - ``Local`` is declined: cuDNN's sliding window is left-only and has no stride or 2-d form.
 - float16/bfloat16, Dqk == Dv, a multiple of 8 and at most 128, no explicit mask, no lse
   (cuDNN's softmax statistics come back rounded to the input dtype).
+- Even query and key lengths: cuDNN's backward rejects odd ones (``NotImplementedError`` under
+  ``jax.grad``), and a gradient may follow any call.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ def obstacles(req: Request) -> list[str]:
         why.append("cuDNN path needs Dqk == Dv")
     if req.dim_qk % 8 or req.dim_qk > 128:
         why.append(f"cuDNN path needs a head dim that is a multiple of 8 and <= 128, got {req.dim_qk}")
+    if req.nq % 2 or req.nk % 2:
+        # Found by `attnhub certify jax --device cuda`: jax.grad of the cuDNN call raises
+        # NotImplementedError for odd lengths, and whether a gradient follows is unknown here.
+        why.append(f"cuDNN's backward needs even sequence lengths, got Lq={req.nq}, Lk={req.nk}")
     return why
 
 
