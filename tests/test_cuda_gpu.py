@@ -130,7 +130,8 @@ def test_forward_float32_tensor_core_tiles(rng, monkeypatch, config, dims):
 def test_forward_float32_long_flat_rows(rng, dims):
     # Flat softmax over 4096 keys: the output is a small average of many terms, so float32 errors
     # of the P V sums show at full size. Summing whole rows in the tensor core's (truncating) float32
-    # accumulator gave 2.9e-5 here, over the 2e-5 tolerance; chunked sums give ~1e-6.
+    # accumulator gave 2.9e-5 on such rows (benchmarks/cuda_f32.py, L = 4096), over the 2e-5
+    # tolerance; chunked sums gave ~1e-6.
     _check(rng, "float32", (256,), (4096,), Full(), "none_front", dqk=dims[0], dv=dims[1], hq=2, hkv=1, b=1)
 
 

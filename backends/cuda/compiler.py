@@ -28,7 +28,7 @@ MMA_DIMS = (64, 128)
 MMA_CONFIGS = {(64, 64): (4, 64, 2), (64, 128): (8, 64, 1), (128, 64): (8, 64, 1), (128, 128): (8, 128, 1)}
 # float32 forward on tensor cores (3xTF32, fwd_tf32.cu): (warps, keys per tile, 16-row blocks per warp),
 # chosen with benchmarks/cuda_f32.py on an H100 (L = 4096); see docs/backends/cuda.md.
-TF32_CONFIGS = {(64, 64): (4, 64, 2), (64, 128): (8, 32, 2), (128, 64): (8, 32, 2), (128, 128): (8, 32, 2)}
+TF32_CONFIGS = {(64, 64): (4, 64, 2), (64, 128): (8, 64, 1), (128, 64): (8, 64, 1), (128, 128): (8, 64, 1)}
 _STD = "c++17"
 _MMA_HEADERS = ("common.cuh", "mma.cuh")
 
@@ -100,7 +100,8 @@ def tf32_variant(dqk: int, dv: int, config: tuple[int, int, int] | None = None) 
         ("BN", bn),
         ("RB", rb),
     )
-    pvc = int(os.environ.get("ATTNHUB_CUDA_TF32_PVC", "0"))  # tuning: 8-key blocks per P V chunk
+    # tuning: 8-key blocks per P V chunk (default: 4 with one row block per warp, else 2)
+    pvc = int(os.environ.get("ATTNHUB_CUDA_TF32_PVC", "0"))
     if pvc:
         defines += (("PVC", pvc),)
     return Variant("fwd_tf32.cu", defines, ("attn_fwd_tf32",))

@@ -14,7 +14,7 @@
 #define KS_UNROLL 1
 #endif
 #ifndef PVC
-#define PVC (BN / 8)  // 8-key blocks per P V chunk (see the P V loop): one chunk per key tile
+#define PVC (RB == 1 ? 4 : 2)  // 8-key blocks per P V chunk (see the P V loop)
 #endif
 static_assert((BN / 8) % PVC == 0, "BN must be a multiple of 8 PVC");
 constexpr int BM = 16 * RB * NWARPS;
