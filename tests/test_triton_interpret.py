@@ -78,3 +78,36 @@ def test_work_skipping_counts() -> None:
     local = (plan.classify(Local(256, causal=True), (n,), (n,), "none_end", b, b) != plan.EMPTY).sum()
     assert causal <= 0.52 * full
     assert local <= (n // b) * (256 // b + 2)
+
+
+def test_tuner_is_not_fooled_by_a_cold_gpu(monkeypatch) -> None:
+    """A GPU that runs at half speed for its first 8 ms must not make the first candidate lose."""
+    from attnhub_backends.triton import configs
+
+    fast, slow = configs.Cfg(128, 128, 8, 3), configs.Cfg(64, 64, 4, 3)
+    cost = {fast: 1.0, slow: 1.15}  # ms per run once warm
+    state = {"elapsed": 0.0, "last": None}
+
+    def run(cfg):
+        state["last"] = cfg
+
+    def elapsed_ms(fn, n):
+        total = 0.0
+        for _ in range(n):
+            fn()
+            t = cost[state["last"]] * (2.0 if state["elapsed"] < 8.0 else 1.0)
+            state["elapsed"] += t
+            total += t
+        return total / n
+
+    monkeypatch.setattr(configs, "_elapsed_ms", elapsed_ms)
+    monkeypatch.setenv("ATTNHUB_TRITON_TUNE", "1")
+    key = ("test-cold-gpu",)
+    configs._CHOSEN.pop(key, None)
+    try:
+        assert configs.choose(key, [fast, slow], run, 1 << 30) == fast
+        state["elapsed"] = 0.0
+        configs._CHOSEN.pop(key, None)
+        assert configs.choose(key, [slow, fast], run, 1 << 30) == fast
+    finally:
+        configs._CHOSEN.pop(key, None)
