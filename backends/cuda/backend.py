@@ -68,6 +68,23 @@ class CudaBackend(Backend):
 
     # ---------------------------------------------------------------- forward
 
+    def forward_for_grad(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None
+    ) -> tuple[Any, Any, Any]:
+        """Half inputs on the tensor-core path: the kernel writes a float32 output, which the
+        backward's rowsum(dO·O) reads; the caller gets it rounded to the input dtype."""
+        import torch
+
+        if not (req.dtype in _HALF and use_mma(req)):
+            out, lse = self.forward(q, k, v, req, mask)
+            return out, lse, out
+        dev = q.device
+        with torch.cuda.device(dev):
+            out32 = torch.empty((req.batch, req.heads_q, req.nq, req.dim_v), dtype=torch.float32, device=dev)
+            lse = torch.empty((req.batch, req.heads_q, req.nq), dtype=torch.float32, device=dev)
+            _forward_mma(q, k, v, out32, lse, req)
+            return out32.to(q.dtype), lse, out32
+
     def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
         import torch
 
@@ -103,7 +120,7 @@ class CudaBackend(Backend):
             dk = torch.empty_like(k)
             dv = torch.empty_like(v)
             arch = arch_of(dev)
-            var = compiler.bwd_variant(req.dtype)
+            var = compiler.bwd_variant(req.dtype, o_f32=out.dtype != q.dtype)
             idx = dev.index if dev.index is not None else torch.cuda.current_device()
             rows = req.batch * req.heads_q * req.nq
             pre = compiler.load_kernel(var, "attn_bwd_pre", idx, arch)
@@ -278,7 +295,7 @@ def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> No
     dev = q.device
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
     cfg = _mma_config_for(req, _smem_limit(dev)) or compiler.mma_config(req.dim_qk, req.dim_v)
-    var = compiler.mma_variant(req.dtype, req.dim_qk, req.dim_v, cfg)
+    var = compiler.mma_variant(req.dtype, req.dim_qk, req.dim_v, cfg, o_f32=out.dtype != q.dtype)
     smem = compiler.mma_smem_bytes(req.dim_qk, req.dim_v, cfg)
     kern = compiler.load_kernel(var, "attn_fwd_mma", idx, arch_of(dev), smem)
     launch(
@@ -379,7 +396,9 @@ def _backward_mma(
     lse = lse.float().contiguous()
     delta = torch.empty((req.batch, req.heads_q, req.nq), dtype=torch.float32, device=dev)
     rows = req.batch * req.heads_q * req.nq
-    pre = compiler.load_kernel(compiler.bwd_variant(req.dtype), "attn_bwd_pre", idx, arch)
+    pre = compiler.load_kernel(
+        compiler.bwd_variant(req.dtype, o_f32=out.dtype != q.dtype), "attn_bwd_pre", idx, arch
+    )
     launch(
         pre, dev, (ceil_div(rows, 8),), 256, 0, ptr(out), ptr(dout), ptr(delta), i64(rows), _i32(req.dim_v)
     )

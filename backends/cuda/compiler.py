@@ -71,11 +71,16 @@ def mma_config(dqk: int, dv: int) -> tuple[int, int, int]:
     return MMA_CONFIGS[(dqk, dv)]
 
 
-def mma_variant(dtype: str, dqk: int, dv: int, config: tuple[int, int, int] | None = None) -> Variant:
+def mma_variant(
+    dtype: str, dqk: int, dv: int, config: tuple[int, int, int] | None = None, o_f32: bool = False
+) -> Variant:
+    """The tensor-core forward; ``o_f32``: it writes a float32 output (kept for a backward)."""
     warps, bn, rb = config or mma_config(dqk, dv)
     defines = (
         ("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv), ("NWARPS", warps), ("BN", bn), ("RB", rb),
     )  # fmt: skip
+    if o_f32:
+        defines += (("O_F32", 1),)
     return Variant("fwd_mma.cu", defines, ("attn_fwd_mma",), _MMA_HEADERS)
 
 
@@ -123,8 +128,12 @@ def simt_variant(dtype: str) -> Variant:
     return Variant("fwd_simt.cu", (("ATT_DTYPE", DTYPE_CODES[dtype]),), ("attn_fwd_simt",))
 
 
-def bwd_variant(dtype: str) -> Variant:
-    return Variant("bwd_simt.cu", (("ATT_DTYPE", DTYPE_CODES[dtype]),), ("attn_bwd_pre", "attn_bwd_simt"))
+def bwd_variant(dtype: str, o_f32: bool = False) -> Variant:
+    """SIMT backward and the delta kernel; ``o_f32``: delta reads a float32 output."""
+    defines: tuple[tuple[str, int], ...] = (("ATT_DTYPE", DTYPE_CODES[dtype]),)
+    if o_f32:
+        defines += (("O_F32", 1),)
+    return Variant("bwd_simt.cu", defines, ("attn_bwd_pre", "attn_bwd_simt"))
 
 
 def all_variants() -> list[Variant]:
@@ -138,6 +147,14 @@ def all_variants() -> list[Variant]:
     out += [tf32_variant(a, b, TF32_CONFIGS[(a, b)]) for a in MMA_DIMS for b in MMA_DIMS]
     out += [simt_variant(dt) for dt in DTYPE_CODES]
     out += [bwd_variant(dt) for dt in DTYPE_CODES]
+    # half inputs with a gradient to follow: float32 output and the delta kernel that reads it
+    out += [
+        mma_variant(dt, a, b, MMA_CONFIGS[(a, b)], o_f32=True)
+        for dt in ("float16", "bfloat16")
+        for a in MMA_DIMS
+        for b in MMA_DIMS
+    ]
+    out += [bwd_variant(dt, o_f32=True) for dt in ("float16", "bfloat16")]
     out += [bwd_mma_variant(dt, a, b) for dt in ("float16", "bfloat16") for a in MMA_DIMS for b in MMA_DIMS]
     return out
 

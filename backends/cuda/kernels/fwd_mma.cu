@@ -5,11 +5,22 @@
 // RB, the 16-row blocks per warp. With RB = 1 the Q fragments stay in registers; with RB > 1 they are
 // re-read from shared memory each tile, and every K/V fragment read feeds RB mma instructions.
 
+// O_F32 = 1: the output is written in float32 (kept for the backward's rowsum(dO * O), see
+// Backend.forward_for_grad); otherwise in the input type T.
+#ifndef O_F32
+#define O_F32 0
+#endif
+#if O_F32
+typedef float OT;
+#else
+typedef T OT;
+#endif
+
 constexpr int BM = 16 * RB * NWARPS;
 constexpr int NT = 32 * NWARPS;
 
 extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
-    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, OT* __restrict__ o,
     float* __restrict__ lse, i64 qsb, i64 qsh, i64 qsn, i64 ksb, i64 ksh, i64 ksn, i64 vsb, i64 vsh,
     i64 vsn, int Hq, int group, int Nq, int Nk, float scale_log2, MASK_PARAMS) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -25,7 +36,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
   const T* kp = k + b * ksb + hk * ksh;
   const T* vp = v + b * vsb + hk * vsh;
   const i64 bh = (i64)b * Hq + h;
-  T* op = o + bh * Nq * DV;
+  OT* op = o + bh * Nq * DV;
   float* lp = lse + bh * Nq;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -222,11 +233,16 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
       const float inv = (l == 0.f) ? 0.f : 1.f / l;
       const int row = q0 + (warp * RB + rb) * 16 + g + 8 * r;
       if (row < Nq) {
-        T* orow = op + (i64)row * DV;
+        OT* orow = op + (i64)row * DV;
 #pragma unroll
         for (int dt = 0; dt < DV / 8; ++dt) {
+#if O_F32
+          *reinterpret_cast<float2*>(orow + dt * 8 + 2 * t4) =
+              make_float2(oacc[rb][dt][2 * r] * inv, oacc[rb][dt][2 * r + 1] * inv);
+#else
           u32 pk = pack2(oacc[rb][dt][2 * r] * inv, oacc[rb][dt][2 * r + 1] * inv);
           *reinterpret_cast<u32*>(orow + dt * 8 + 2 * t4) = pk;
+#endif
         }
         if (t4 == 0) lp[row] = (l == 0.f) ? ATT_NEG_INF : (mrow[ri] + log2f(l)) * 0.6931471805599453f;
       }
