@@ -71,18 +71,18 @@ class CudaBackend(Backend):
     def forward_for_grad(
         self, q: Any, k: Any, v: Any, req: Request, mask: Any = None
     ) -> tuple[Any, Any, Any]:
-        """Half inputs on the tensor-core path: the kernel writes a float32 output, which the
-        backward's rowsum(dO·O) reads; the caller gets it rounded to the input dtype."""
+        """Half inputs: the forward kernel writes a float32 output, which the backward's
+        rowsum(dO·O) reads; the caller gets it rounded to the input dtype."""
         import torch
 
-        if not (req.dtype in _HALF and use_mma(req)):
+        if req.dtype not in _HALF:
             out, lse = self.forward(q, k, v, req, mask)
             return out, lse, out
         dev = q.device
         with torch.cuda.device(dev):
             out32 = torch.empty((req.batch, req.heads_q, req.nq, req.dim_v), dtype=torch.float32, device=dev)
             lse = torch.empty((req.batch, req.heads_q, req.nq), dtype=torch.float32, device=dev)
-            _forward_mma(q, k, v, out32, lse, req)
+            (_forward_mma if use_mma(req) else _forward_simt)(q, k, v, out32, lse, req)
             return out32.to(q.dtype), lse, out32
 
     def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
@@ -357,7 +357,7 @@ def _forward_simt(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> N
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     dev = q.device
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    var = compiler.simt_variant(req.dtype)
+    var = compiler.simt_variant(req.dtype, o_f32=out.dtype != q.dtype)
     smem = _simt_fwd_smem(req)
     kern = compiler.load_kernel(var, "attn_fwd_simt", idx, arch_of(dev), smem)
     launch(

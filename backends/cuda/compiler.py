@@ -124,8 +124,12 @@ def bwd_mma_variant(dtype: str, dqk: int, dv: int) -> Variant:
     return Variant("bwd_mma.cu", defines, ("attn_bwd_dkdv_mma", "attn_bwd_dq_mma"), _MMA_HEADERS)
 
 
-def simt_variant(dtype: str) -> Variant:
-    return Variant("fwd_simt.cu", (("ATT_DTYPE", DTYPE_CODES[dtype]),), ("attn_fwd_simt",))
+def simt_variant(dtype: str, o_f32: bool = False) -> Variant:
+    """SIMT forward; ``o_f32``: a half-type forward writes a float32 output (kept for a backward)."""
+    defines: tuple[tuple[str, int], ...] = (("ATT_DTYPE", DTYPE_CODES[dtype]),)
+    if o_f32:
+        defines += (("O_F32", 1),)
+    return Variant("fwd_simt.cu", defines, ("attn_fwd_simt",))
 
 
 def bwd_variant(dtype: str, o_f32: bool = False) -> Variant:
@@ -155,6 +159,7 @@ def all_variants() -> list[Variant]:
         for b in MMA_DIMS
     ]
     out += [bwd_variant(dt, o_f32=True) for dt in ("float16", "bfloat16")]
+    out += [simt_variant(dt, o_f32=True) for dt in ("float16", "bfloat16")]
     out += [bwd_mma_variant(dt, a, b) for dt in ("float16", "bfloat16") for a in MMA_DIMS for b in MMA_DIMS]
     return out
 

@@ -5,17 +5,6 @@
 // in registers (so GQA sums need no atomics) and adds dQ into an ACC buffer with atomics.
 // Compile-time parameter: ATT_DTYPE (0 f16, 1 bf16, 2 f32, 3 f64).
 
-// O_F32 = 1: the output is written in float32 (kept for the backward's rowsum(dO * O), see
-// Backend.forward_for_grad); otherwise in the input type T.
-#ifndef O_F32
-#define O_F32 0
-#endif
-#if O_F32
-typedef float OT;
-#else
-typedef T OT;
-#endif
-
 #define BB 32      // keys per block and query rows per step
 #define BCH 16     // dims per thread in dK/dV (8 * BCH >= 128)
 

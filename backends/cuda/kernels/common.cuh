@@ -129,6 +129,19 @@ typedef double ACC;
 #endif
 #endif
 
+// O_F32 = 1: the output is written in float32 (kept for the backward's rowsum(dO * O), see
+// Backend.forward_for_grad); otherwise in the input type T.
+#if defined(ATT_DTYPE)
+#ifndef O_F32
+#define O_F32 0
+#endif
+#if O_F32
+typedef float OT;
+#else
+typedef T OT;
+#endif
+#endif
+
 __device__ __forceinline__ float acc_exp(float x) { return expf(x); }
 __device__ __forceinline__ double acc_exp(double x) { return exp(x); }
 __device__ __forceinline__ float acc_log(float x) { return logf(x); }

@@ -5,17 +5,6 @@
 // RB, the 16-row blocks per warp. With RB = 1 the Q fragments stay in registers; with RB > 1 they are
 // re-read from shared memory each tile, and every K/V fragment read feeds RB mma instructions.
 
-// O_F32 = 1: the output is written in float32 (kept for the backward's rowsum(dO * O), see
-// Backend.forward_for_grad); otherwise in the input type T.
-#ifndef O_F32
-#define O_F32 0
-#endif
-#if O_F32
-typedef float OT;
-#else
-typedef T OT;
-#endif
-
 constexpr int BM = 16 * RB * NWARPS;
 constexpr int NT = 32 * NWARPS;
 

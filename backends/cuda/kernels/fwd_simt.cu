@@ -10,7 +10,7 @@
 #define SB_C 4    // output chunks of 32 dims per lane (Dv <= 128)
 
 extern "C" __global__ void __launch_bounds__(256) attn_fwd_simt(
-    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, OT* __restrict__ o,
     ACC* __restrict__ lse, i64 qsb, i64 qsh, i64 qsn, i64 ksb, i64 ksh, i64 ksn, i64 vsb, i64 vsh,
     i64 vsn, int Hq, int group, int Nq, int Nk, int Dqk, int Dv, double scale_d, MASK_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -152,11 +152,15 @@ extern "C" __global__ void __launch_bounds__(256) attn_fwd_simt(
     for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffff, l, off);
     if (row >= Nq) continue;
     const ACC inv = (l == (ACC)0) ? (ACC)0 : (ACC)1 / l;
-    T* orow = o + (bh * Nq + row) * Dv;
+    OT* orow = o + (bh * Nq + row) * Dv;
 #pragma unroll
     for (int c = 0; c < SB_C; ++c) {
       int d = lane + 32 * c;
+#if O_F32
+      if (c < nch && d < Dv) orow[d] = (float)(oacc[i][c] * inv);
+#else
       if (c < nch && d < Dv) orow[d] = store_t(oacc[i][c] * inv);
+#endif
     }
     if (lane == 0) lse[bh * Nq + row] = (l == (ACC)0) ? NEG : mrow[i] + acc_log(l);
   }
