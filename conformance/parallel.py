@@ -34,6 +34,14 @@ def _done_count(log: Path) -> int:
     return count
 
 
+def _finished(results: Path) -> int:
+    """Cases a finished shard recorded (its pytest output ends with a summary, not dots)."""
+    try:
+        return len(json.loads(results.read_text(encoding="utf-8"))["results"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
 def _raise_exit(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
@@ -55,7 +63,10 @@ def _wait(procs: list[tuple[subprocess.Popen, Path, Path]], echo: Any) -> dict[i
                 echo(f"  shard {i + 1}/{jobs} finished (exit {rc}) after {time.perf_counter() - t0:.0f} s")
         if running and time.perf_counter() - last >= _PROGRESS_EVERY_S:
             last = time.perf_counter()
-            done = sum(_done_count(log) for _, _, log in procs)
+            done = sum(
+                _finished(res) if i not in running else _done_count(log)
+                for i, (_, res, log) in enumerate(procs)
+            )
             echo(f"  {done} cases done, {len(running)} shard(s) running, {last - t0:.0f} s")
     return codes
 
