@@ -81,3 +81,17 @@ def test_cli_needs_gpu() -> None:
     if torch.cuda.is_available():
         pytest.skip("has a GPU; the command is run on the device machine instead")
     assert res.exit_code != 0 and "CUDA" in res.output
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--peers", "sdpa-flash,nope"], "sdpa-math"),  # the error lists every peer, the extra one too
+        (["--lengths", "4k"], "comma-separated integers"),
+    ],
+)
+def test_cli_rejects_bad_options_before_needing_a_gpu(args, message) -> None:
+    from attnhub.cli import main
+
+    res = CliRunner().invoke(main, ["bench", *args])
+    assert res.exit_code != 0 and message in res.output, res.output

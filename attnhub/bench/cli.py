@@ -54,19 +54,22 @@ def bench(
 
     Writes bench.json and bench.png to --out and prints a table with peer/backend time ratios.
     """
-    try:
-        import torch
-    except ImportError as exc:
-        raise click.ClickException(f"attnhub bench needs torch: {exc}") from exc
-    if not torch.cuda.is_available():
-        raise click.ClickException("attnhub bench needs a CUDA GPU (torch.cuda.is_available() is False)")
     names = _split(backends)
     peer_names = [] if peers.strip() == "none" else _split(peers)
     unknown = [p for p in peer_names if p not in PEERS + EXTRA_PEERS]
     if unknown:
         raise click.ClickException(f"unknown peers {unknown}; choose from {', '.join(PEERS + EXTRA_PEERS)}")
     fams, dirs = set(_split(family)), set(_split(direction))
-    lens = {int(x) for x in _split(lengths)}
+    try:
+        lens = {int(x) for x in _split(lengths)}
+    except ValueError:
+        raise click.ClickException(f"--lengths takes comma-separated integers, got {lengths!r}") from None
+    try:
+        import torch
+    except ImportError as exc:
+        raise click.ClickException(f"attnhub bench needs torch: {exc}") from exc
+    if not torch.cuda.is_available():
+        raise click.ClickException("attnhub bench needs a CUDA GPU (torch.cuda.is_available() is False)")
     cases = [
         c
         for c in default_grid(quick, dtype)
