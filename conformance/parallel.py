@@ -42,6 +42,36 @@ def _finished(results: Path) -> int:
         return 0
 
 
+def _kill(procs: list[tuple[subprocess.Popen, Path, Path]]) -> None:
+    for proc, _, _ in procs:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _echo_partial(results: list[Path], echo: Any) -> None:
+    """What an interrupted run recorded (finished shards' results, the others' ``.partial`` lines):
+    counts and failures, and that this is no verdict."""
+    seen: dict[str, dict[str, Any]] = {}
+    for path in results:
+        try:
+            if path.exists():
+                rows = json.loads(path.read_text(encoding="utf-8"))["results"]
+            else:
+                lines = Path(f"{path}.partial").read_text(encoding="utf-8").splitlines()
+                rows = [json.loads(x) for x in lines if x.strip()]
+        except (OSError, ValueError, KeyError):
+            continue
+        seen.update({r["id"]: r for r in rows})
+    counts = {s: sum(r["status"] == s for r in seen.values()) for s in ("pass", "FAIL", "declined")}
+    echo(
+        f"interrupted: {len(seen)} cases recorded ({counts['pass']} pass, {counts['FAIL']} FAIL, "
+        f"{counts['declined']} declined); an unfinished run certifies nothing"
+    )
+    for r in seen.values():
+        if r["status"] == "FAIL":
+            echo(f"  FAIL {r['id']}: {r['message']}")
+
+
 def _raise_exit(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
@@ -91,11 +121,13 @@ def run_sharded(pytest_args: list[str], jobs: int, tmp: Path, echo: Any) -> tupl
     previous = signal.signal(signal.SIGTERM, _raise_exit)
     try:
         codes = _wait(procs, echo)
-    finally:  # interrupted (Ctrl-C, SIGTERM from a time limit): no shard outlives the command
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM from a time limit)
+        _kill(procs)
+        _echo_partial([res for _, res, _ in procs], echo)
+        raise
+    finally:
         signal.signal(signal.SIGTERM, previous)
-        for proc, _, _ in procs:
-            if proc.poll() is None:
-                proc.kill()
+        _kill(procs)  # no shard outlives the command
     merged: dict[str, Any] | None = None
     for i, (_, results, log) in enumerate(procs):
         if not results.exists():

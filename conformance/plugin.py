@@ -26,6 +26,7 @@ class SuiteState:
     random_examples: int
     wanted: frozenset[str]
     shard: tuple[int, int] = (0, 1)
+    written: set[str] = dataclasses.field(default_factory=set)  # ids already in <results>.partial
 
     def wants(self, case_id: str) -> bool:
         return not self.wanted or case_id in self.wanted
@@ -163,6 +164,21 @@ def attnhub_suite(request: pytest.FixtureRequest) -> SuiteState:
     if state is None:
         pytest.skip("the conformance suite runs through `attnhub certify NAME` (or --attnhub-backend NAME)")
     return state
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Append the results recorded since the last test to ``<results>.partial`` (JSON lines): a
+    run cut off by a time limit still tells ``certify --jobs`` what passed and what failed."""
+    state = item.config.stash.get(STATE, None)
+    path = item.config.getoption("attnhub_results", None)
+    if state is None or not path:
+        return
+    fresh = [r for rid, r in state.certifier.results.items() if rid not in state.written]
+    if fresh:
+        with open(f"{path}.partial", "a", encoding="utf-8") as fh:
+            for r in fresh:
+                fh.write(json.dumps(dataclasses.asdict(r)) + "\n")
+                state.written.add(r.id)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

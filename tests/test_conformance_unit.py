@@ -265,3 +265,42 @@ def test_randomised_cases_replay_by_id(tmp_path):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert [r["id"] for r in json.loads((tmp_path / "one.json").read_text())["results"]] == [ids[-1]]
+
+
+def test_interrupted_jobs_report_what_they_recorded(tmp_path):
+    """certify --jobs cut off: finished shards' results and running shards' .partial lines count."""
+    from attnhub_conformance.parallel import _echo_partial
+
+    row = dict(id="a", dtype="float32", features=[], status="pass", message="")
+    (tmp_path / "results0.json").write_text(json.dumps({"results": [row, {**row, "id": "b"}]}))
+    failing = {**row, "id": "c", "status": "FAIL", "message": "out: rel 0.3"}
+    (tmp_path / "results1.json.partial").write_text(
+        json.dumps(failing) + "\n" + json.dumps({**row, "id": "d"})
+    )
+    lines: list[str] = []
+    _echo_partial(
+        [tmp_path / "results0.json", tmp_path / "results1.json", tmp_path / "results2.json"], lines.append
+    )
+    assert lines[0].startswith("interrupted: 4 cases recorded (3 pass, 1 FAIL, 0 declined)")
+    assert lines[1] == "  FAIL c: out: rel 0.3"
+
+
+def test_plugin_appends_partial_results(tmp_path):
+    """Each finished test appends its new results to <results>.partial (JSON lines), the same
+    cases as the final results file."""
+    import os
+
+    import attnhub_conformance
+
+    suite = Path(attnhub_conformance.__file__).with_name("suite.py")
+    results = tmp_path / "results.json"
+    cmd = [
+        sys.executable, "-m", "pytest", str(suite), "-c", os.devnull, "--rootdir", str(suite.parent),
+        "-p", "no:cacheprovider", "--import-mode=importlib", "-q", "--attnhub-backend=reference",
+        "--attnhub-quick", "--attnhub-seed=4", f"--attnhub-results={results}",
+    ]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    final = {r["id"] for r in json.loads(results.read_text())["results"]}
+    partial = [json.loads(x)["id"] for x in Path(f"{results}.partial").read_text().splitlines()]
+    assert len(final) >= 35 and sorted(partial) == sorted(final)
