@@ -149,3 +149,21 @@ def test_glue_hands_forward_for_grad_output_to_backward():
     assert out.dtype == torch.float32
     out.sum().backward()
     assert seen["out"].dtype == torch.float64
+
+
+def test_jax_pallas_dq_on_peaked_row(monkeypatch):
+    """The jax backend's Pallas forward (run by Pallas' interpreter here) feeds the same backward."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    monkeypatch.setenv("ATTNHUB_JAX_PALLAS", "interpret")
+    q, k, v, dout, want = peaked_case()
+    qj, kj, vj = (jnp.asarray(x, dtype=jnp.bfloat16) for x in (q, k, v))
+    note = next(x.note for x in attnhub.explain(qj, kj, vj).verdicts if x.name == "jax")
+    assert note.startswith("path=pallas"), note
+
+    def loss(qx):
+        out = attnhub.attention(qx, kj, vj, backend="jax")
+        return (out.astype(jnp.float32) * jnp.asarray(dout, jnp.float32)).sum()
+
+    dq = np.asarray(jax.grad(loss)(qj).astype(jnp.float32))
+    assert rel_err(dq, want) < BF16_GRAD_TOL

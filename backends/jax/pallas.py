@@ -63,8 +63,9 @@ def _tile_bounds(req: Request, nqt: int) -> np.ndarray:
     return out
 
 
-def forward(q: Any, k: Any, v: Any, req: Request) -> tuple[Any, Any]:
-    """(out (B, Hq, Nq, Dv), lse (B, Hq, Nq) float32) through the Pallas kernel."""
+def forward(q: Any, k: Any, v: Any, req: Request, out_dtype: Any = None) -> tuple[Any, Any]:
+    """(out (B, Hq, Nq, Dv) in ``out_dtype`` (default q's), lse (B, Hq, Nq) float32) through the
+    Pallas kernel."""
     from jax.experimental import pallas as pl
 
     nqt, nkt = math.ceil(req.nq / BQ), math.ceil(req.nk / BK)
@@ -140,7 +141,7 @@ def forward(q: Any, k: Any, v: Any, req: Request) -> tuple[Any, Any]:
             pl.BlockSpec((None, None, BQ), lambda i, b, h: (b, h, i)),
         ],
         out_shape=[
-            jax.ShapeDtypeStruct((req.batch, req.heads_q, nq_pad, dv), q.dtype),
+            jax.ShapeDtypeStruct((req.batch, req.heads_q, nq_pad, dv), out_dtype or q.dtype),
             jax.ShapeDtypeStruct((req.batch, req.heads_q, nq_pad), jnp.float32),
         ],
         interpret=interpret,

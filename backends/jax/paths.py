@@ -73,13 +73,14 @@ def _build_blockwise(req: Request, cfg: Config, path: str) -> Callable[..., tupl
         return run_forward(q, k, v, mask)
 
     def fwd(q: Any, k: Any, v: Any, mask: Any) -> tuple[tuple[Any, Any], tuple]:
-        if path == "pallas":
-            out, lse = run_forward(q, k, v, mask)
-            return (out, lse), (q, k, v, mask, out, lse)
         # The backward's rowsum(dO·O) cancels against dP on peaked rows: it gets O before rounding
-        # to a half dtype (a bf16-rounded O cost dq twice SPEC's tolerance in a certify case).
+        # to a half dtype (a bf16-rounded O cost dq twice SPEC's tolerance in a certify case;
+        # tests/test_peaked_row_gradients.py has one for each path).
         wide = jnp.promote_types(q.dtype, jnp.float32)
-        out_wide, lse = blockwise.forward(q, k, v, req, cfg, mask, out_dtype=wide)
+        if path == "pallas":
+            out_wide, lse = pallas.forward(q, k, v, req, out_dtype=wide)
+        else:
+            out_wide, lse = blockwise.forward(q, k, v, req, cfg, mask, out_dtype=wide)
         return (out_wide.astype(q.dtype), lse), (q, k, v, mask, out_wide, lse)
 
     def bwd(res: tuple, cts: tuple[Any, Any]) -> tuple:
