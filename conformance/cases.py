@@ -48,6 +48,7 @@ FEATURE_ROWS = (
     "layout bshd",
     "layout bhds",
     "large logits",
+    "peaked rows",
     "fully masked rows",
     "non-contiguous",
     "randomised",
@@ -76,6 +77,9 @@ class Case:
     lse: bool = False
     grad: bool = False
     large_logits: bool = False
+    #: Every query row puts ~98 % of its probability on key 0 (see ``runner.make_data``): the
+    #: backward's dP − rowsum(dO·O) cancels, so an O rounded before the backward shows in dq.
+    peaked: bool = False
     #: "" (contiguous), "transposed" (a permuted view) or "sliced" (a slice of a wider buffer).
     noncontig: str = ""
     #: Run twice and require bitwise equal results (for backends declaring ``deterministic``).
@@ -105,6 +109,7 @@ class Case:
             (self.lse, "lse"),
             (self.grad, "grad"),
             (self.large_logits, "big"),
+            (self.peaked, "peaked"),
             (bool(self.noncontig), self.noncontig),
             (self.repeat, "repeat"),
         ):
@@ -176,6 +181,8 @@ class Case:
         f.append(f"layout {self.layout}")
         if self.large_logits:
             f.append("large logits")
+        if self.peaked:
+            f.append("peaked rows")
         if self.rule_has_empty_rows():
             f.append("fully masked rows")
         if self.noncontig:
@@ -255,6 +262,8 @@ def quick_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
         add(Case(dt, (19,), (45,), Causal(), sync="scale_end", lse=True))
         add(Case(dt, (6, 7), (6, 7), Local(2, 1, causal=True), heads_q=4, heads_kv=2))
         add(Case(dt, (45,), (19,), Causal(), sync="none_end", grad=True, large_logits=True))
+        if dt in ("float16", "bfloat16"):
+            add(Case(dt, (9,), (44,), Full(), grad=True, dim_qk=16, dim_v=16, peaked=True))
     return _dedupe(c)
 
 
@@ -332,6 +341,10 @@ def full_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
         for layout in LAYOUTS:
             c.append(Case(dt, (23,), (23,), Causal(), layout=layout, lse=True))
         c.append(Case(dt, (33,), (33,), Causal(), large_logits=True, lse=True, grad=True))
+        if dt in ("float16", "bfloat16"):
+            c.append(Case(dt, (9,), (44,), Full(), grad=True, dim_qk=16, dim_v=16, peaked=True))
+            c.append(Case(dt, (44,), (44,), Causal(), grad=True, heads_q=4, heads_kv=2, dim_qk=16, dim_v=32,
+                          peaked=True))  # fmt: skip
         c.append(Case(dt, (21,), (21,), "bool", mask_empty_rows=True, lse=True))
         c.append(Case(dt, (21,), (21,), "additive", mask_empty_rows=True, grad=True))
         c.append(Case(dt, (33,), (33,), Causal(), dim_qk=128, dim_v=128, batch=1))
