@@ -221,3 +221,18 @@ def test_shared_memory_limits_pick_smaller_tiles_or_decline(monkeypatch):
     assert be._smem_reasons(req("float64", 64, True)) == []
     (reason,) = be._smem_reasons(req("float64", 128, True))
     assert "backward kernel needs" in reason and "101376" in reason
+
+
+def test_tile_overrides_from_the_environment(monkeypatch):
+    """ATTNHUB_CUDA_MMA / ATTNHUB_CUDA_TF32 override the tiles; a malformed value is a clear error."""
+    from attnhub.errors import AttnhubError
+
+    monkeypatch.setenv("ATTNHUB_CUDA_MMA", "8,32")
+    assert compiler.mma_config(64, 64) == (8, 32, 1)
+    monkeypatch.setenv("ATTNHUB_CUDA_TF32", "4,64,2")
+    assert compiler.tf32_config(128, 128) == (4, 64, 2)
+    monkeypatch.delenv("ATTNHUB_CUDA_MMA")
+    assert compiler.mma_config(64, 64) == compiler.MMA_CONFIGS[(64, 64)]
+    monkeypatch.setenv("ATTNHUB_CUDA_TF32", "four")
+    with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_TF32"):
+        compiler.tf32_config(64, 64)

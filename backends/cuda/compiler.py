@@ -60,15 +60,25 @@ class Variant:
         return "\n".join(lines) + "\n" + "\n".join(parts)
 
 
+def _tile_override(var: str) -> tuple[int, int, int] | None:
+    """``warps,bn[,rb]`` from the environment variable ``var`` (tuning), or None."""
+    env = os.environ.get(var)
+    if not env:
+        return None
+    try:
+        vals = [int(x) for x in env.split(",")]
+        return vals[0], vals[1], vals[2] if len(vals) > 2 else 1
+    except (ValueError, IndexError):
+        raise AttnhubError(
+            f"{var} takes 'warps,keys_per_tile[,row_blocks]' (integers), got {env!r}"
+        ) from None
+
+
 def mma_config(dqk: int, dv: int) -> tuple[int, int, int]:
     """(warps, keys per tile, row blocks per warp) of the tensor-core forward for (Dqk, Dv).
 
     ``ATTNHUB_CUDA_MMA=warps,bn[,rb]`` overrides it (tuning)."""
-    env = os.environ.get("ATTNHUB_CUDA_MMA")
-    if env:
-        vals = [int(x) for x in env.split(",")]
-        return vals[0], vals[1], vals[2] if len(vals) > 2 else 1
-    return MMA_CONFIGS[(dqk, dv)]
+    return _tile_override("ATTNHUB_CUDA_MMA") or MMA_CONFIGS[(dqk, dv)]
 
 
 def mma_variant(
@@ -88,11 +98,7 @@ def tf32_config(dqk: int, dv: int) -> tuple[int, int, int]:
     """(warps, keys per tile, row blocks per warp) of the 3xTF32 float32 forward for (Dqk, Dv).
 
     ``ATTNHUB_CUDA_TF32=warps,bn[,rb]`` overrides it (tuning)."""
-    env = os.environ.get("ATTNHUB_CUDA_TF32")
-    if env:
-        vals = [int(x) for x in env.split(",")]
-        return vals[0], vals[1], vals[2] if len(vals) > 2 else 1
-    return TF32_CONFIGS[(dqk, dv)]
+    return _tile_override("ATTNHUB_CUDA_TF32") or TF32_CONFIGS[(dqk, dv)]
 
 
 def tf32_variant(dqk: int, dv: int, config: tuple[int, int, int] | None = None) -> Variant:
