@@ -111,3 +111,23 @@ def test_tuner_is_not_fooled_by_a_cold_gpu(monkeypatch) -> None:
         assert configs.choose(key, [slow, fast], run, 1 << 30) == fast
     finally:
         configs._CHOSEN.pop(key, None)
+
+
+def test_declines_instead_of_crashing_after_tensorflow(monkeypatch) -> None:
+    """Triton imported after TensorFlow aborts the process: the backend says so and is skipped."""
+    import sys
+    import types
+
+    import torch
+
+    import attnhub
+    from attnhub_backends.triton.backend import TritonBackend
+
+    monkeypatch.setitem(sys.modules, "tensorflow", types.ModuleType("tensorflow"))
+    monkeypatch.delitem(sys.modules, "triton", raising=False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    why = TritonBackend().availability()
+    assert why and "import triton before tensorflow" in why
+    q = torch.randn(1, 1, 4, 8)
+    verdict = next(v for v in attnhub.explain(q, q, q).verdicts if v.name == "triton")
+    assert any("import triton before tensorflow" in r for r in verdict.reasons)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from typing import Any, ClassVar
 
 from attnhub.backend import Backend
@@ -32,6 +33,13 @@ class TritonBackend(Backend):
         for mod in ("torch", "triton"):
             if importlib.util.find_spec(mod) is None:
                 return f"{mod} is not installed: pip install 'attnhub[triton]'"
+        if "tensorflow" in sys.modules and "triton" not in sys.modules:
+            # Both bundle LLVM: importing triton after tensorflow aborts the whole process
+            # ("Option ... registered more than once!", tensorflow 2.21 with triton 3.x).
+            return (
+                "TensorFlow is loaded in this process and Triton is not: importing Triton now would "
+                "abort the process (both bundle LLVM); import triton before tensorflow"
+            )
         if interpret_mode():
             return None
         import torch
