@@ -73,33 +73,15 @@ class CudaBackend(Backend):
     ) -> tuple[Any, Any, Any]:
         """Half inputs: the forward kernel writes a float32 output, which the backward's
         rowsum(dO·O) reads; the caller gets it rounded to the input dtype."""
+        if req.dtype not in _HALF:
+            return super().forward_for_grad(q, k, v, req, mask)
         import torch
 
-        if req.dtype not in _HALF:
-            out, lse = self.forward(q, k, v, req, mask)
-            return out, lse, out
-        dev = q.device
-        with torch.cuda.device(dev):
-            out32 = torch.empty((req.batch, req.heads_q, req.nq, req.dim_v), dtype=torch.float32, device=dev)
-            lse = torch.empty((req.batch, req.heads_q, req.nq), dtype=torch.float32, device=dev)
-            (_forward_mma if use_mma(req) else _forward_simt)(q, k, v, out32, lse, req)
-            return out32.to(q.dtype), lse, out32
+        out32, lse = _forward(q, k, v, req, torch.float32)
+        return out32.to(q.dtype), lse, out32
 
     def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
-        import torch
-
-        dev = q.device
-        with torch.cuda.device(dev):
-            out = torch.empty((req.batch, req.heads_q, req.nq, req.dim_v), dtype=q.dtype, device=dev)
-            lse_dtype = torch.float64 if req.dtype == "float64" else torch.float32
-            lse = torch.empty((req.batch, req.heads_q, req.nq), dtype=lse_dtype, device=dev)
-            if use_mma(req):
-                _forward_mma(q, k, v, out, lse, req)
-            elif use_tf32(req):
-                _forward_tf32(q, k, v, out, lse, req)
-            else:
-                _forward_simt(q, k, v, out, lse, req)
-        return out, lse
+        return _forward(q, k, v, req, q.dtype)
 
     # ---------------------------------------------------------------- backward
 
@@ -285,6 +267,24 @@ def _strided(x: Any, align: int) -> Any:
         and x.data_ptr() % (x.element_size() * align) == 0
     )
     return x if ok else x.contiguous()
+
+
+def _forward(q: Any, k: Any, v: Any, req: Request, out_dtype: Any) -> tuple[Any, Any]:
+    """(out, lse) through the kernel that serves ``req``; ``out`` written in ``out_dtype``."""
+    import torch
+
+    dev = q.device
+    with torch.cuda.device(dev):
+        out = torch.empty((req.batch, req.heads_q, req.nq, req.dim_v), dtype=out_dtype, device=dev)
+        lse_dtype = torch.float64 if req.dtype == "float64" else torch.float32
+        lse = torch.empty((req.batch, req.heads_q, req.nq), dtype=lse_dtype, device=dev)
+        if use_mma(req):
+            _forward_mma(q, k, v, out, lse, req)
+        elif use_tf32(req):
+            _forward_tf32(q, k, v, out, lse, req)
+        else:
+            _forward_simt(q, k, v, out, lse, req)
+    return out, lse
 
 
 def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> None:

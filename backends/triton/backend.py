@@ -84,13 +84,12 @@ class TritonBackend(Backend):
     ) -> tuple[Any, Any, Any]:
         """Half-precision inputs: the kernel writes a float32 output; the backward's rowsum(dO·O)
         reads it, the caller gets it rounded to the input dtype (the same rounding as forward)."""
+        if q.element_size() >= 4:
+            return super().forward_for_grad(q, k, v, req, mask)
         import torch
 
         from attnhub_backends.triton import launch
 
-        if q.element_size() >= 4:
-            out, lse = launch.forward(q, k, v, req)
-            return out, lse, out
         out32, lse = launch.forward(q, k, v, req, out_dtype=torch.float32)
         return out32.to(q.dtype), lse, out32
 
