@@ -20,26 +20,16 @@ from typing import Any
 _PROGRESS_EVERY_S = 15.0
 
 
-def _done_count(log: Path) -> int:
-    """Cases a shard has finished so far, from pytest's ``-q`` progress characters."""
+def _recorded(results: Path) -> list[dict[str, Any]]:
+    """The cases a shard has recorded: its results file once it ended, else the ``.partial`` JSON
+    lines the plugin appends after each test (none yet: empty)."""
     try:
-        text = log.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return 0
-    count = 0
-    for line in text.splitlines():
-        head = line.split(" [", 1)[0]
-        if head and set(head) <= set(".FEsxX"):
-            count += len(head)
-    return count
-
-
-def _finished(results: Path) -> int:
-    """Cases a finished shard recorded (its pytest output ends with a summary, not dots)."""
-    try:
-        return len(json.loads(results.read_text(encoding="utf-8"))["results"])
+        if results.exists():
+            return json.loads(results.read_text(encoding="utf-8"))["results"]
+        lines = Path(f"{results}.partial").read_text(encoding="utf-8").splitlines()
+        return [json.loads(x) for x in lines if x.strip()]
     except (OSError, ValueError, KeyError):
-        return 0
+        return []
 
 
 def _kill(procs: list[tuple[subprocess.Popen, Path, Path]]) -> None:
@@ -51,17 +41,7 @@ def _kill(procs: list[tuple[subprocess.Popen, Path, Path]]) -> None:
 def _echo_partial(results: list[Path], echo: Any) -> None:
     """What an interrupted run recorded (finished shards' results, the others' ``.partial`` lines):
     counts and failures, and that this is no verdict."""
-    seen: dict[str, dict[str, Any]] = {}
-    for path in results:
-        try:
-            if path.exists():
-                rows = json.loads(path.read_text(encoding="utf-8"))["results"]
-            else:
-                lines = Path(f"{path}.partial").read_text(encoding="utf-8").splitlines()
-                rows = [json.loads(x) for x in lines if x.strip()]
-        except (OSError, ValueError, KeyError):
-            continue
-        seen.update({r["id"]: r for r in rows})
+    seen = {r["id"]: r for path in results for r in _recorded(path)}
     counts = {s: sum(r["status"] == s for r in seen.values()) for s in ("pass", "FAIL", "declined")}
     echo(
         f"interrupted: {len(seen)} cases recorded ({counts['pass']} pass, {counts['FAIL']} FAIL, "
@@ -93,10 +73,7 @@ def _wait(procs: list[tuple[subprocess.Popen, Path, Path]], echo: Any) -> dict[i
                 echo(f"  shard {i + 1}/{jobs} finished (exit {rc}) after {time.perf_counter() - t0:.0f} s")
         if running and time.perf_counter() - last >= _PROGRESS_EVERY_S:
             last = time.perf_counter()
-            done = sum(
-                _finished(res) if i not in running else _done_count(log)
-                for i, (_, res, log) in enumerate(procs)
-            )
+            done = sum(len(_recorded(res)) for _, res, _ in procs)
             echo(f"  {done} cases done, {len(running)} shard(s) running, {last - t0:.0f} s")
     return codes
 
@@ -121,13 +98,12 @@ def run_sharded(pytest_args: list[str], jobs: int, tmp: Path, echo: Any) -> tupl
     previous = signal.signal(signal.SIGTERM, _raise_exit)
     try:
         codes = _wait(procs, echo)
-    except BaseException:  # interrupted (Ctrl-C, SIGTERM from a time limit)
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM from a time limit): no shard outlives it
         _kill(procs)
         _echo_partial([res for _, res, _ in procs], echo)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
-        _kill(procs)  # no shard outlives the command
     merged: dict[str, Any] | None = None
     for i, (_, results, log) in enumerate(procs):
         if not results.exists():
