@@ -13,6 +13,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from attnhub.dispatch import env_value
+
 
 @dataclass(frozen=True)
 class Cfg:
@@ -86,7 +88,7 @@ def local_candidates(head_dim: int, capability: tuple[int, int]) -> list[Cfg]:
 
 def forced(kernel: str) -> Cfg | None:
     """``ATTNHUB_TRITON_<KERNEL>_CFG=bm,bn,warps,stages[,maxnreg[,ws]]`` pins one config (probes)."""
-    env = os.environ.get(f"ATTNHUB_TRITON_{kernel.upper()}_CFG")
+    env = env_value(f"ATTNHUB_TRITON_{kernel.upper()}_CFG")
     if not env:
         return None
     parts = [int(x) for x in env.split(",")]

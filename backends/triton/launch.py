@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import torch
 
+from attnhub.dispatch import env_value
 from attnhub.positions import axis_affine
 from attnhub.request import Request
 from attnhub.rules import Causal, Full, Local
@@ -86,7 +86,7 @@ def _tma_mode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
     dtypes at head dim 128; ``ATTNHUB_TRITON_TMA=N`` forces mode N wherever it is allowed (the
     interpreter too).
     """
-    env = os.environ.get("ATTNHUB_TRITON_TMA")
+    env = env_value("ATTNHUB_TRITON_TMA")
     if env is None:
         if interpret_mode() or q.device.type != "cuda" or _capability(q.device)[0] < 9:
             return 0
@@ -133,7 +133,7 @@ def _ensure_allocator() -> None:
 
 def _splits(programs: int, visits: int, device: torch.device) -> int:
     """Split-KV factor: >1 when too few (query tile, head) programs would fill the GPU."""
-    forced = os.environ.get("ATTNHUB_TRITON_SPLITS")
+    forced = env_value("ATTNHUB_TRITON_SPLITS")
     if forced:
         return max(1, min(int(forced), max(1, visits)))
     if device.type != "cuda" or programs >= 2 * _sm_count(device):
@@ -151,7 +151,7 @@ def _key(kernel: str, req: Request, x: torch.Tensor) -> tuple:
         kernel, str(x.device), _capability(x.device), req.dtype, _pad(req.dim_qk), _pad(req.dim_v),
         type(rule).__name__, getattr(rule, "causal", False), req.ndim, configs.bucket(req.nq),
         configs.bucket(req.nk), interpret_mode(), _window_key(rule, req.ndim),
-        os.environ.get("ATTNHUB_TRITON_TMA"), os.environ.get(f"ATTNHUB_TRITON_{kernel.upper()}_CFG"),
+        env_value("ATTNHUB_TRITON_TMA"), env_value(f"ATTNHUB_TRITON_{kernel.upper()}_CFG"),
     )  # fmt: skip
 
 

@@ -14,13 +14,15 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
+from attnhub.dispatch import env_value
+
 _LOCK = threading.Lock()
 _LOADED: dict[bool, ModuleType] = {}
 
 
 def interpret_mode() -> bool:
     """True when ``TRITON_INTERPRET`` asks for Triton's CPU interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+    return (env_value("TRITON_INTERPRET") or "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def kernels(interpret: bool | None = None) -> ModuleType:
