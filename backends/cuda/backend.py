@@ -295,7 +295,9 @@ def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> No
     dev = q.device
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
     cfg = _mma_config_for(req, _smem_limit(dev)) or compiler.mma_config(req.dim_qk, req.dim_v)
-    var = compiler.mma_variant(req.dtype, req.dim_qk, req.dim_v, cfg, o_f32=out.dtype != q.dtype)
+    var = compiler.mma_variant(
+        req.dtype, req.dim_qk, req.dim_v, cfg, o_f32=out.dtype != q.dtype, scale_pos=req.scale > 0
+    )
     smem = compiler.mma_smem_bytes(req.dim_qk, req.dim_v, cfg)
     kern = compiler.load_kernel(var, "attn_fwd_mma", idx, arch_of(dev), smem)
     launch(

@@ -25,7 +25,7 @@ DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}
 MMA_DIMS = (64, 128)
 # (warps, keys per tile, 16-row blocks per warp), chosen with benchmarks/cuda_tune.py on an H100
 # (bf16, L = 4096); see docs/backends/cuda.md.
-MMA_CONFIGS = {(64, 64): (4, 64, 2), (64, 128): (8, 64, 1), (128, 64): (8, 64, 1), (128, 128): (8, 128, 1)}
+MMA_CONFIGS = {(64, 64): (4, 128, 2), (64, 128): (8, 64, 1), (128, 64): (8, 64, 1), (128, 128): (4, 64, 2)}
 # float32 forward on tensor cores (3xTF32, fwd_tf32.cu): (warps, keys per tile, 16-row blocks per warp),
 # chosen with benchmarks/cuda_f32.py on an H100 (L = 4096); see docs/backends/cuda.md.
 TF32_CONFIGS = {(64, 64): (4, 64, 2), (64, 128): (8, 64, 1), (128, 64): (8, 64, 1), (128, 128): (8, 64, 1)}
@@ -82,15 +82,23 @@ def mma_config(dqk: int, dv: int) -> tuple[int, int, int]:
 
 
 def mma_variant(
-    dtype: str, dqk: int, dv: int, config: tuple[int, int, int] | None = None, o_f32: bool = False
+    dtype: str,
+    dqk: int,
+    dv: int,
+    config: tuple[int, int, int] | None = None,
+    o_f32: bool = False,
+    scale_pos: bool = True,
 ) -> Variant:
-    """The tensor-core forward; ``o_f32``: it writes a float32 output (kept for a backward)."""
+    """The tensor-core forward; ``o_f32``: it writes a float32 output (kept for a backward);
+    ``scale_pos``: the softmax scale is > 0, so it can be folded into exp2's FFMA after the row max."""
     warps, bn, rb = config or mma_config(dqk, dv)
     defines = (
         ("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv), ("NWARPS", warps), ("BN", bn), ("RB", rb),
     )  # fmt: skip
     if o_f32:
         defines += (("O_F32", 1),)
+    if scale_pos:
+        defines += (("SCALE_POS", 1),)
     return Variant("fwd_mma.cu", defines, ("attn_fwd_mma",), _MMA_HEADERS)
 
 
@@ -125,8 +133,29 @@ def tf32_smem_bytes(dqk: int, dv: int, config: tuple[int, int, int]) -> int:
     return 4 * (16 * rb * warps * (dqk + 4) + 2 * bn * (dqk + 4 + dv + 4))
 
 
+#: (query rows per dK/dV step, keys per dQ step) of the tensor-core backward, bwd_mma.cu's KB_Q / QB_N;
+#: (64, 64) was 7-19 % faster than (32, 32) on an H100 (benchmarks/cuda_sweep.py, docs/benchmarks.md).
+BWD_STEPS = (64, 64)
+
+
+def bwd_steps() -> tuple[int, int]:
+    """(KB_Q, QB_N) of the tensor-core backward; ``ATTNHUB_CUDA_BWD=kb_q,qb_n`` overrides (tuning)."""
+    env = os.environ.get("ATTNHUB_CUDA_BWD")
+    if not env:
+        return BWD_STEPS
+    try:
+        kb_q, qb_n = (int(x) for x in env.split(","))
+    except ValueError:
+        raise AttnhubError(f"ATTNHUB_CUDA_BWD takes 'kb_q,qb_n' (integers), got {env!r}") from None
+    if kb_q not in (16, 32, 64) or qb_n not in (16, 32, 64):
+        raise AttnhubError(f"ATTNHUB_CUDA_BWD: each step must be 16, 32 or 64, got {env!r}")
+    return kb_q, qb_n
+
+
 def bwd_mma_variant(dtype: str, dqk: int, dv: int) -> Variant:
     defines = (("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv))
+    kb_q, qb_n = bwd_steps()
+    defines += (("KB_Q", kb_q), ("QB_N", qb_n))
     return Variant("bwd_mma.cu", defines, ("attn_bwd_dkdv_mma", "attn_bwd_dq_mma"), _MMA_HEADERS)
 
 
@@ -164,6 +193,8 @@ def all_variants() -> list[Variant]:
         for a in MMA_DIMS
         for b in MMA_DIMS
     ]
+    # a scale <= 0 (allowed by SPEC, rare): scaled before the row max
+    out += [mma_variant(dt, 64, 64, MMA_CONFIGS[(64, 64)], scale_pos=False) for dt in ("float16", "bfloat16")]
     out += [bwd_variant(dt, o_f32=True) for dt in ("float16", "bfloat16")]
     out += [simt_variant(dt, o_f32=True) for dt in ("float16", "bfloat16")]
     out += [bwd_mma_variant(dt, a, b) for dt in ("float16", "bfloat16") for a in MMA_DIMS for b in MMA_DIMS]
@@ -172,8 +203,9 @@ def all_variants() -> list[Variant]:
 
 def bwd_mma_smem_bytes(dqk: int, dv: int) -> tuple[int, int]:
     """Dynamic shared memory of the dK/dV and dQ tensor-core kernels (tile sizes of bwd_mma.cu)."""
-    dkdv = 2 * (64 * (dqk + dv) + 2 * 32 * (dqk + dv)) + 4 * 4 * 32
-    dq = 2 * (64 * (dqk + dv) + 2 * 32 * (dqk + dv))
+    kb_q, qb_n = bwd_steps()
+    dkdv = 2 * (64 * (dqk + dv) + 2 * kb_q * (dqk + dv)) + 4 * 4 * kb_q
+    dq = 2 * (64 * (dqk + dv) + 2 * qb_n * (dqk + dv))
     return dkdv, dq
 
 

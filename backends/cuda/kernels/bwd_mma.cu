@@ -8,9 +8,13 @@
 // delta = rowsum(dO * O) comes from attn_bwd_pre (bwd_simt.cu). Parameters: ATT_DTYPE, DQK, DV.
 
 #define KB_N 64   // keys per dK/dV block
-#define KB_Q 32   // query rows per dK/dV step
+#ifndef KB_Q
+#define KB_Q 64   // query rows per dK/dV step (the host sets it: compiler.BWD_STEPS)
+#endif
 #define QB_M 64   // queries per dQ block
-#define QB_N 32   // keys per dQ step
+#ifndef QB_N
+#define QB_N 64   // keys per dQ step (the host sets it)
+#endif
 #define BW_NT 128
 
 // Natural-log lse to the log2 domain; +inf for fully masked rows so that every p = exp2(s - lse) is 0.
@@ -130,7 +134,19 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
 
     // Rule mask: bit (2 nt + e) of keep[r] says key row r attends query q0 + 8 nt + 2 t4 + e.
     u32 keep0 = 0xffffffffu, keep1 = 0xffffffffu;
-    if (cls != 2) {
+    if (cls != 2 && m.one_interval(Nq, Nk)) {
+      // Each key row is attended by one interval of queries: two compares per element.
+      int lo[2], hi[2];
+      m.query_interval(min(kr0, Nk - 1), Nq, lo[0], hi[0]);
+      m.query_interval(min(kr1, Nk - 1), Nq, lo[1], hi[1]);
+      keep0 = keep1 = 0;
+#pragma unroll
+      for (int c = 0; c < KB_Q / 4; ++c) {
+        const int qn = q0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
+        keep0 |= (u32)(qn >= lo[0] && qn <= hi[0]) << c;
+        keep1 |= (u32)(qn >= lo[1] && qn <= hi[1]) << c;
+      }
+    } else if (cls != 2) {
       keep0 = keep1 = 0;
 #pragma unroll 1
       for (int c = 0; c < KB_Q / 4; ++c) {
@@ -306,7 +322,18 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
     const int k0 = j * QB_N;
     const int cls = m.tile(q0, q1, k0, min(k0 + QB_N, Nk) - 1);
     u32 keep0 = 0xffffffffu, keep1 = 0xffffffffu;
-    if (cls != 2 || k0 + QB_N > Nk) {
+    if ((cls != 2 || k0 + QB_N > Nk) && m.one_interval(Nq, Nk)) {
+      int lo[2], hi[2];
+      m.key_interval(min(r0, Nq - 1), Nk, lo[0], hi[0]);
+      m.key_interval(min(r1, Nq - 1), Nk, lo[1], hi[1]);
+      keep0 = keep1 = 0;
+#pragma unroll
+      for (int c = 0; c < QB_N / 4; ++c) {
+        const int kn = k0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
+        keep0 |= (u32)(kn >= lo[0] && kn <= hi[0]) << c;
+        keep1 |= (u32)(kn >= lo[1] && kn <= hi[1]) << c;
+      }
+    } else if (cls != 2 || k0 + QB_N > Nk) {
       keep0 = keep1 = 0;
 #pragma unroll 1
       for (int c = 0; c < QB_N / 4; ++c) {

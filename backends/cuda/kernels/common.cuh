@@ -50,6 +50,48 @@ struct Mask {
     return ok;
   }
 
+  // True when every query row attends one contiguous interval of key indices: 1-d requests (one
+  // row along y) under Full, Causal or an unstrided Local rule. Keys are then masked with two
+  // compares per element (key_interval) instead of evaluating the rule per pair.
+  __device__ __forceinline__ bool one_interval(int nq, int nk) const {
+    return lqx == nq && lkx == nk && (rule != 2 || log2s == 0);
+  }
+  __device__ __forceinline__ static i64 floordiv(i64 a, i64 b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+  // [lo, hi] (inclusive, clipped to [0, nk - 1], empty when hi < lo): the keys query row n attends,
+  // for a request with one_interval(). Key positions grow with the index (akx >= 1).
+  __device__ __forceinline__ void key_interval(int n, int nk, int& lo, int& hi) const {
+    const i64 qx = (i64)n * aqx + bqx;
+    i64 l = 0, h = nk - 1;
+    if (rule == 1 || (rule == 2 && lcausal)) {  // F(k) <= F(q), with F = y * mx + x
+      h = min(h, floordiv((i64)(bqy - bky) * mx + qx - bkx, akx));
+    }
+    if (rule == 2) {  // |qy - ky| < wy and |qx - kx| < wx
+      const int dy = bqy > bky ? bqy - bky : bky - bqy;
+      if (dy >= wy) h = -1;
+      l = max(l, -floordiv(-(qx - wx + 1 - bkx), akx));  // ceil
+      h = min(h, floordiv(qx + wx - 1 - bkx, akx));
+    }
+    lo = (int)max(l, (i64)0);
+    hi = (int)max(h, (i64)-1);
+  }
+
+  // [lo, hi]: the queries that attend key n (the transpose of key_interval), for one_interval().
+  __device__ __forceinline__ void query_interval(int n, int nq, int& lo, int& hi) const {
+    const i64 kx = (i64)n * akx + bkx;
+    i64 l = 0, h = nq - 1;
+    if (rule == 1 || (rule == 2 && lcausal)) {  // F(q) >= F(k)
+      l = max(l, -floordiv(-((i64)(bky - bqy) * mx + kx - bqx), aqx));
+    }
+    if (rule == 2) {
+      const int dy = bqy > bky ? bqy - bky : bky - bqy;
+      if (dy >= wy) h = -1;
+      l = max(l, -floordiv(-(kx - wx + 1 - bqx), aqx));
+      h = min(h, floordiv(kx + wx - 1 - bqx, aqx));
+    }
+    lo = (int)max(l, (i64)0);
+    hi = (int)max(h, (i64)-1);
+  }
+
   // Range of positions along each dimension covered by flattened indices [n0, n1] (inclusive).
   __device__ __forceinline__ static void ranges(int n0, int n1, int lx, int ay, int by, int ax, int bx,
                                                  i64& y0, i64& y1, i64& x0, i64& x1) {

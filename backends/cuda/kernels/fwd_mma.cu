@@ -5,6 +5,21 @@
 // RB, the 16-row blocks per warp. With RB = 1 the Q fragments stay in registers; with RB > 1 they are
 // re-read from shared memory each tile, and every K/V fragment read feeds RB mma instructions.
 
+#ifndef SCALE_POS
+#define SCALE_POS 0  // 1: the host guarantees scale > 0 (the scale is then fused into exp2's FFMA)
+#endif
+
+#ifndef S_UNROLL
+#define S_UNROLL 8  // unroll factor of Q K^T's k loop when Q is re-read from shared memory (RB > 1)
+#endif
+
+#ifndef COND_RESCALE
+// 1: skip the accumulator rescale when no row max of the warp changed (a warp vote and a branch).
+// Measured on an H100 (benchmarks/cuda_sweep.py): no faster at D = 128 and 3-8 % slower at D = 64,
+// where the branch keeps the rescale from interleaving with the P V mma instructions; off.
+#define COND_RESCALE 0
+#endif
+
 constexpr int BM = 16 * RB * NWARPS;
 constexpr int NT = 32 * NWARPS;
 
@@ -42,17 +57,14 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
   }
   cp_async_commit();
 
-  // Rows of this thread: block rb of the warp, rows g and g + 8 (index 2 rb + r).
-  int qy[2 * RB], qx[2 * RB];
-  i64 fq[2 * RB];
+  // Rows of this thread: block rb of the warp, rows g and g + 8 (index 2 rb + r). Their positions
+  // are recomputed in masked tiles only, which keeps registers free for the accumulators.
   float mrow[2 * RB], lrow[2 * RB];
   float oacc[RB][DV / 8][4];
 #pragma unroll
   for (int rb = 0; rb < RB; ++rb) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = q0 + (warp * RB + rb) * 16 + g + 8 * r;
-      m.qpos(min(row, Nq - 1), qy[2 * rb + r], qx[2 * rb + r], fq[2 * rb + r]);
       mrow[2 * rb + r] = ATT_NEG_INF;
       lrow[2 * rb + r] = 0.f;
     }
@@ -91,7 +103,11 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt) s[rb][nt][0] = s[rb][nt][1] = s[rb][nt][2] = s[rb][nt][3] = 0.f;
     const T* sKb = sK + buf * BN * DQK;
+#if RB > 1
+#pragma unroll S_UNROLL
+#else
 #pragma unroll
+#endif
     for (int kk = 0; kk < DQK / 16; kk += 2) {
 #if RB > 1
       u32 qreg[RB][2][4];
@@ -124,15 +140,35 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
     const bool masked = cls != 2 || k0 + BN > Nk;
 #pragma unroll
     for (int rb = 0; rb < RB; ++rb) {
-      // Scale into the log2 domain, then mask.
+#if !SCALE_POS
+      // Scale into the log2 domain first (a non-positive scale reverses or flattens the order).
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[rb][nt][e] *= scale_log2;
-      if (masked) {
+#endif
+      if (masked && m.one_interval(Nq, Nk)) {
+        // Each row attends one interval of keys: two compares per element.
+        int lo[2], hi[2];
+        const int row0 = q0 + (warp * RB + rb) * 16 + g;
+        m.key_interval(min(row0, Nq - 1), Nk, lo[0], hi[0]);
+        m.key_interval(min(row0 + 8, Nq - 1), Nk, lo[1], hi[1]);
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int kn = k0 + nt * 8 + 2 * t4 + (e & 1);
+            if (kn < lo[e >> 1] || kn > hi[e >> 1]) s[rb][nt][e] = ATT_NEG_INF;
+          }
+      } else if (masked) {
         // Bit (2 nt + e) of keep[r]: key k0 + 8 nt + 2 t4 + e is attended by row r. The rule is
         // evaluated in a rolled loop (one copy of the code), then applied with constant indices.
         u32 keep0 = 0, keep1 = 0;
+        int qy[2], qx[2];
+        i64 fq[2];
+        const int row0 = q0 + (warp * RB + rb) * 16 + g;
+        m.qpos(min(row0, Nq - 1), qy[0], qx[0], fq[0]);
+        m.qpos(min(row0 + 8, Nq - 1), qy[1], qx[1], fq[1]);
 #pragma unroll 1
         for (int c = 0; c < BN / 4; ++c) {
           int kn = k0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
@@ -140,8 +176,8 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
             int ky, kx;
             i64 fk;
             m.kpos(kn, ky, kx, fk);
-            keep0 |= (u32)m.attend(qy[2 * rb], qx[2 * rb], fq[2 * rb], ky, kx, fk) << c;
-            keep1 |= (u32)m.attend(qy[2 * rb + 1], qx[2 * rb + 1], fq[2 * rb + 1], ky, kx, fk) << c;
+            keep0 |= (u32)m.attend(qy[0], qx[0], fq[0], ky, kx, fk) << c;
+            keep1 |= (u32)m.attend(qy[1], qx[1], fq[1], ky, kx, fk) << c;
           }
         }
 #pragma unroll
@@ -154,29 +190,47 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
       }
 
       // Online softmax; row r of this block lives in s[rb][*][2r], s[rb][*][2r+1] across the quad.
+      float alpha[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int ri = 2 * rb + r;
+#if SCALE_POS
+        // Raw logits: max first, then one FFMA per element folds the scale into exp2's argument.
+        float mx_ = ATT_NEG_INF;
+#else
         float mx_ = mrow[ri];
+#endif
 #pragma unroll
         for (int nt = 0; nt < BN / 8; ++nt) mx_ = fmaxf(mx_, fmaxf(s[rb][nt][2 * r], s[rb][nt][2 * r + 1]));
         mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 1));
         mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 2));
+#if SCALE_POS
+        mx_ = fmaxf(mrow[ri], mx_ * scale_log2);
+        const float sc = scale_log2;
+#else
+        const float sc = 1.f;
+#endif
         const float mu = (mx_ == ATT_NEG_INF) ? 0.f : mx_;
-        const float alpha = fast_exp2(mrow[ri] - mu);
+        // An unchanged row max rescales by exactly 1 (the common case after the first tiles).
+        alpha[r] = (mx_ == mrow[ri]) ? 1.f : fast_exp2(mrow[ri] - mu);
         mrow[ri] = mx_;
         float rs = 0.f;
 #pragma unroll
         for (int nt = 0; nt < BN / 8; ++nt) {
-          s[rb][nt][2 * r] = fast_exp2(s[rb][nt][2 * r] - mu);
-          s[rb][nt][2 * r + 1] = fast_exp2(s[rb][nt][2 * r + 1] - mu);
+          s[rb][nt][2 * r] = fast_exp2(fmaf(s[rb][nt][2 * r], sc, -mu));
+          s[rb][nt][2 * r + 1] = fast_exp2(fmaf(s[rb][nt][2 * r + 1], sc, -mu));
           rs += s[rb][nt][2 * r] + s[rb][nt][2 * r + 1];
         }
-        lrow[ri] = lrow[ri] * alpha + rs;
+        lrow[ri] = lrow[ri] * alpha[r] + rs;
+      }
+      // Rescale the accumulators only when some row of the warp changed its max (warp-uniform branch).
+      if (!COND_RESCALE || __any_sync(0xffffffff, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
         for (int dt = 0; dt < DV / 8; ++dt) {
-          oacc[rb][dt][2 * r] *= alpha;
-          oacc[rb][dt][2 * r + 1] *= alpha;
+          oacc[rb][dt][0] *= alpha[0];
+          oacc[rb][dt][1] *= alpha[0];
+          oacc[rb][dt][2] *= alpha[1];
+          oacc[rb][dt][3] *= alpha[1];
         }
       }
     }

@@ -1,0 +1,213 @@
+"""Sweep variants of the cuda backend's bf16 tensor-core kernels on one GPU, checked and timed.
+
+    python benchmarks/cuda_sweep.py [--old REV] [--quick] [--json FILE]
+
+Forward: each (kernel source, tile, extra defines) variant is first checked against the float64
+reference backend (odd lengths, Full / Causal / Local(causal) rules, q x 8 for large logits), then
+timed against torch SDPA flash and cuDNN in the same process on the ``attnhub bench`` grid's L = 4096
+shapes (B = 4, H = 2048 / D). ``--old REV`` adds the forward source of git revision REV for a
+same-run before/after. Backward: the (KB_Q, QB_N) steps of bwd_mma.cu (``ATTNHUB_CUDA_BWD``), timed
+as ``torch.autograd.grad`` against SDPA flash. Median of ``triton.testing.do_bench``; FLOPs as
+FlashAttention counts them (forward 4·B·H·L²·D, halved for causal; backward 2.5x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import attnhub
+from attnhub_backends.cuda import compiler
+
+FWD_TILES = {64: [(4, 64, 2), (8, 128, 1)], 128: [(4, 64, 2), (4, 32, 2), (8, 128, 1)]}
+BWD_STEPS = ["32,32", "64,64"]
+
+
+def _ms(fn, *args, **kwargs) -> float:
+    """Median ms of ``fn(*args, **kwargs)``."""
+    from triton.testing import do_bench
+
+    return float(do_bench(lambda: fn(*args, **kwargs), warmup=25, rep=100, return_mode="median"))
+
+
+def _grad(out, inputs, dout):
+    return torch.autograd.grad(out, inputs, dout, retain_graph=True)
+
+
+def _patch(source: str | None, extra: tuple[tuple[str, int], ...]) -> None:
+    """Make the backend build its forward from ``source`` (a file in the kernel dir) plus ``extra`` defines."""
+    base = _ORIG_MMA_VARIANT
+
+    def variant(*a, **kw):
+        v = base(*a, **kw)
+        keep = tuple(x for x in v.defines if x[0] not in dict(extra))
+        return dataclasses.replace(v, source=source or v.source, defines=keep + extra)
+
+    compiler.mma_variant = variant
+
+
+_ORIG_MMA_VARIANT = compiler.mma_variant
+
+
+def _check(d: int) -> float:
+    """Largest |cuda - reference| over a few odd-length requests (bf16 inputs, float64 oracle)."""
+    worst = 0.0
+    g = torch.Generator(device="cpu").manual_seed(d)
+    cases = [(None, 1.0), ("causal", 1.0), (attnhub.Local(window=40, causal=True), 1.0), ("causal", 8.0)]
+    for mask, qmul in cases:
+        q, k, v = (torch.randn(2, 3, 333, d, generator=g) for _ in range(3))
+        q = q * qmul
+        q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
+        ref = attnhub.attention(*(x.double().numpy() for x in (q, k, v)), mask=mask, backend="reference")
+        got = attnhub.attention(*(x.cuda() for x in (q, k, v)), mask=mask, backend="cuda")
+        torch.cuda.synchronize()
+        got = got.double().cpu().numpy()
+        if not np.isfinite(got).all():
+            return float("inf")
+        worst = max(worst, float(np.abs(got - ref).max()))
+    return worst
+
+
+def _sdpa(kind, q, k, v, causal):
+    with sdpa_kernel([kind]):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def sweep_forward(variants, quick: bool) -> list[dict]:
+    rows = []
+    for d in (64, 128):
+        b, h, n = 4, 2048 // d, 4096
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        for causal in (False, True):
+            flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+            mask = "causal" if causal else None
+            peers = {
+                "flash": _ms(_sdpa, SDPBackend.FLASH_ATTENTION, q, k, v, causal),
+                "cudnn": _ms(_sdpa, SDPBackend.CUDNN_ATTENTION, q, k, v, causal),
+            }
+            for name, source, extra, tiles in variants:
+                for tile in tiles.get(d, []) if isinstance(tiles, dict) else tiles:
+                    _patch(source, extra)
+                    if tile:
+                        os.environ["ATTNHUB_CUDA_MMA"] = ",".join(map(str, tile))
+                    else:
+                        os.environ.pop("ATTNHUB_CUDA_MMA", None)
+                    label = f"{name} {tile or 'default'}"
+                    try:
+                        err = _check(d) if not causal else None
+                        with torch.no_grad():
+                            ms = _ms(attnhub.attention, q, k, v, mask=mask, backend="cuda")
+                    except Exception as exc:  # a variant that does not compile or launch: shown, not fatal
+                        print(
+                            f"D={d} causal={causal} {label}: {type(exc).__name__}: {str(exc)[:200]}",
+                            flush=True,
+                        )
+                        continue
+                    row = {
+                        "pass": "fwd", "D": d, "causal": causal, "variant": label, "ms": ms,
+                        "tflops": flops / ms / 1e9, "max_abs_err": err,
+                        **{f"{p}_ms": t for p, t in peers.items()},
+                        **{f"vs_{p}": t / ms for p, t in peers.items()},
+                    }  # fmt: skip
+                    rows.append(row)
+                    e = "" if err is None else f" err {err:.4f}"
+                    print(
+                        f"fwd D={d:3d} causal={causal!s:5} {label:34s} {ms:7.3f} ms {row['tflops']:6.1f} TF/s "
+                        f"flash {row['vs_flash']:.2f}x cudnn {row['vs_cudnn']:.2f}x{e}",
+                        flush=True,
+                    )
+                    if quick:
+                        break
+    os.environ.pop("ATTNHUB_CUDA_MMA", None)
+    compiler.mma_variant = _ORIG_MMA_VARIANT
+    return rows
+
+
+def sweep_backward(steps, quick: bool) -> list[dict]:
+    rows = []
+    for d in (64, 128):
+        b, h, n = 4, 2048 // d, 4096
+        q, k, v = (
+            torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)
+        )
+        do = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)
+        for causal in (False, True):
+            flops = 2.5 * 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+            mask = "causal" if causal else None
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                fo = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                flash = _ms(_grad, fo, (q, k, v), do)
+            ref = torch.autograd.grad(fo, (q, k, v), do, retain_graph=True)
+            for st in steps:
+                os.environ["ATTNHUB_CUDA_BWD"] = st
+                try:
+                    out = attnhub.attention(q, k, v, mask=mask, backend="cuda")
+                    got = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+                    diff = max(float((a.float() - r.float()).abs().max()) for a, r in zip(got, ref))
+                    ms = _ms(_grad, out, (q, k, v), do)
+                except Exception as exc:
+                    print(
+                        f"bwd D={d} causal={causal} steps {st}: {type(exc).__name__}: {str(exc)[:200]}",
+                        flush=True,
+                    )
+                    continue
+                rows.append({"pass": "bwd", "D": d, "causal": causal, "variant": f"steps {st}", "ms": ms,
+                             "tflops": flops / ms / 1e9, "flash_ms": flash, "vs_flash": flash / ms,
+                             "max_abs_diff_vs_flash": diff})  # fmt: skip
+                print(
+                    f"bwd D={d:3d} causal={causal!s:5} steps {st:6s} {ms:7.3f} ms {flops / ms / 1e9:6.1f} TF/s "
+                    f"flash {flash / ms:.2f}x (max |d grad| vs flash {diff:.3f})",
+                    flush=True,
+                )
+                if quick:
+                    break
+    os.environ.pop("ATTNHUB_CUDA_BWD", None)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--old", help="git revision whose fwd_mma.cu is swept too (same run)")
+    ap.add_argument("--quick", action="store_true", help="one tile per variant")
+    ap.add_argument("--no-bwd", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    variants = []
+    if args.old:
+        text = subprocess.run(
+            ["git", "show", f"{args.old}:backends/cuda/kernels/fwd_mma.cu"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        (compiler.KERNEL_DIR / "fwd_mma_old.cu").write_text(text)
+        variants.append((f"old {args.old}", "fwd_mma_old.cu", (), [None]))
+    variants += [
+        ("new", None, (), FWD_TILES),
+        (
+            "new COND_RESCALE=0",
+            None,
+            (("COND_RESCALE", 0),),
+            {64: [(4, 64, 2), (4, 128, 2)], 128: [(4, 64, 2)]},
+        ),
+        ("new", None, (), {64: [(4, 128, 2)]}),
+    ]
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    rows = sweep_forward(variants, args.quick)
+    if not args.no_bwd:
+        rows += sweep_backward(BWD_STEPS, args.quick)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
