@@ -51,45 +51,41 @@ struct Mask {
   }
 
   // True when every query row attends one contiguous interval of key indices: 1-d requests (one
-  // row along y) under Full, Causal or an unstrided Local rule. Keys are then masked with two
-  // compares per element (key_interval) instead of evaluating the rule per pair.
+  // row along y, whose y positions are then 0) under Full, Causal or an unstrided Local rule. Keys
+  // are then masked with two compares per element (key_interval) instead of evaluating the rule per
+  // pair. Positions stay below 2 mx, so 32-bit arithmetic is exact for mx < 2^29.
   __device__ __forceinline__ bool one_interval(int nq, int nk) const {
-    return lqx == nq && lkx == nk && (rule != 2 || log2s == 0);
+    return lqx == nq && lkx == nk && bqy == 0 && bky == 0 && mx < (1 << 29) && (rule != 2 || log2s == 0);
   }
-  __device__ __forceinline__ static i64 floordiv(i64 a, i64 b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+  // floor(a / b) for b >= 1 (b is 1 unless a sync mode scales positions).
+  __device__ __forceinline__ static int floordiv(int a, int b) {
+    if (b == 1) return a;
+    return a >= 0 ? a / b : -((-a + b - 1) / b);
+  }
   // [lo, hi] (inclusive, clipped to [0, nk - 1], empty when hi < lo): the keys query row n attends,
   // for a request with one_interval(). Key positions grow with the index (akx >= 1).
   __device__ __forceinline__ void key_interval(int n, int nk, int& lo, int& hi) const {
-    const i64 qx = (i64)n * aqx + bqx;
-    i64 l = 0, h = nk - 1;
-    if (rule == 1 || (rule == 2 && lcausal)) {  // F(k) <= F(q), with F = y * mx + x
-      h = min(h, floordiv((i64)(bqy - bky) * mx + qx - bkx, akx));
-    }
-    if (rule == 2) {  // |qy - ky| < wy and |qx - kx| < wx
-      const int dy = bqy > bky ? bqy - bky : bky - bqy;
-      if (dy >= wy) h = -1;
+    const int qx = n * aqx + bqx;
+    int l = 0, h = nk - 1;
+    if (rule == 1 || (rule == 2 && lcausal)) h = min(h, floordiv(qx - bkx, akx));  // kx <= qx
+    if (rule == 2) {  // |qx - kx| < wx
       l = max(l, -floordiv(-(qx - wx + 1 - bkx), akx));  // ceil
       h = min(h, floordiv(qx + wx - 1 - bkx, akx));
     }
-    lo = (int)max(l, (i64)0);
-    hi = (int)max(h, (i64)-1);
+    lo = l;
+    hi = max(h, -1);
   }
-
   // [lo, hi]: the queries that attend key n (the transpose of key_interval), for one_interval().
   __device__ __forceinline__ void query_interval(int n, int nq, int& lo, int& hi) const {
-    const i64 kx = (i64)n * akx + bkx;
-    i64 l = 0, h = nq - 1;
-    if (rule == 1 || (rule == 2 && lcausal)) {  // F(q) >= F(k)
-      l = max(l, -floordiv(-((i64)(bky - bqy) * mx + kx - bqx), aqx));
-    }
+    const int kx = n * akx + bkx;
+    int l = 0, h = nq - 1;
+    if (rule == 1 || (rule == 2 && lcausal)) l = max(l, -floordiv(-(kx - bqx), aqx));  // qx >= kx
     if (rule == 2) {
-      const int dy = bqy > bky ? bqy - bky : bky - bqy;
-      if (dy >= wy) h = -1;
       l = max(l, -floordiv(-(kx - wx + 1 - bqx), aqx));
       h = min(h, floordiv(kx + wx - 1 - bqx, aqx));
     }
-    lo = (int)max(l, (i64)0);
-    hi = (int)max(h, (i64)-1);
+    lo = l;
+    hi = max(h, -1);
   }
 
   // Range of positions along each dimension covered by flattened indices [n0, n1] (inclusive).

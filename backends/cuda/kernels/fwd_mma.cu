@@ -72,6 +72,14 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
     for (int i = 0; i < DV / 8; ++i) oacc[rb][i][0] = oacc[rb][i][1] = oacc[rb][i][2] = oacc[rb][i][3] = 0.f;
   }
   const int arow = (lane & 7) + ((lane >> 3) & 1) * 8;  // ldmatrix row of an A (16 x 16) fragment
+  // Byte offsets of this lane's first fragment in the swizzled tiles. A fragment at chunk c0 + C
+  // (C a multiple of the chunks the lane part c0 spans) is at offset ^ (C << 4): the swizzle XORs
+  // the chunk with the row's low 3 bits, and row offsets are multiples of 8 rows (whole swizzle
+  // periods), so every ldmatrix address is a base plus compile-time XOR / add constants.
+  const u32 k_off = 2 * swz<DQK>(lane & 7, lane >> 3);                  // K: rows nt * 8 + (lane & 7)
+  const u32 q_off = 2 * swz<DQK>(warp * RB * 16 + arow, lane >> 4);     // Q: rows of row block 0
+  const u32 v_off = 2 * swz<DV>(arow, lane >> 4);                       // V (transposed): rows kk * 16 + arow
+  const u32 sQa = smem_u32(sQ), sKa = smem_u32(sK), sVa = smem_u32(sV);
 #if RB == 1
   u32 qf[DQK / 16][4];
   bool have_q = false;
@@ -102,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
     for (int rb = 0; rb < RB; ++rb)
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt) s[rb][nt][0] = s[rb][nt][1] = s[rb][nt][2] = s[rb][nt][3] = 0.f;
-    const T* sKb = sK + buf * BN * DQK;
+    const u32 kb = sKa + buf * (BN * DQK * 2);
 #if RB > 1
 #pragma unroll S_UNROLL
 #else
@@ -113,15 +121,14 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
       u32 qreg[RB][2][4];
 #pragma unroll
       for (int rb = 0; rb < RB; ++rb) {
-        const int row = (warp * RB + rb) * 16 + arow;
-        ldsm_x4(qreg[rb][0], sQ + swz<DQK>(row, kk * 2 + (lane >> 4)));
-        ldsm_x4(qreg[rb][1], sQ + swz<DQK>(row, kk * 2 + 2 + (lane >> 4)));
+        ldsm_x4_a(qreg[rb][0], sQa + rb * (16 * DQK * 2) + (q_off ^ ((kk * 2) << 4)));
+        ldsm_x4_a(qreg[rb][1], sQa + rb * (16 * DQK * 2) + (q_off ^ ((kk * 2 + 2) << 4)));
       }
 #endif
 #pragma unroll
       for (int nt = 0; nt < BN / 8; ++nt) {
         u32 bf[4];
-        ldsm_x4(bf, sKb + swz<DQK>(nt * 8 + (lane & 7), kk * 2 + (lane >> 3)));
+        ldsm_x4_a(bf, kb + (k_off ^ ((kk * 2) << 4)) + nt * (8 * DQK * 2));
 #pragma unroll
         for (int rb = 0; rb < RB; ++rb) {
 #if RB == 1
@@ -236,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
     }
 
     // O += P V; each V fragment read feeds RB mma instructions.
-    const T* sVb = sV + buf * BN * DV;
+    const u32 vb = sVa + buf * (BN * DV * 2);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       u32 a[RB][4];
@@ -250,7 +257,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
 #pragma unroll
       for (int dt = 0; dt < DV / 8; dt += 2) {
         u32 bf[4];
-        ldsm_x4_t(bf, sVb + swz<DV>(kk * 16 + arow, dt + (lane >> 4)));
+        ldsm_x4_t_a(bf, vb + kk * (16 * DV * 2) + (v_off ^ (dt << 4)));
 #pragma unroll
         for (int rb = 0; rb < RB; ++rb) {
           mma16816(oacc[rb][dt], a[rb], bf[0], bf[1]);
