@@ -6,7 +6,7 @@ Forward: each (kernel source, tile, extra defines) variant is first checked agai
 reference backend (odd lengths, Full / Causal / Local(causal) rules, q x 8 for large logits), then
 timed against torch SDPA flash and cuDNN in the same process on the ``attnhub bench`` grid's L = 4096
 shapes (B = 4, H = 2048 / D). ``--old REV`` adds the forward source of git revision REV for a
-same-run before/after. Backward: the (KB_Q, QB_N) steps of bwd_mma.cu (``ATTNHUB_CUDA_BWD``), timed
+same-run before/after. Backward: the (KB_Q, QB_N) steps of bwd_mma.cu (``ATTNHUB_CUDA_BWD_STEPS``), timed
 as ``torch.autograd.grad`` against SDPA flash. Median of ``triton.testing.do_bench``; FLOPs as
 FlashAttention counts them (forward 4·B·H·L²·D, halved for causal; backward 2.5x).
 """
@@ -150,7 +150,7 @@ def sweep_backward(steps, quick: bool) -> list[dict]:
                 flash = _ms(_grad, fo, (q, k, v), do)
             ref = torch.autograd.grad(fo, (q, k, v), do, retain_graph=True)
             for st in steps:
-                os.environ["ATTNHUB_CUDA_BWD"] = st
+                os.environ["ATTNHUB_CUDA_BWD_STEPS"] = st
                 try:
                     out = attnhub.attention(q, k, v, mask=mask, backend="cuda")
                     got = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
@@ -172,7 +172,7 @@ def sweep_backward(steps, quick: bool) -> list[dict]:
                 )
                 if quick:
                     break
-    os.environ.pop("ATTNHUB_CUDA_BWD", None)
+    os.environ.pop("ATTNHUB_CUDA_BWD_STEPS", None)
     return rows
 
 

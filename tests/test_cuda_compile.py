@@ -236,3 +236,34 @@ def test_tile_overrides_from_the_environment(monkeypatch):
     monkeypatch.setenv("ATTNHUB_CUDA_TF32", "four")
     with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_TF32"):
         compiler.tf32_config(64, 64)
+
+
+def test_backward_steps_from_the_environment(monkeypatch):
+    """ATTNHUB_CUDA_BWD_STEPS picks the backward's query/key steps (tuning); bad values are clear errors."""
+    from attnhub.errors import AttnhubError
+
+    assert compiler.bwd_steps() == compiler.BWD_STEPS
+    assert ("KB_Q", compiler.BWD_STEPS[0]) in compiler.bwd_mma_variant("bfloat16", 64, 64).defines
+    monkeypatch.setenv("ATTNHUB_CUDA_BWD_STEPS", "32,16")
+    assert compiler.bwd_steps() == (32, 16)
+    v = compiler.bwd_mma_variant("bfloat16", 64, 64)
+    assert ("KB_Q", 32) in v.defines and ("QB_N", 16) in v.defines
+    dkdv, dq = compiler.bwd_mma_smem_bytes(64, 64)
+    assert dkdv == 2 * (64 * 128 + 2 * 32 * 128) + 16 * 32 and dq == 2 * (64 * 128 + 2 * 16 * 128)
+    for bad in ("simt", "32", "48,32"):
+        monkeypatch.setenv("ATTNHUB_CUDA_BWD_STEPS", bad)
+        with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_BWD_STEPS"):
+            compiler.bwd_steps()
+
+
+def test_backend_declines_lengths_past_the_grid():
+    """Query/key tiles sit on the grid's z axis (at most 65535 blocks): longer sequences are declined."""
+    from attnhub_backends.cuda.backend import CudaBackend
+
+    n = 65535 * 64 + 1
+    req = Request("torch", "cpu", "bfloat16", "bhsd", 1, 1, 1, (n,), (n,), 64, 64, Full(), "none_front", 0.1)
+    assert any("sequences longer than" in r for r in CudaBackend().check(req))
+    ok = Request(
+        "torch", "cpu", "bfloat16", "bhsd", 1, 1, 1, (4096,), (4096,), 64, 64, Full(), "none_front", 0.1
+    )
+    assert not any("sequences longer than" in r for r in CudaBackend().check(ok))

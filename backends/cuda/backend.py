@@ -64,6 +64,12 @@ class CudaBackend(Backend):
                 )
             else:
                 reasons.extend(_smem_reasons(req))
+        if use_mma(req) and max(req.nq, req.nk) > _MAX_GRID_Z * 64:
+            reasons.append(
+                f"sequences longer than {_MAX_GRID_Z * 64} (a CUDA grid's z extent of 64-row tiles)"
+            )
+        if max(req.batch, req.heads_q) > _MAX_GRID_Z:
+            reasons.append(f"batch and heads up to {_MAX_GRID_Z} (CUDA grid extents)")
         return reasons
 
     # ---------------------------------------------------------------- forward
@@ -146,6 +152,10 @@ class CudaBackend(Backend):
                 *mask_args(req),
             )
             return dq.to(q.dtype), dk, dv
+
+
+#: Largest y / z extent of a CUDA grid; the kernels put batch on y and tiles (or batch) on z.
+_MAX_GRID_Z = 65535
 
 
 def _smem_reasons(req: Request) -> list[str]:
@@ -303,7 +313,7 @@ def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> No
     launch(
         kern,
         dev,
-        (ceil_div(req.nq, 16 * cfg[0] * cfg[2]), req.heads_q, req.batch),
+        (req.heads_q, req.batch, ceil_div(req.nq, 16 * cfg[0] * cfg[2])),
         32 * cfg[0],
         smem,
         ptr(q),
@@ -413,12 +423,12 @@ def _backward_mma(
     common = (ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), ptr(delta))
     kern = compiler.load_kernel(var, "attn_bwd_dkdv_mma", idx, arch, smem_kv)
     launch(
-        kern, dev, (ceil_div(req.nk, 64), req.heads_kv, req.batch), 128, smem_kv, *common, ptr(dk), ptr(dv),
+        kern, dev, (req.heads_kv, req.batch, ceil_div(req.nk, 64)), 128, smem_kv, *common, ptr(dk), ptr(dv),
         _i32(req.heads_q), _i32(req.heads_kv), _i32(req.nq), _i32(req.nk), *scales, *mask_args(req),
     )  # fmt: skip
     kern = compiler.load_kernel(var, "attn_bwd_dq_mma", idx, arch, smem_q)
     launch(
-        kern, dev, (ceil_div(req.nq, 64), req.heads_q, req.batch), 128, smem_q, *common, ptr(dq),
+        kern, dev, (req.heads_q, req.batch, ceil_div(req.nq, 64)), 128, smem_q, *common, ptr(dq),
         _i32(req.heads_q), _i32(req.group), _i32(req.nq), _i32(req.nk), *scales, *mask_args(req),
     )  # fmt: skip
     return dq, dk, dv

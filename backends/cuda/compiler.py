@@ -139,16 +139,16 @@ BWD_STEPS = (64, 64)
 
 
 def bwd_steps() -> tuple[int, int]:
-    """(KB_Q, QB_N) of the tensor-core backward; ``ATTNHUB_CUDA_BWD=kb_q,qb_n`` overrides (tuning)."""
-    env = os.environ.get("ATTNHUB_CUDA_BWD")
+    """(KB_Q, QB_N) of the tensor-core backward; ``ATTNHUB_CUDA_BWD_STEPS=kb_q,qb_n`` overrides (tuning)."""
+    env = os.environ.get("ATTNHUB_CUDA_BWD_STEPS")
     if not env:
         return BWD_STEPS
     try:
         kb_q, qb_n = (int(x) for x in env.split(","))
     except ValueError:
-        raise AttnhubError(f"ATTNHUB_CUDA_BWD takes 'kb_q,qb_n' (integers), got {env!r}") from None
+        raise AttnhubError(f"ATTNHUB_CUDA_BWD_STEPS takes 'kb_q,qb_n' (integers), got {env!r}") from None
     if kb_q not in (16, 32, 64) or qb_n not in (16, 32, 64):
-        raise AttnhubError(f"ATTNHUB_CUDA_BWD: each step must be 16, 32 or 64, got {env!r}")
+        raise AttnhubError(f"ATTNHUB_CUDA_BWD_STEPS: each step must be 16, 32 or 64, got {env!r}")
     return kb_q, qb_n
 
 

@@ -37,7 +37,8 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
   const Mask m = MASK_INIT;
   const float INF = __int_as_float(0x7f800000);
 
-  const int kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  // Grid (kv heads, batch, key tiles): the first key tiles (under causal rules the heaviest) start first.
+  const int kt = blockIdx.z, hk = blockIdx.x, b = blockIdx.y;
   const int group = Hq / Hkv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
@@ -48,6 +49,11 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
   load_tile<KB_N, DV, BW_NT>(sV, v + kvbase * DV, DV, k0, Nk, tid);
 
   const int kr0 = k0 + warp * 16 + g, kr1 = kr0 + 8;
+  const int arow = (lane & 7) + ((lane >> 3) & 1) * 8;  // ldmatrix row of an A fragment
+  const u32 sKA = smem_u32(sK) + 2 * warp * 16 * DQK, sVA = smem_u32(sV) + 2 * warp * 16 * DV;
+  const u32 ka_off = 2 * swz<DQK>(arow, lane >> 4), va_off = 2 * swz<DV>(arow, lane >> 4);
+  const u32 qb_off = 2 * swz<DQK>(lane & 7, lane >> 3), ob_off = 2 * swz<DV>(lane & 7, lane >> 3);
+  const u32 qt_off = 2 * swz<DQK>(arow, lane >> 4), ot_off = 2 * swz<DV>(arow, lane >> 4);
   int ky[2], kx[2];
   i64 fk[2];
   m.kpos(min(kr0, Nk - 1), ky[0], kx[0], fk[0]);
@@ -97,7 +103,8 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
     const T* sOb = sO + buf * KB_Q * DV;
     const float* sLb = sL + buf * KB_Q;
     const float* sDb = sD + buf * KB_Q;
-    const int arow = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+    // ldmatrix addresses as base + XOR / add constants (see fwd_mma.cu): a lane's offsets at chunk 0.
+    const u32 qbA = smem_u32(sQb), obA = smem_u32(sOb);
 
     // S^T = K_w Q^T and dP^T = V_w dO^T: 16 keys x KB_Q queries each.
     float st[KB_Q / 8][4], dpt[KB_Q / 8][4];
@@ -108,12 +115,12 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
 #pragma unroll
     for (int kk = 0; kk < DQK / 16; kk += 2) {
       u32 a0[4], a1[4];
-      ldsm_x4(a0, sK + swz<DQK>(arow, kk * 2 + (lane >> 4)));
-      ldsm_x4(a1, sK + swz<DQK>(arow, kk * 2 + 2 + (lane >> 4)));
+      ldsm_x4_a(a0, sKA + (ka_off ^ ((kk * 2) << 4)));
+      ldsm_x4_a(a1, sKA + (ka_off ^ ((kk * 2 + 2) << 4)));
 #pragma unroll
       for (int nt = 0; nt < KB_Q / 8; ++nt) {
         u32 bf[4];
-        ldsm_x4(bf, sQb + swz<DQK>(nt * 8 + (lane & 7), kk * 2 + (lane >> 3)));
+        ldsm_x4_a(bf, qbA + (qb_off ^ ((kk * 2) << 4)) + nt * (8 * DQK * 2));
         mma16816(st[nt], a0, bf[0], bf[1]);
         mma16816(st[nt], a1, bf[2], bf[3]);
       }
@@ -121,12 +128,12 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
 #pragma unroll
     for (int kk = 0; kk < DV / 16; kk += 2) {
       u32 a0[4], a1[4];
-      ldsm_x4(a0, sV + swz<DV>(arow, kk * 2 + (lane >> 4)));
-      ldsm_x4(a1, sV + swz<DV>(arow, kk * 2 + 2 + (lane >> 4)));
+      ldsm_x4_a(a0, sVA + (va_off ^ ((kk * 2) << 4)));
+      ldsm_x4_a(a1, sVA + (va_off ^ ((kk * 2 + 2) << 4)));
 #pragma unroll
       for (int nt = 0; nt < KB_Q / 8; ++nt) {
         u32 bf[4];
-        ldsm_x4(bf, sOb + swz<DV>(nt * 8 + (lane & 7), kk * 2 + (lane >> 3)));
+        ldsm_x4_a(bf, obA + (ob_off ^ ((kk * 2) << 4)) + nt * (8 * DV * 2));
         mma16816(dpt[nt], a0, bf[0], bf[1]);
         mma16816(dpt[nt], a1, bf[2], bf[3]);
       }
@@ -187,18 +194,17 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
       as[1] = pack2(dpt[2 * kk][2], dpt[2 * kk][3]);
       as[2] = pack2(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
       as[3] = pack2(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
-      const int brow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
       for (int dt = 0; dt < DV / 8; dt += 2) {
         u32 bf[4];
-        ldsm_x4_t(bf, sOb + swz<DV>(brow, dt + (lane >> 4)));
+        ldsm_x4_t_a(bf, obA + kk * (16 * DV * 2) + (ot_off ^ (dt << 4)));
         mma16816(dva[dt], ap, bf[0], bf[1]);
         mma16816(dva[dt + 1], ap, bf[2], bf[3]);
       }
 #pragma unroll
       for (int dt = 0; dt < DQK / 8; dt += 2) {
         u32 bf[4];
-        ldsm_x4_t(bf, sQb + swz<DQK>(brow, dt + (lane >> 4)));
+        ldsm_x4_t_a(bf, qbA + kk * (16 * DQK * 2) + (qt_off ^ (dt << 4)));
         mma16816(dka[dt], as, bf[0], bf[1]);
         mma16816(dka[dt + 1], as, bf[2], bf[3]);
       }
@@ -237,8 +243,8 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
   const float INF = __int_as_float(0x7f800000);
 
   const int ntq = (Nq + QB_M - 1) / QB_M;
-  const int qt = ntq - 1 - (int)blockIdx.x;
-  const int h = blockIdx.y, b = blockIdx.z, hk = h / group, Hkv = Hq / group;
+  const int qt = ntq - 1 - (int)blockIdx.z;  // grid (heads, batch, query tiles), as the forward
+  const int h = blockIdx.x, b = blockIdx.y, hk = h / group, Hkv = Hq / group;
   const i64 qbase = ((i64)b * Hq + h) * Nq;
   const i64 kvbase = ((i64)b * Hkv + hk) * Nk;
   const T* kp = k + kvbase * DQK;
@@ -269,6 +275,9 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
   dr[0] = r0 < Nq ? delta[qbase + r0] : 0.f;
   dr[1] = r1 < Nq ? delta[qbase + r1] : 0.f;
 
+  const u32 sKA = smem_u32(sK), sVA = smem_u32(sV);
+  const u32 kb_off = 2 * swz<DQK>(lane & 7, lane >> 3), vb_off = 2 * swz<DV>(lane & 7, lane >> 3);
+  const u32 kt_off = 2 * swz<DQK>((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
   float dqa[DQK / 8][4];
 #pragma unroll
   for (int i = 0; i < DQK / 8; ++i) dqa[i][0] = dqa[i][1] = dqa[i][2] = dqa[i][3] = 0.f;
@@ -293,8 +302,7 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
       for (int kk = 0; kk < DV / 16; ++kk) ldsm_x4(of[kk], sO + swz<DV>(row, kk * 2 + (lane >> 4)));
       have = true;
     }
-    const T* sKb = sK + buf * QB_N * DQK;
-    const T* sVb = sV + buf * QB_N * DV;
+    const u32 kbA = sKA + buf * (QB_N * DQK * 2), vbA = sVA + buf * (QB_N * DV * 2);
     float s[QB_N / 8][4], dp[QB_N / 8][4];
 #pragma unroll
     for (int nt = 0; nt < QB_N / 8; ++nt)
@@ -305,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
 #pragma unroll
       for (int nt = 0; nt < QB_N / 8; ++nt) {
         u32 bf[4];
-        ldsm_x4(bf, sKb + swz<DQK>(nt * 8 + (lane & 7), kk * 2 + (lane >> 3)));
+        ldsm_x4_a(bf, kbA + (kb_off ^ ((kk * 2) << 4)) + nt * (8 * DQK * 2));
         mma16816(s[nt], qf[kk], bf[0], bf[1]);
         mma16816(s[nt], qf[kk + 1], bf[2], bf[3]);
       }
@@ -314,7 +322,7 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
 #pragma unroll
       for (int nt = 0; nt < QB_N / 8; ++nt) {
         u32 bf[4];
-        ldsm_x4(bf, sVb + swz<DV>(nt * 8 + (lane & 7), kk * 2 + (lane >> 3)));
+        ldsm_x4_a(bf, vbA + (vb_off ^ ((kk * 2) << 4)) + nt * (8 * DV * 2));
         mma16816(dp[nt], of[kk], bf[0], bf[1]);
         mma16816(dp[nt], of[kk + 1], bf[2], bf[3]);
       }
@@ -366,11 +374,10 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
       a[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
       a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      const int brow = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
       for (int dt = 0; dt < DQK / 8; dt += 2) {
         u32 bf[4];
-        ldsm_x4_t(bf, sKb + swz<DQK>(brow, dt + (lane >> 4)));
+        ldsm_x4_t_a(bf, kbA + kk * (16 * DQK * 2) + (kt_off ^ (dt << 4)));
         mma16816(dqa[dt], a, bf[0], bf[1]);
         mma16816(dqa[dt + 1], a, bf[2], bf[3]);
       }

@@ -34,8 +34,10 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
   const Mask m = MASK_INIT;
 
   const int ntq = (Nq + BM - 1) / BM;
-  const int qt = ntq - 1 - (int)blockIdx.x;  // heaviest (latest) query tiles first under causal rules
-  const int h = blockIdx.y, b = blockIdx.z, hk = h / group;
+  // Grid (heads, batch, query tiles): blocks start in x, y, z order, so the latest (under causal
+  // rules the heaviest) query tiles of every head and batch start first and the light ones fill the tail.
+  const int qt = ntq - 1 - (int)blockIdx.z;
+  const int h = blockIdx.x, b = blockIdx.y, hk = h / group;
   const T* qp = q + b * qsb + h * qsh;
   const T* kp = k + b * ksb + hk * ksh;
   const T* vp = v + b * vsb + hk * vsh;
