@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 from attnhub.backend import Backend
 from attnhub.errors import AttnhubError
 from attnhub.request import Request
+from attnhub.rules import Causal, Local
 from attnhub_backends.cuda import compiler
 from attnhub_backends.cuda.launch import arch_of, ceil_div, grid_ok, i64, launch, mask_args, ptr
 
@@ -68,8 +69,6 @@ class CudaBackend(Backend):
             reasons.append(
                 f"sequences longer than {_MAX_GRID_Z * 64} (a CUDA grid's z extent of 64-row tiles)"
             )
-        if max(req.batch, req.heads_q) > _MAX_GRID_Z:
-            reasons.append(f"batch and heads up to {_MAX_GRID_Z} (CUDA grid extents)")
         return reasons
 
     # ---------------------------------------------------------------- forward
@@ -313,7 +312,7 @@ def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> No
     launch(
         kern,
         dev,
-        (req.heads_q, req.batch, ceil_div(req.nq, 16 * cfg[0] * cfg[2])),
+        _grid(req, ceil_div(req.nq, 16 * cfg[0] * cfg[2]), req.heads_q),
         32 * cfg[0],
         smem,
         ptr(q),
@@ -327,8 +326,21 @@ def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> No
         _i32(req.nq),
         _i32(req.nk),
         np.float32(req.scale * math.log2(math.e)),
+        _i32(_tile_major(req)),
         *mask_args(req),
     )
+
+
+def _tile_major(req: Request) -> bool:
+    """Causal rules: work grows with the query tile, so tiles go on the grid's z axis (heaviest first
+    for every head); otherwise heads do, and the blocks running together share K and V in L2."""
+    rule = req.rule
+    return isinstance(rule, Causal) or (isinstance(rule, Local) and rule.causal)
+
+
+def _grid(req: Request, tiles: int, heads: int) -> tuple[int, int, int]:
+    """The (x, y, z) grid of the tensor-core kernels, as ``_tile_major`` orders it."""
+    return (heads, req.batch, tiles) if _tile_major(req) else (tiles, heads, req.batch)
 
 
 def _forward_tf32(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> None:
@@ -423,13 +435,15 @@ def _backward_mma(
     common = (ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), ptr(delta))
     kern = compiler.load_kernel(var, "attn_bwd_dkdv_mma", idx, arch, smem_kv)
     launch(
-        kern, dev, (req.heads_kv, req.batch, ceil_div(req.nk, 64)), 128, smem_kv, *common, ptr(dk), ptr(dv),
-        _i32(req.heads_q), _i32(req.heads_kv), _i32(req.nq), _i32(req.nk), *scales, *mask_args(req),
+        kern, dev, _grid(req, ceil_div(req.nk, 64), req.heads_kv), 128, smem_kv, *common, ptr(dk), ptr(dv),
+        _i32(req.heads_q), _i32(req.heads_kv), _i32(req.nq), _i32(req.nk), *scales, _i32(_tile_major(req)),
+        *mask_args(req),
     )  # fmt: skip
     kern = compiler.load_kernel(var, "attn_bwd_dq_mma", idx, arch, smem_q)
     launch(
-        kern, dev, (req.heads_q, req.batch, ceil_div(req.nq, 64)), 128, smem_q, *common, ptr(dq),
-        _i32(req.heads_q), _i32(req.group), _i32(req.nq), _i32(req.nk), *scales, *mask_args(req),
+        kern, dev, _grid(req, ceil_div(req.nq, 64), req.heads_q), 128, smem_q, *common, ptr(dq),
+        _i32(req.heads_q), _i32(req.group), _i32(req.nq), _i32(req.nk), *scales, _i32(_tile_major(req)),
+        *mask_args(req),
     )  # fmt: skip
     return dq, dk, dv
 

@@ -26,7 +26,7 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
     T* __restrict__ dk, T* __restrict__ dv, int Hq, int Hkv, int Nq, int Nk, float scale,
-    float scale_log2, MASK_PARAMS) {
+    float scale_log2, int tile_major, MASK_PARAMS) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);  // KB_N x DQK
   T* sV = sK + KB_N * DQK;                  // KB_N x DV
@@ -37,8 +37,10 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
   const Mask m = MASK_INIT;
   const float INF = __int_as_float(0x7f800000);
 
-  // Grid (kv heads, batch, key tiles): the first key tiles (under causal rules the heaviest) start first.
-  const int kt = blockIdx.z, hk = blockIdx.x, b = blockIdx.y;
+  // Grid as the forward's: (kv heads, batch, key tiles) when tile_major (the first key tiles, under
+  // causal rules the heaviest, start first), else (key tiles, kv heads, batch).
+  const int kt = tile_major ? blockIdx.z : blockIdx.x;
+  const int hk = tile_major ? blockIdx.x : blockIdx.y, b = tile_major ? blockIdx.y : blockIdx.z;
   const int group = Hq / Hkv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
@@ -233,7 +235,8 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
 extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-    T* __restrict__ dq, int Hq, int group, int Nq, int Nk, float scale, float scale_log2, MASK_PARAMS) {
+    T* __restrict__ dq, int Hq, int group, int Nq, int Nk, float scale, float scale_log2, int tile_major,
+    MASK_PARAMS) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);  // QB_M x DQK
   T* sO = sQ + QB_M * DQK;                  // QB_M x DV (dO)
@@ -243,8 +246,9 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
   const float INF = __int_as_float(0x7f800000);
 
   const int ntq = (Nq + QB_M - 1) / QB_M;
-  const int qt = ntq - 1 - (int)blockIdx.z;  // grid (heads, batch, query tiles), as the forward
-  const int h = blockIdx.x, b = blockIdx.y, hk = h / group, Hkv = Hq / group;
+  const int qi = tile_major ? blockIdx.z : blockIdx.x;  // grid as the forward's
+  const int h = tile_major ? blockIdx.x : blockIdx.y, b = tile_major ? blockIdx.y : blockIdx.z;
+  const int qt = ntq - 1 - qi, hk = h / group, Hkv = Hq / group;
   const i64 qbase = ((i64)b * Hq + h) * Nq;
   const i64 kvbase = ((i64)b * Hkv + hk) * Nk;
   const T* kp = k + kvbase * DQK;

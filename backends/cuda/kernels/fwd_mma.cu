@@ -26,7 +26,7 @@ constexpr int NT = 32 * NWARPS;
 extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, OT* __restrict__ o,
     float* __restrict__ lse, i64 qsb, i64 qsh, i64 qsn, i64 ksb, i64 ksh, i64 ksn, i64 vsb, i64 vsh,
-    i64 vsn, int Hq, int group, int Nq, int Nk, float scale_log2, MASK_PARAMS) {
+    i64 vsn, int Hq, int group, int Nq, int Nk, float scale_log2, int tile_major, MASK_PARAMS) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + BM * DQK;
@@ -34,10 +34,13 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
   const Mask m = MASK_INIT;
 
   const int ntq = (Nq + BM - 1) / BM;
-  // Grid (heads, batch, query tiles): blocks start in x, y, z order, so the latest (under causal
-  // rules the heaviest) query tiles of every head and batch start first and the light ones fill the tail.
-  const int qt = ntq - 1 - (int)blockIdx.z;
-  const int h = blockIdx.x, b = blockIdx.y, hk = h / group;
+  // Blocks start in x, y, z order. tile_major (causal rules, whose work grows with the query tile):
+  // grid (heads, batch, query tiles), so the heaviest tiles of every head start first and the light
+  // ones fill the tail. Otherwise grid (query tiles, heads, batch): the blocks running together share
+  // their head's K and V in L2.
+  const int qi = tile_major ? blockIdx.z : blockIdx.x;
+  const int h = tile_major ? blockIdx.x : blockIdx.y, b = tile_major ? blockIdx.y : blockIdx.z;
+  const int qt = ntq - 1 - qi, hk = h / group;
   const T* qp = q + b * qsb + h * qsh;
   const T* kp = k + b * ksb + hk * ksh;
   const T* vp = v + b * vsb + hk * vsh;

@@ -74,13 +74,15 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, i64 ld, int row0, in
   if constexpr (NT % CH == 0 && RS % 8 == 0) {
     const int r0 = tid / CH, ch = tid % CH;
     const T* src = g + (i64)(row0 + r0) * ld + ch * 8;
-    T* dst = s + swz<D>(r0, ch);
+    const i64 step = (i64)RS * ld;
+    const u32 dst = smem_u32(s + swz<D>(r0, ch));
 #pragma unroll
     for (int i = 0; i < (R + RS - 1) / RS; ++i) {
       if (R % RS == 0 || r0 + i * RS < R) {
         const bool ok = row0 + r0 + i * RS < n;
-        cp_async16(dst + i * RS * D, ok ? src + i * RS * ld : g, ok);
+        cp_async16_a(dst + i * (RS * D * 2), ok ? src : g, ok);
       }
+      src += step;
     }
   } else {
 #pragma unroll
