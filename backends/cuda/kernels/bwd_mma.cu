@@ -69,10 +69,18 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
 
   const int nqt = (Nq + KB_Q - 1) / KB_Q;
   const int total = group * nqt;  // (query head of the group, query tile) pairs
-  auto live = [&](int it) {
-    const int q0 = (it % nqt) * KB_Q;
-    return m.tile(q0, min(q0 + KB_Q, Nq) - 1, k0, k1) != 0;
+  // Tile classes from the first and last keys' query intervals for 1-d rules, else from positions.
+  const bool iv = m.one_interval(Nq, Nk);
+  int lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
+  if (iv) {
+    m.query_interval(k0, Nq, lo0, hi0);
+    m.query_interval(k1, Nq, lo1, hi1);
+  }
+  auto tile_class = [&](int q0) {
+    const int q1 = min(q0 + KB_Q, Nq) - 1;
+    return iv ? interval_class(lo0, hi0, lo1, hi1, q0, q1) : m.tile(q0, q1, k0, k1);
   };
+  auto live = [&](int it) { return tile_class((it % nqt) * KB_Q) != 0; };
   auto issue = [&](int it, int bf) {
     const int h = hk * group + it / nqt, q0 = (it % nqt) * KB_Q;
     const i64 qbase = ((i64)b * Hq + h) * Nq;
@@ -100,7 +108,7 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
     __syncthreads();
 
     const int q0 = (it % nqt) * KB_Q;
-    const int cls = m.tile(q0, min(q0 + KB_Q, Nq) - 1, k0, k1);
+    const int cls = tile_class(q0);
     const T* sQb = sQ + buf * KB_Q * DQK;
     const T* sOb = sO + buf * KB_Q * DV;
     const float* sLb = sL + buf * KB_Q;
@@ -261,7 +269,17 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
   load_tile<QB_M, DQK, BW_NT>(sQ, q + qbase * DQK, DQK, q0, Nq, tid);
   load_tile<QB_M, DV, BW_NT>(sO, dout + qbase * DV, DV, q0, Nq, tid);
   int j = 0;
-  while (j < nkt && m.tile(q0, q1, j * QB_N, min(j * QB_N + QB_N, Nk) - 1) == 0) ++j;
+  const bool iv = m.one_interval(Nq, Nk);
+  int lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
+  if (iv) {
+    m.key_interval(q0, Nk, lo0, hi0);
+    m.key_interval(q1, Nk, lo1, hi1);
+  }
+  auto tile_class = [&](int jt) {
+    const int k0 = jt * QB_N, k1 = min(k0 + QB_N, Nk) - 1;
+    return iv ? interval_class(lo0, hi0, lo1, hi1, k0, k1) : m.tile(q0, q1, k0, k1);
+  };
+  while (j < nkt && tile_class(j) == 0) ++j;
   if (j < nkt) {
     load_tile<QB_N, DQK, BW_NT>(sK, kp, DQK, j * QB_N, Nk, tid);
     load_tile<QB_N, DV, BW_NT>(sV, vp, DV, j * QB_N, Nk, tid);
@@ -290,7 +308,7 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
   int buf = 0;
   while (j < nkt) {
     int jn = j + 1;
-    while (jn < nkt && m.tile(q0, q1, jn * QB_N, min(jn * QB_N + QB_N, Nk) - 1) == 0) ++jn;
+    while (jn < nkt && tile_class(jn) == 0) ++jn;
     if (jn < nkt) {
       load_tile<QB_N, DQK, BW_NT>(sK + (buf ^ 1) * QB_N * DQK, kp, DQK, jn * QB_N, Nk, tid);
       load_tile<QB_N, DV, BW_NT>(sV + (buf ^ 1) * QB_N * DV, vp, DV, jn * QB_N, Nk, tid);
@@ -332,7 +350,7 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
       }
 
     const int k0 = j * QB_N;
-    const int cls = m.tile(q0, q1, k0, min(k0 + QB_N, Nk) - 1);
+    const int cls = tile_class(j);
     u32 keep0 = 0xffffffffu, keep1 = 0xffffffffu;
     if ((cls != 2 || k0 + QB_N > Nk) && m.one_interval(Nq, Nk)) {
       int lo[2], hi[2];

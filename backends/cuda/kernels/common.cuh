@@ -122,6 +122,17 @@ struct Mask {
   }
 };
 
+// Class (0 skip, 1 partial, 2 full, as Mask::tile) of the tile of columns [c0, c1] for a block of
+// rows whose attended-column intervals [lo(r), hi(r)] grow with r (one_interval requests): (lo0, hi0)
+// is its first row's interval, (lo1, hi1) its last's. Four compares instead of Mask::tile's position
+// arithmetic. A partial answer may, in corner cases (scaled positions with a window narrower than
+// the position step), be a tile no pair of which is attended: it is computed, all masked, which is
+// correct, only not skipped.
+__device__ __forceinline__ int interval_class(int lo0, int hi0, int lo1, int hi1, int c0, int c1) {
+  if (c1 < lo0 || c0 > hi1) return 0;
+  return (lo1 <= c0 && hi0 >= c1) ? 2 : 1;
+}
+
 #define MASK_PARAMS                                                                                    \
   int lqx, int lkx, int aqy, int bqy, int aqx, int bqx, int aky, int bky, int akx, int bkx, int mx,   \
       int rule, int wy, int wx, int log2s, int lcausal

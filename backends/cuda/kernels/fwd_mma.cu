@@ -53,9 +53,21 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
   const int q0 = qt * BM, q1 = min(q0 + BM, Nq) - 1;
   const int nkt = (Nk + BN - 1) / BN;
 
+  // Tile classes: from the first and last rows' key intervals for 1-d rules, else from positions.
+  const bool iv = m.one_interval(Nq, Nk);
+  int lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
+  if (iv) {
+    m.key_interval(q0, Nk, lo0, hi0);
+    m.key_interval(q1, Nk, lo1, hi1);
+  }
+  auto tile_class = [&](int jt) {
+    const int k0 = jt * BN, k1 = min(k0 + BN, Nk) - 1;
+    return iv ? interval_class(lo0, hi0, lo1, hi1, k0, k1) : m.tile(q0, q1, k0, k1);
+  };
+
   load_tile<BM, DQK, NT>(sQ, qp, qsn, q0, Nq, tid);
   int j = 0;
-  while (j < nkt && m.tile(q0, q1, j * BN, min(j * BN + BN, Nk) - 1) == 0) ++j;
+  while (j < nkt && tile_class(j) == 0) ++j;
   if (j < nkt) {
     load_tile<BN, DQK, NT>(sK, kp, ksn, j * BN, Nk, tid);
     load_tile<BN, DV, NT>(sV, vp, vsn, j * BN, Nk, tid);
@@ -93,7 +105,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
 
   while (j < nkt) {
     int jn = j + 1;
-    while (jn < nkt && m.tile(q0, q1, jn * BN, min(jn * BN + BN, Nk) - 1) == 0) ++jn;
+    while (jn < nkt && tile_class(jn) == 0) ++jn;
     if (jn < nkt) {
       load_tile<BN, DQK, NT>(sK + (buf ^ 1) * BN * DQK, kp, ksn, jn * BN, Nk, tid);
       load_tile<BN, DV, NT>(sV + (buf ^ 1) * BN * DV, vp, vsn, jn * BN, Nk, tid);
@@ -148,7 +160,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
     }
 
     const int k0 = j * BN;
-    const int cls = m.tile(q0, q1, k0, min(k0 + BN, Nk) - 1);
+    const int cls = tile_class(j);
     const bool masked = cls != 2 || k0 + BN > Nk;
 #pragma unroll
     for (int rb = 0; rb < RB; ++rb) {
