@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call for the cuda backend: GPU tests, full certify, `attnhub bench`, an ncu look at the
 # bf16 forward. Usage (device machine, repo root): bash scripts/device_cuda_round.sh [stages...]
-#   stages: tests certify bench ncu (default: all); results under $OUT.
+#   stages: tests certify bench ncu ncubwd (default: all but ncubwd); results under $OUT.
 set -u
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-gpu-out}"; mkdir -p "$OUT"
@@ -38,5 +38,21 @@ torch.cuda.synchronize()'
     ncu --import "$OUT/fwd_$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/fwd_$tag-sass.csv" 2>&1
     echo "== ncu $args"; grep -E "Duration|Pipe Utilization|Issued Ipc|Stall|Warp Cycles Per Issued" "$OUT/fwd_$tag-details.txt" | head -12
     rm -f "$OUT/fwd_$tag.ncu-rep"
+  done
+fi
+if has ncubwd; then
+  CASE='import sys,torch,attnhub; d=int(sys.argv[1]); c=sys.argv[2]=="1"
+q,k,v=(torch.randn(4,2048//d,4096,d,device="cuda",dtype=torch.bfloat16,requires_grad=True) for _ in range(3))
+for _ in range(2): attnhub.attention(q,k,v,mask="causal" if c else None,backend="cuda").sum().backward()
+torch.cuda.synchronize()'
+  for args in "64 0" "128 0"; do
+    tag=${args// /_}
+    timeout 120 ncu --clock-control none -k regex:attn_bwd_d -s 2 -c 2 --section SpeedOfLight \
+      --section WarpStateStats --section InstructionStats --section SourceCounters -o "$OUT/bwd_$tag" -f \
+      python3 -c "$CASE" $args > /dev/null 2>&1
+    ncu --import "$OUT/bwd_$tag.ncu-rep" --page details > "$OUT/bwd_$tag-details.txt" 2>&1
+    ncu --import "$OUT/bwd_$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/bwd_$tag-sass.csv" 2>&1
+    echo "== ncu bwd $args"; grep -E "attn_bwd|Duration|Issued Ipc|Warp Cycles Per Issued" "$OUT/bwd_$tag-details.txt" | head -12
+    rm -f "$OUT/bwd_$tag.ncu-rep"
   done
 fi
