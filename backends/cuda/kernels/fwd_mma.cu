@@ -54,19 +54,15 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
   const int nkt = (Nk + BN - 1) / BN;
 
   // Tile classes: from the first and last rows' key intervals for 1-d rules, else from positions.
-  // The four interval ends live in shared memory (read per tile) to keep registers for the tiles.
-  __shared__ int span[4];
   const bool iv = m.one_interval(Nq, Nk);
-  if (iv && tid == 0) {
-    m.key_interval(q0, Nk, span[0], span[1]);
-    m.key_interval(q1, Nk, span[2], span[3]);
+  int lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
+  if (iv) {
+    m.key_interval(q0, Nk, lo0, hi0);
+    m.key_interval(q1, Nk, lo1, hi1);
   }
-  __syncthreads();
   auto tile_class = [&](int jt) {
     const int k0 = jt * BN, k1 = min(k0 + BN, Nk) - 1;
-    if (!iv) return m.tile(q0, q1, k0, k1);
-    const volatile int* sp = span;
-    return interval_class(sp[0], sp[1], sp[2], sp[3], k0, k1);
+    return iv ? interval_class(lo0, hi0, lo1, hi1, k0, k1) : m.tile(q0, q1, k0, k1);
   };
 
   load_tile<BM, DQK, NT>(sQ, qp, qsn, q0, Nq, tid);
