@@ -27,8 +27,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import attnhub
 from attnhub_backends.cuda import compiler
 
-FWD_TILES = {64: [(4, 128, 2), (4, 64, 2)], 128: [(4, 64, 2), (4, 32, 2)]}
-BWD_STEPS = ["32,32", "64,64"]
+FWD_TILES = {64: [(4, 128, 2)], 128: [(4, 64, 2)]}
+BWD_STEPS = ["64,64", "32,64", "64,32"]
 
 
 def _ms(fn, *args, **kwargs) -> float:
