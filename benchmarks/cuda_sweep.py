@@ -28,7 +28,7 @@ import attnhub
 from attnhub_backends.cuda import compiler
 
 FWD_TILES = {64: [(4, 128, 2)], 128: [(4, 64, 2)]}
-BWD_STEPS = ["64,64", "32,64", "64,32"]
+BWD_STEPS = {64: ["64,64", "32,64,2", "16,64,2"], 128: ["64,64"]}
 
 
 def _ms(fn, *args, **kwargs) -> float:
@@ -149,7 +149,7 @@ def sweep_backward(steps, quick: bool) -> list[dict]:
                 fo = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                 flash = _ms(_grad, fo, (q, k, v), do)
             ref = torch.autograd.grad(fo, (q, k, v), do, retain_graph=True)
-            for st in steps:
+            for st in steps[d] if isinstance(steps, dict) else steps:
                 os.environ["ATTNHUB_CUDA_BWD_STEPS"] = st
                 try:
                     out = attnhub.attention(q, k, v, mask=mask, backend="cuda")

@@ -239,21 +239,25 @@ def test_tile_overrides_from_the_environment(monkeypatch):
 
 
 def test_backward_steps_from_the_environment(monkeypatch):
-    """ATTNHUB_CUDA_BWD_STEPS picks the backward's query/key steps (tuning); bad values are clear errors."""
+    """ATTNHUB_CUDA_BWD_STEPS picks the backward's steps and row blocks (tuning); bad values are clear errors."""
     from attnhub.errors import AttnhubError
 
-    assert compiler.bwd_steps() == compiler.BWD_STEPS
-    assert ("KB_Q", compiler.BWD_STEPS[0]) in compiler.bwd_mma_variant("bfloat16", 64, 64).defines
+    for dims in ((64, 64), (128, 128)):
+        kb_q, qb_n, krb = compiler.bwd_config(*dims)
+        assert ("KRB", krb) in compiler.bwd_mma_variant("bfloat16", *dims).defines
     monkeypatch.setenv("ATTNHUB_CUDA_BWD_STEPS", "32,16")
-    assert compiler.bwd_steps() == (32, 16)
+    assert compiler.bwd_config(64, 64) == (32, 16, 1)
     v = compiler.bwd_mma_variant("bfloat16", 64, 64)
     assert ("KB_Q", 32) in v.defines and ("QB_N", 16) in v.defines
     dkdv, dq = compiler.bwd_mma_smem_bytes(64, 64)
     assert dkdv == 2 * (64 * 128 + 2 * 32 * 128) + 16 * 32 and dq == 2 * (64 * 128 + 2 * 16 * 128)
-    for bad in ("simt", "32", "48,32"):
+    monkeypatch.setenv("ATTNHUB_CUDA_BWD_STEPS", "32,64,2")  # 128 keys per dK/dV block
+    assert compiler.bwd_config(64, 64) == (32, 64, 2)
+    assert compiler.bwd_mma_smem_bytes(64, 64)[0] == 2 * (128 * 128 + 2 * 32 * 128) + 16 * 32
+    for bad in ("simt", "32", "48,32", "32,32,3", "32,32,2,1"):
         monkeypatch.setenv("ATTNHUB_CUDA_BWD_STEPS", bad)
         with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_BWD_STEPS"):
-            compiler.bwd_steps()
+            compiler.bwd_config(64, 64)
 
 
 def test_backend_declines_lengths_past_the_grid():

@@ -431,11 +431,12 @@ def _backward_mma(
     dv = torch.empty_like(v)
     var = compiler.bwd_mma_variant(req.dtype, req.dim_qk, req.dim_v)
     smem_kv, smem_q = compiler.bwd_mma_smem_bytes(req.dim_qk, req.dim_v)
+    krb = compiler.bwd_config(req.dim_qk, req.dim_v)[2]  # 16-key blocks per warp in dK/dV
     scales = (np.float32(req.scale), np.float32(req.scale * math.log2(math.e)))
     common = (ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), ptr(delta))
     kern = compiler.load_kernel(var, "attn_bwd_dkdv_mma", idx, arch, smem_kv)
     launch(
-        kern, dev, _grid(req, ceil_div(req.nk, 64), req.heads_kv), 128, smem_kv, *common, ptr(dk), ptr(dv),
+        kern, dev, _grid(req, ceil_div(req.nk, 64 * krb), req.heads_kv), 128, smem_kv, *common, ptr(dk), ptr(dv),
         _i32(req.heads_q), _i32(req.heads_kv), _i32(req.nq), _i32(req.nk), *scales, _i32(_tile_major(req)),
         *mask_args(req),
     )  # fmt: skip

@@ -136,26 +136,35 @@ def tf32_smem_bytes(dqk: int, dv: int, config: tuple[int, int, int]) -> int:
 #: (query rows per dK/dV step, keys per dQ step) of the tensor-core backward, bwd_mma.cu's KB_Q / QB_N;
 #: (64, 64) was 7-19 % faster than (32, 32) on an H100 (benchmarks/cuda_sweep.py, docs/benchmarks.md).
 BWD_STEPS = (64, 64)
+#: (KB_Q, QB_N, KRB) per (Dqk, Dv) where it differs from (*BWD_STEPS, 1); KRB = 16-key row blocks per
+#: warp in the dK/dV kernel (2 halves its shared-memory reads per mma, and needs the registers of D = 64).
+BWD_CONFIGS: dict[tuple[int, int], tuple[int, int, int]] = {}
 
 
-def bwd_steps() -> tuple[int, int]:
-    """(KB_Q, QB_N) of the tensor-core backward; ``ATTNHUB_CUDA_BWD_STEPS=kb_q,qb_n`` overrides (tuning)."""
+def bwd_config(dqk: int, dv: int) -> tuple[int, int, int]:
+    """(KB_Q, QB_N, KRB) of the tensor-core backward for (Dqk, Dv).
+
+    ``ATTNHUB_CUDA_BWD_STEPS=kb_q,qb_n[,krb]`` overrides it (tuning)."""
     env = os.environ.get("ATTNHUB_CUDA_BWD_STEPS")
     if not env:
-        return BWD_STEPS
+        return BWD_CONFIGS.get((dqk, dv), (*BWD_STEPS, 1))
     try:
-        kb_q, qb_n = (int(x) for x in env.split(","))
-    except ValueError:
-        raise AttnhubError(f"ATTNHUB_CUDA_BWD_STEPS takes 'kb_q,qb_n' (integers), got {env!r}") from None
-    if kb_q not in (16, 32, 64) or qb_n not in (16, 32, 64):
-        raise AttnhubError(f"ATTNHUB_CUDA_BWD_STEPS: each step must be 16, 32 or 64, got {env!r}")
-    return kb_q, qb_n
+        vals = [int(x) for x in env.split(",")]
+        kb_q, qb_n = vals[0], vals[1]
+        krb = vals[2] if len(vals) > 2 else 1
+    except (ValueError, IndexError):
+        raise AttnhubError(
+            f"ATTNHUB_CUDA_BWD_STEPS takes 'kb_q,qb_n[,krb]' (integers), got {env!r}"
+        ) from None
+    if kb_q not in (16, 32, 64) or qb_n not in (16, 32, 64) or krb not in (1, 2) or len(vals) > 3:
+        raise AttnhubError(f"ATTNHUB_CUDA_BWD_STEPS: steps must be 16, 32 or 64 and krb 1 or 2, got {env!r}")
+    return kb_q, qb_n, krb
 
 
 def bwd_mma_variant(dtype: str, dqk: int, dv: int) -> Variant:
     defines = (("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv))
-    kb_q, qb_n = bwd_steps()
-    defines += (("KB_Q", kb_q), ("QB_N", qb_n))
+    kb_q, qb_n, krb = bwd_config(dqk, dv)
+    defines += (("KB_Q", kb_q), ("QB_N", qb_n), ("KRB", krb))
     return Variant("bwd_mma.cu", defines, ("attn_bwd_dkdv_mma", "attn_bwd_dq_mma"), _MMA_HEADERS)
 
 
@@ -203,8 +212,8 @@ def all_variants() -> list[Variant]:
 
 def bwd_mma_smem_bytes(dqk: int, dv: int) -> tuple[int, int]:
     """Dynamic shared memory of the dK/dV and dQ tensor-core kernels (tile sizes of bwd_mma.cu)."""
-    kb_q, qb_n = bwd_steps()
-    dkdv = 2 * (64 * (dqk + dv) + 2 * kb_q * (dqk + dv)) + 4 * 4 * kb_q
+    kb_q, qb_n, krb = bwd_config(dqk, dv)
+    dkdv = 2 * (64 * krb * (dqk + dv) + 2 * kb_q * (dqk + dv)) + 4 * 4 * kb_q
     dq = 2 * (64 * (dqk + dv) + 2 * qb_n * (dqk + dv))
     return dkdv, dq
 

@@ -7,7 +7,10 @@
 //     S = Q K^T, dP = dO V^T, dQ += dS K.
 // delta = rowsum(dO * O) comes from attn_bwd_pre (bwd_simt.cu). Parameters: ATT_DTYPE, DQK, DV.
 
-#define KB_N 64   // keys per dK/dV block
+#ifndef KRB
+#define KRB 1     // 16-key row blocks per warp in dK/dV (2: each Q / dO fragment read feeds two)
+#endif
+#define KB_N (64 * KRB)  // keys per dK/dV block (4 warps)
 #ifndef KB_Q
 #define KB_Q 64   // query rows per dK/dV step (the host sets it: compiler.BWD_STEPS)
 #endif
@@ -50,22 +53,22 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
   load_tile<KB_N, DQK, BW_NT>(sK, k + kvbase * DQK, DQK, k0, Nk, tid);
   load_tile<KB_N, DV, BW_NT>(sV, v + kvbase * DV, DV, k0, Nk, tid);
 
-  const int kr0 = k0 + warp * 16 + g, kr1 = kr0 + 8;
+  // This warp's keys: KRB blocks of 16; block rb holds rows kb + 16 rb + g and + 8.
+  const int kb = k0 + warp * KRB * 16;
   const int arow = (lane & 7) + ((lane >> 3) & 1) * 8;  // ldmatrix row of an A fragment
-  const u32 sKA = smem_u32(sK) + 2 * warp * 16 * DQK, sVA = smem_u32(sV) + 2 * warp * 16 * DV;
+  const u32 sKA = smem_u32(sK) + 2 * warp * KRB * 16 * DQK, sVA = smem_u32(sV) + 2 * warp * KRB * 16 * DV;
   const u32 ka_off = 2 * swz<DQK>(arow, lane >> 4), va_off = 2 * swz<DV>(arow, lane >> 4);
   const u32 qb_off = 2 * swz<DQK>(lane & 7, lane >> 3), ob_off = 2 * swz<DV>(lane & 7, lane >> 3);
   const u32 qt_off = 2 * swz<DQK>(arow, lane >> 4), ot_off = 2 * swz<DV>(arow, lane >> 4);
-  int ky[2], kx[2];
-  i64 fk[2];
-  m.kpos(min(kr0, Nk - 1), ky[0], kx[0], fk[0]);
-  m.kpos(min(kr1, Nk - 1), ky[1], kx[1], fk[1]);
 
-  float dka[DQK / 8][4], dva[DV / 8][4];
+  float dka[KRB][DQK / 8][4], dva[KRB][DV / 8][4];
 #pragma unroll
-  for (int i = 0; i < DQK / 8; ++i) dka[i][0] = dka[i][1] = dka[i][2] = dka[i][3] = 0.f;
+  for (int rb = 0; rb < KRB; ++rb) {
 #pragma unroll
-  for (int i = 0; i < DV / 8; ++i) dva[i][0] = dva[i][1] = dva[i][2] = dva[i][3] = 0.f;
+    for (int i = 0; i < DQK / 8; ++i) dka[rb][i][0] = dka[rb][i][1] = dka[rb][i][2] = dka[rb][i][3] = 0.f;
+#pragma unroll
+    for (int i = 0; i < DV / 8; ++i) dva[rb][i][0] = dva[rb][i][1] = dva[rb][i][2] = dva[rb][i][3] = 0.f;
+  }
 
   const int nqt = (Nq + KB_Q - 1) / KB_Q;
   const int total = group * nqt;  // (query head of the group, query tile) pairs
@@ -116,107 +119,141 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
     // ldmatrix addresses as base + XOR / add constants (see fwd_mma.cu): a lane's offsets at chunk 0.
     const u32 qbA = smem_u32(sQb), obA = smem_u32(sOb);
 
-    // S^T = K_w Q^T and dP^T = V_w dO^T: 16 keys x KB_Q queries each.
-    float st[KB_Q / 8][4], dpt[KB_Q / 8][4];
+    // S^T = K_w Q^T and dP^T = V_w dO^T: KRB x 16 keys x KB_Q queries each; every Q / dO fragment
+    // read feeds KRB row blocks.
+    float st[KRB][KB_Q / 8][4], dpt[KRB][KB_Q / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < KB_Q / 8; ++nt)
+    for (int rb = 0; rb < KRB; ++rb)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.f;
+      for (int nt = 0; nt < KB_Q / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[rb][nt][e] = dpt[rb][nt][e] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < DQK / 16; kk += 2) {
-      u32 a0[4], a1[4];
-      ldsm_x4_a(a0, sKA + (ka_off ^ ((kk * 2) << 4)));
-      ldsm_x4_a(a1, sKA + (ka_off ^ ((kk * 2 + 2) << 4)));
+      u32 a0[KRB][4], a1[KRB][4];
+#pragma unroll
+      for (int rb = 0; rb < KRB; ++rb) {
+        ldsm_x4_a(a0[rb], sKA + rb * (16 * DQK * 2) + (ka_off ^ ((kk * 2) << 4)));
+        ldsm_x4_a(a1[rb], sKA + rb * (16 * DQK * 2) + (ka_off ^ ((kk * 2 + 2) << 4)));
+      }
 #pragma unroll
       for (int nt = 0; nt < KB_Q / 8; ++nt) {
         u32 bf[4];
         ldsm_x4_a(bf, qbA + (qb_off ^ ((kk * 2) << 4)) + nt * (8 * DQK * 2));
-        mma16816(st[nt], a0, bf[0], bf[1]);
-        mma16816(st[nt], a1, bf[2], bf[3]);
+#pragma unroll
+        for (int rb = 0; rb < KRB; ++rb) {
+          mma16816(st[rb][nt], a0[rb], bf[0], bf[1]);
+          mma16816(st[rb][nt], a1[rb], bf[2], bf[3]);
+        }
       }
     }
 #pragma unroll
     for (int kk = 0; kk < DV / 16; kk += 2) {
-      u32 a0[4], a1[4];
-      ldsm_x4_a(a0, sVA + (va_off ^ ((kk * 2) << 4)));
-      ldsm_x4_a(a1, sVA + (va_off ^ ((kk * 2 + 2) << 4)));
+      u32 a0[KRB][4], a1[KRB][4];
+#pragma unroll
+      for (int rb = 0; rb < KRB; ++rb) {
+        ldsm_x4_a(a0[rb], sVA + rb * (16 * DV * 2) + (va_off ^ ((kk * 2) << 4)));
+        ldsm_x4_a(a1[rb], sVA + rb * (16 * DV * 2) + (va_off ^ ((kk * 2 + 2) << 4)));
+      }
 #pragma unroll
       for (int nt = 0; nt < KB_Q / 8; ++nt) {
         u32 bf[4];
         ldsm_x4_a(bf, obA + (ob_off ^ ((kk * 2) << 4)) + nt * (8 * DV * 2));
-        mma16816(dpt[nt], a0, bf[0], bf[1]);
-        mma16816(dpt[nt], a1, bf[2], bf[3]);
+#pragma unroll
+        for (int rb = 0; rb < KRB; ++rb) {
+          mma16816(dpt[rb][nt], a0[rb], bf[0], bf[1]);
+          mma16816(dpt[rb][nt], a1[rb], bf[2], bf[3]);
+        }
       }
     }
 
-    // Rule mask: bit (2 nt + e) of keep[r] says key row r attends query q0 + 8 nt + 2 t4 + e.
-    u32 keep0 = 0xffffffffu, keep1 = 0xffffffffu;
-    if (cls != 2 && m.one_interval(Nq, Nk)) {
-      // Each key row is attended by one interval of queries: two compares per element.
-      int lo[2], hi[2];
-      m.query_interval(min(kr0, Nk - 1), Nq, lo[0], hi[0]);
-      m.query_interval(min(kr1, Nk - 1), Nq, lo[1], hi[1]);
-      keep0 = keep1 = 0;
 #pragma unroll
-      for (int c = 0; c < KB_Q / 4; ++c) {
-        const int qn = q0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
-        keep0 |= (u32)(qn >= lo[0] && qn <= hi[0]) << c;
-        keep1 |= (u32)(qn >= lo[1] && qn <= hi[1]) << c;
-      }
-    } else if (cls != 2) {
-      keep0 = keep1 = 0;
+    for (int rb = 0; rb < KRB; ++rb) {
+      // Rule mask: bit (2 nt + e) of keep[r] says key row r attends query q0 + 8 nt + 2 t4 + e.
+      const int kr0 = kb + rb * 16 + g, kr1 = kr0 + 8;
+      u32 keep0 = 0xffffffffu, keep1 = 0xffffffffu;
+      if (cls != 2 && iv) {
+        // Each key row is attended by one interval of queries: two compares per element.
+        int lo[2], hi[2];
+        m.query_interval(min(kr0, Nk - 1), Nq, lo[0], hi[0]);
+        m.query_interval(min(kr1, Nk - 1), Nq, lo[1], hi[1]);
+        keep0 = keep1 = 0;
+#pragma unroll
+        for (int c = 0; c < KB_Q / 4; ++c) {
+          const int qn = q0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
+          keep0 |= (u32)(qn >= lo[0] && qn <= hi[0]) << c;
+          keep1 |= (u32)(qn >= lo[1] && qn <= hi[1]) << c;
+        }
+      } else if (cls != 2) {
+        int ky[2], kx[2];
+        i64 fk[2];
+        m.kpos(min(kr0, Nk - 1), ky[0], kx[0], fk[0]);
+        m.kpos(min(kr1, Nk - 1), ky[1], kx[1], fk[1]);
+        keep0 = keep1 = 0;
 #pragma unroll 1
-      for (int c = 0; c < KB_Q / 4; ++c) {
-        const int qn = q0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
-        if (qn < Nq) {
-          int qy, qx;
-          i64 fq;
-          m.qpos(qn, qy, qx, fq);
-          keep0 |= (u32)m.attend(qy, qx, fq, ky[0], kx[0], fk[0]) << c;
-          keep1 |= (u32)m.attend(qy, qx, fq, ky[1], kx[1], fk[1]) << c;
+        for (int c = 0; c < KB_Q / 4; ++c) {
+          const int qn = q0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
+          if (qn < Nq) {
+            int qy, qx;
+            i64 fq;
+            m.qpos(qn, qy, qx, fq);
+            keep0 |= (u32)m.attend(qy, qx, fq, ky[0], kx[0], fk[0]) << c;
+            keep1 |= (u32)m.attend(qy, qx, fq, ky[1], kx[1], fk[1]) << c;
+          }
         }
       }
+#pragma unroll
+      for (int nt = 0; nt < KB_Q / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = nt * 8 + 2 * t4 + e;
+          const float lq = sLb[col], dl = sDb[col];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const u32 kp = r ? keep1 : keep0;
+            const float p =
+                ((kp >> (2 * nt + e)) & 1u) ? fast_exp2(st[rb][nt][2 * r + e] * scale_log2 - lq) : 0.f;
+            dpt[rb][nt][2 * r + e] = p * (dpt[rb][nt][2 * r + e] - dl);
+            st[rb][nt][2 * r + e] = p;
+          }
+        }
     }
-#pragma unroll
-    for (int nt = 0; nt < KB_Q / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = nt * 8 + 2 * t4 + e;
-        const float lq = sLb[col], dl = sDb[col];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const u32 kp = r ? keep1 : keep0;
-          const float p = ((kp >> (2 * nt + e)) & 1u) ? fast_exp2(st[nt][2 * r + e] * scale_log2 - lq) : 0.f;
-          dpt[nt][2 * r + e] = p * (dpt[nt][2 * r + e] - dl);
-          st[nt][2 * r + e] = p;
-        }
-      }
 
-    // dV += P^T dO and dK += dS^T Q (the k dimension is the KB_Q queries).
+    // dV += P^T dO and dK += dS^T Q (the k dimension is the KB_Q queries); every dO / Q fragment
+    // read feeds KRB row blocks.
 #pragma unroll
     for (int kk = 0; kk < KB_Q / 16; ++kk) {
-      u32 ap[4], as[4];
-      ap[0] = pack2(st[2 * kk][0], st[2 * kk][1]);
-      ap[1] = pack2(st[2 * kk][2], st[2 * kk][3]);
-      ap[2] = pack2(st[2 * kk + 1][0], st[2 * kk + 1][1]);
-      ap[3] = pack2(st[2 * kk + 1][2], st[2 * kk + 1][3]);
-      as[0] = pack2(dpt[2 * kk][0], dpt[2 * kk][1]);
-      as[1] = pack2(dpt[2 * kk][2], dpt[2 * kk][3]);
-      as[2] = pack2(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
-      as[3] = pack2(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+      u32 ap[KRB][4], as[KRB][4];
+#pragma unroll
+      for (int rb = 0; rb < KRB; ++rb) {
+        ap[rb][0] = pack2(st[rb][2 * kk][0], st[rb][2 * kk][1]);
+        ap[rb][1] = pack2(st[rb][2 * kk][2], st[rb][2 * kk][3]);
+        ap[rb][2] = pack2(st[rb][2 * kk + 1][0], st[rb][2 * kk + 1][1]);
+        ap[rb][3] = pack2(st[rb][2 * kk + 1][2], st[rb][2 * kk + 1][3]);
+        as[rb][0] = pack2(dpt[rb][2 * kk][0], dpt[rb][2 * kk][1]);
+        as[rb][1] = pack2(dpt[rb][2 * kk][2], dpt[rb][2 * kk][3]);
+        as[rb][2] = pack2(dpt[rb][2 * kk + 1][0], dpt[rb][2 * kk + 1][1]);
+        as[rb][3] = pack2(dpt[rb][2 * kk + 1][2], dpt[rb][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dt = 0; dt < DV / 8; dt += 2) {
         u32 bf[4];
         ldsm_x4_t_a(bf, obA + kk * (16 * DV * 2) + (ot_off ^ (dt << 4)));
-        mma16816(dva[dt], ap, bf[0], bf[1]);
-        mma16816(dva[dt + 1], ap, bf[2], bf[3]);
+#pragma unroll
+        for (int rb = 0; rb < KRB; ++rb) {
+          mma16816(dva[rb][dt], ap[rb], bf[0], bf[1]);
+          mma16816(dva[rb][dt + 1], ap[rb], bf[2], bf[3]);
+        }
       }
 #pragma unroll
       for (int dt = 0; dt < DQK / 8; dt += 2) {
         u32 bf[4];
         ldsm_x4_t_a(bf, qbA + kk * (16 * DQK * 2) + (qt_off ^ (dt << 4)));
-        mma16816(dka[dt], as, bf[0], bf[1]);
-        mma16816(dka[dt + 1], as, bf[2], bf[3]);
+#pragma unroll
+        for (int rb = 0; rb < KRB; ++rb) {
+          mma16816(dka[rb][dt], as[rb], bf[0], bf[1]);
+          mma16816(dka[rb][dt + 1], as[rb], bf[2], bf[3]);
+        }
       }
     }
     __syncthreads();
@@ -226,18 +263,21 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
   cp_async_wait<0>();
 
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = r ? kr1 : kr0;
-    if (key >= Nk) continue;
-    T* dkr = dk + (kvbase + key) * DQK;
-    T* dvr = dv + (kvbase + key) * DV;
+  for (int rb = 0; rb < KRB; ++rb)
 #pragma unroll
-    for (int dt = 0; dt < DQK / 8; ++dt)
-      *reinterpret_cast<u32*>(dkr + dt * 8 + 2 * t4) = pack2(dka[dt][2 * r] * scale, dka[dt][2 * r + 1] * scale);
+    for (int r = 0; r < 2; ++r) {
+      const int key = kb + rb * 16 + g + 8 * r;
+      if (key >= Nk) continue;
+      T* dkr = dk + (kvbase + key) * DQK;
+      T* dvr = dv + (kvbase + key) * DV;
 #pragma unroll
-    for (int dt = 0; dt < DV / 8; ++dt)
-      *reinterpret_cast<u32*>(dvr + dt * 8 + 2 * t4) = pack2(dva[dt][2 * r], dva[dt][2 * r + 1]);
-  }
+      for (int dt = 0; dt < DQK / 8; ++dt)
+        *reinterpret_cast<u32*>(dkr + dt * 8 + 2 * t4) =
+            pack2(dka[rb][dt][2 * r] * scale, dka[rb][dt][2 * r + 1] * scale);
+#pragma unroll
+      for (int dt = 0; dt < DV / 8; ++dt)
+        *reinterpret_cast<u32*>(dvr + dt * 8 + 2 * t4) = pack2(dva[rb][dt][2 * r], dva[rb][dt][2 * r + 1]);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(

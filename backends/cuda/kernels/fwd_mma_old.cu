@@ -1,0 +1,317 @@
+// attnhub CUDA backend: tensor-core forward for float16 / bfloat16 (sm_80+).
+// mma.sync m16n8k16 with float32 accumulators, online softmax in registers, Q/K/V tiles loaded with
+// cp.async into XOR-swizzled shared memory, K/V double-buffered, fully masked tiles skipped.
+// Compile-time parameters (defined by the host): ATT_DTYPE (0 f16, 1 bf16), DQK, DV, NWARPS, BN and
+// RB, the 16-row blocks per warp. With RB = 1 the Q fragments stay in registers; with RB > 1 they are
+// re-read from shared memory each tile, and every K/V fragment read feeds RB mma instructions.
+
+#ifndef SCALE_POS
+#define SCALE_POS 0  // 1: the host guarantees scale > 0 (the scale is then fused into exp2's FFMA)
+#endif
+
+#ifndef S_UNROLL
+#define S_UNROLL 8  // unroll factor of Q K^T's k loop when Q is re-read from shared memory (RB > 1)
+#endif
+
+#ifndef COND_RESCALE
+// 1: skip the accumulator rescale when no row max of the warp changed (a warp vote and a branch).
+// Measured on an H100 (benchmarks/cuda_sweep.py): no faster at D = 128 and 3-8 % slower at D = 64,
+// where the branch keeps the rescale from interleaving with the P V mma instructions; off.
+#define COND_RESCALE 0
+#endif
+
+constexpr int BM = 16 * RB * NWARPS;
+constexpr int NT = 32 * NWARPS;
+
+extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, OT* __restrict__ o,
+    float* __restrict__ lse, i64 qsb, i64 qsh, i64 qsn, i64 ksb, i64 ksh, i64 ksn, i64 vsb, i64 vsh,
+    i64 vsn, int Hq, int group, int Nq, int Nk, float scale_log2, int tile_major, MASK_PARAMS) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + BM * DQK;
+  T* sV = sK + 2 * BN * DQK;
+  const Mask m = MASK_INIT;
+
+  const int ntq = (Nq + BM - 1) / BM;
+  // Blocks start in x, y, z order. tile_major (causal rules, whose work grows with the query tile):
+  // grid (heads, batch, query tiles), so the heaviest tiles of every head start first and the light
+  // ones fill the tail. Otherwise grid (query tiles, heads, batch): the blocks running together share
+  // their head's K and V in L2.
+  const int qi = tile_major ? blockIdx.z : blockIdx.x;
+  const int h = tile_major ? blockIdx.x : blockIdx.y, b = tile_major ? blockIdx.y : blockIdx.z;
+  const int qt = ntq - 1 - qi, hk = h / group;
+  const T* qp = q + b * qsb + h * qsh;
+  const T* kp = k + b * ksb + hk * ksh;
+  const T* vp = v + b * vsb + hk * vsh;
+  const i64 bh = (i64)b * Hq + h;
+  OT* op = o + bh * Nq * DV;
+  float* lp = lse + bh * Nq;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int q0 = qt * BM, q1 = min(q0 + BM, Nq) - 1;
+  const int nkt = (Nk + BN - 1) / BN;
+
+  // Tile classes: from the first and last rows' key intervals for 1-d rules, else from positions.
+  const bool iv = m.one_interval(Nq, Nk);
+  int lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
+  if (iv) {
+    m.key_interval(q0, Nk, lo0, hi0);
+    m.key_interval(q1, Nk, lo1, hi1);
+  }
+  auto tile_class = [&](int jt) {
+    const int k0 = jt * BN, k1 = min(k0 + BN, Nk) - 1;
+    return iv ? interval_class(lo0, hi0, lo1, hi1, k0, k1) : m.tile(q0, q1, k0, k1);
+  };
+
+  load_tile<BM, DQK, NT>(sQ, qp, qsn, q0, Nq, tid);
+  int j = 0;
+  while (j < nkt && tile_class(j) == 0) ++j;
+  if (j < nkt) {
+    load_tile<BN, DQK, NT>(sK, kp, ksn, j * BN, Nk, tid);
+    load_tile<BN, DV, NT>(sV, vp, vsn, j * BN, Nk, tid);
+  }
+  cp_async_commit();
+
+  // Rows of this thread: block rb of the warp, rows g and g + 8 (index 2 rb + r). Their positions
+  // are recomputed in masked tiles only, which keeps registers free for the accumulators.
+  float mrow[2 * RB], lrow[2 * RB];
+  float oacc[RB][DV / 8][4];
+#pragma unroll
+  for (int rb = 0; rb < RB; ++rb) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mrow[2 * rb + r] = ATT_NEG_INF;
+      lrow[2 * rb + r] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < DV / 8; ++i) oacc[rb][i][0] = oacc[rb][i][1] = oacc[rb][i][2] = oacc[rb][i][3] = 0.f;
+  }
+  const int arow = (lane & 7) + ((lane >> 3) & 1) * 8;  // ldmatrix row of an A (16 x 16) fragment
+  // Byte offsets of this lane's first fragment in the swizzled tiles. A fragment at chunk c0 + C
+  // (C a multiple of the chunks the lane part c0 spans) is at offset ^ (C << 4): the swizzle XORs
+  // the chunk with the row's low 3 bits, and row offsets are multiples of 8 rows (whole swizzle
+  // periods), so every ldmatrix address is a base plus compile-time XOR / add constants.
+  const u32 k_off = 2 * swz<DQK>(lane & 7, lane >> 3);                  // K: rows nt * 8 + (lane & 7)
+  const u32 q_off = 2 * swz<DQK>(warp * RB * 16 + arow, lane >> 4);     // Q: rows of row block 0
+  const u32 v_off = 2 * swz<DV>(arow, lane >> 4);                       // V (transposed): rows kk * 16 + arow
+  const u32 sQa = smem_u32(sQ), sKa = smem_u32(sK), sVa = smem_u32(sV);
+#if RB == 1
+  u32 qf[DQK / 16][4];
+  bool have_q = false;
+#endif
+  int buf = 0;
+
+  while (j < nkt) {
+    int jn = j + 1;
+    while (jn < nkt && tile_class(jn) == 0) ++jn;
+    if (jn < nkt) {
+      load_tile<BN, DQK, NT>(sK + (buf ^ 1) * BN * DQK, kp, ksn, jn * BN, Nk, tid);
+      load_tile<BN, DV, NT>(sV + (buf ^ 1) * BN * DV, vp, vsn, jn * BN, Nk, tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+#if RB == 1
+    if (!have_q) {
+#pragma unroll
+      for (int kk = 0; kk < DQK / 16; ++kk) ldsm_x4(qf[kk], sQ + swz<DQK>(warp * 16 + arow, kk * 2 + (lane >> 4)));
+      have_q = true;
+    }
+#endif
+
+    // S = Q K^T for this warp's RB x 16 rows and BN keys.
+    float s[RB][BN / 8][4];
+#pragma unroll
+    for (int rb = 0; rb < RB; ++rb)
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) s[rb][nt][0] = s[rb][nt][1] = s[rb][nt][2] = s[rb][nt][3] = 0.f;
+    const u32 kb = sKa + buf * (BN * DQK * 2);
+#if RB > 1
+#pragma unroll S_UNROLL
+#else
+#pragma unroll
+#endif
+    for (int kk = 0; kk < DQK / 16; kk += 2) {
+#if RB > 1
+      u32 qreg[RB][2][4];
+#pragma unroll
+      for (int rb = 0; rb < RB; ++rb) {
+        ldsm_x4_a(qreg[rb][0], sQa + rb * (16 * DQK * 2) + (q_off ^ ((kk * 2) << 4)));
+        ldsm_x4_a(qreg[rb][1], sQa + rb * (16 * DQK * 2) + (q_off ^ ((kk * 2 + 2) << 4)));
+      }
+#endif
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+        u32 bf[4];
+        ldsm_x4_a(bf, kb + (k_off ^ ((kk * 2) << 4)) + nt * (8 * DQK * 2));
+#pragma unroll
+        for (int rb = 0; rb < RB; ++rb) {
+#if RB == 1
+          mma16816(s[rb][nt], qf[kk], bf[0], bf[1]);
+          mma16816(s[rb][nt], qf[kk + 1], bf[2], bf[3]);
+#else
+          mma16816(s[rb][nt], qreg[rb][0], bf[0], bf[1]);
+          mma16816(s[rb][nt], qreg[rb][1], bf[2], bf[3]);
+#endif
+        }
+      }
+    }
+
+    const int k0 = j * BN;
+    const int cls = tile_class(j);
+    const bool masked = cls != 2 || k0 + BN > Nk;
+#pragma unroll
+    for (int rb = 0; rb < RB; ++rb) {
+#if !SCALE_POS
+      // Scale into the log2 domain first (a non-positive scale reverses or flattens the order).
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[rb][nt][e] *= scale_log2;
+#endif
+      if (masked && m.one_interval(Nq, Nk)) {
+        // Each row attends one interval of keys: two compares per element.
+        int lo[2], hi[2];
+        const int row0 = q0 + (warp * RB + rb) * 16 + g;
+        m.key_interval(min(row0, Nq - 1), Nk, lo[0], hi[0]);
+        m.key_interval(min(row0 + 8, Nq - 1), Nk, lo[1], hi[1]);
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int kn = k0 + nt * 8 + 2 * t4 + (e & 1);
+            if (kn < lo[e >> 1] || kn > hi[e >> 1]) s[rb][nt][e] = ATT_NEG_INF;
+          }
+      } else if (masked) {
+        // Bit (2 nt + e) of keep[r]: key k0 + 8 nt + 2 t4 + e is attended by row r. The rule is
+        // evaluated in a rolled loop (one copy of the code), then applied with constant indices.
+        u32 keep0 = 0, keep1 = 0;
+        int qy[2], qx[2];
+        i64 fq[2];
+        const int row0 = q0 + (warp * RB + rb) * 16 + g;
+        m.qpos(min(row0, Nq - 1), qy[0], qx[0], fq[0]);
+        m.qpos(min(row0 + 8, Nq - 1), qy[1], qx[1], fq[1]);
+#pragma unroll 1
+        for (int c = 0; c < BN / 4; ++c) {
+          int kn = k0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
+          if (kn < Nk) {
+            int ky, kx;
+            i64 fk;
+            m.kpos(kn, ky, kx, fk);
+            keep0 |= (u32)m.attend(qy[0], qx[0], fq[0], ky, kx, fk) << c;
+            keep1 |= (u32)m.attend(qy[1], qx[1], fq[1], ky, kx, fk) << c;
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (!((keep0 >> (2 * nt + e)) & 1u)) s[rb][nt][e] = ATT_NEG_INF;
+            if (!((keep1 >> (2 * nt + e)) & 1u)) s[rb][nt][2 + e] = ATT_NEG_INF;
+          }
+      }
+
+      // Online softmax; row r of this block lives in s[rb][*][2r], s[rb][*][2r+1] across the quad.
+      float alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int ri = 2 * rb + r;
+#if SCALE_POS
+        // Raw logits: max first, then one FFMA per element folds the scale into exp2's argument.
+        float mx_ = ATT_NEG_INF;
+#else
+        float mx_ = mrow[ri];
+#endif
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) mx_ = fmaxf(mx_, fmaxf(s[rb][nt][2 * r], s[rb][nt][2 * r + 1]));
+        mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 1));
+        mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 2));
+#if SCALE_POS
+        mx_ = fmaxf(mrow[ri], mx_ * scale_log2);
+        const float sc = scale_log2;
+#else
+        const float sc = 1.f;
+#endif
+        const float mu = (mx_ == ATT_NEG_INF) ? 0.f : mx_;
+        // An unchanged row max rescales by exactly 1 (the common case after the first tiles).
+        alpha[r] = (mx_ == mrow[ri]) ? 1.f : fast_exp2(mrow[ri] - mu);
+        mrow[ri] = mx_;
+        float rs = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) {
+          s[rb][nt][2 * r] = fast_exp2(fmaf(s[rb][nt][2 * r], sc, -mu));
+          s[rb][nt][2 * r + 1] = fast_exp2(fmaf(s[rb][nt][2 * r + 1], sc, -mu));
+          rs += s[rb][nt][2 * r] + s[rb][nt][2 * r + 1];
+        }
+        lrow[ri] = lrow[ri] * alpha[r] + rs;
+      }
+      // Rescale the accumulators only when some row of the warp changed its max (warp-uniform branch).
+      if (!COND_RESCALE || __any_sync(0xffffffff, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int dt = 0; dt < DV / 8; ++dt) {
+          oacc[rb][dt][0] *= alpha[0];
+          oacc[rb][dt][1] *= alpha[0];
+          oacc[rb][dt][2] *= alpha[1];
+          oacc[rb][dt][3] *= alpha[1];
+        }
+      }
+    }
+
+    // O += P V; each V fragment read feeds RB mma instructions.
+    const u32 vb = sVa + buf * (BN * DV * 2);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      u32 a[RB][4];
+#pragma unroll
+      for (int rb = 0; rb < RB; ++rb) {
+        a[rb][0] = pack2(s[rb][2 * kk][0], s[rb][2 * kk][1]);
+        a[rb][1] = pack2(s[rb][2 * kk][2], s[rb][2 * kk][3]);
+        a[rb][2] = pack2(s[rb][2 * kk + 1][0], s[rb][2 * kk + 1][1]);
+        a[rb][3] = pack2(s[rb][2 * kk + 1][2], s[rb][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dt = 0; dt < DV / 8; dt += 2) {
+        u32 bf[4];
+        ldsm_x4_t_a(bf, vb + kk * (16 * DV * 2) + (v_off ^ (dt << 4)));
+#pragma unroll
+        for (int rb = 0; rb < RB; ++rb) {
+          mma16816(oacc[rb][dt], a[rb], bf[0], bf[1]);
+          mma16816(oacc[rb][dt + 1], a[rb], bf[2], bf[3]);
+        }
+      }
+    }
+    __syncthreads();
+    buf ^= 1;
+    j = jn;
+  }
+  cp_async_wait<0>();
+
+  // Normalise and store; a row with no attended key gets out = 0 and lse = -inf.
+#pragma unroll
+  for (int rb = 0; rb < RB; ++rb)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int ri = 2 * rb + r;
+      float l = lrow[ri];
+      l += __shfl_xor_sync(0xffffffff, l, 1);
+      l += __shfl_xor_sync(0xffffffff, l, 2);
+      const float inv = (l == 0.f) ? 0.f : 1.f / l;
+      const int row = q0 + (warp * RB + rb) * 16 + g + 8 * r;
+      if (row < Nq) {
+        OT* orow = op + (i64)row * DV;
+#pragma unroll
+        for (int dt = 0; dt < DV / 8; ++dt) {
+#if O_F32
+          *reinterpret_cast<float2*>(orow + dt * 8 + 2 * t4) =
+              make_float2(oacc[rb][dt][2 * r] * inv, oacc[rb][dt][2 * r + 1] * inv);
+#else
+          u32 pk = pack2(oacc[rb][dt][2 * r] * inv, oacc[rb][dt][2 * r + 1] * inv);
+          *reinterpret_cast<u32*>(orow + dt * 8 + 2 * t4) = pk;
+#endif
+        }
+        if (t4 == 0) lp[row] = (l == 0.f) ? ATT_NEG_INF : (mrow[ri] + log2f(l)) * 0.6931471805599453f;
+      }
+    }
+}
