@@ -91,3 +91,18 @@ def test_tensor_descriptor_loads(monkeypatch, mode) -> None:
           sync="none_end", b=2, hq=4, hkv=2, dqk=32, dv=16, layout="bshd")  # fmt: skip
     check(torch, device="cpu", dtype="bfloat16", seq_q=(45,), seq_k=(45,), rule=Causal(), b=1, hq=2,
           hkv=1, dqk=16, dv=32, grad=False)  # fmt: skip
+
+
+def test_tma_setting_is_checked(monkeypatch) -> None:
+    """ATTNHUB_TRITON_TMA: empty means the default, anything but 0-3 is a clear error (was int('') deep
+    in a launch)."""
+    from attnhub.errors import AttnhubError
+    from attnhub_backends.triton import launch
+
+    k = torch.zeros(2, 3, 40, 32, dtype=torch.float16)
+    monkeypatch.setenv("ATTNHUB_TRITON_TMA", "")
+    assert launch._tma_mode(k, k, k) == 0  # the default: pointers on the CPU interpreter
+    for bad in ("x", "4", "-1"):
+        monkeypatch.setenv("ATTNHUB_TRITON_TMA", bad)
+        with pytest.raises(AttnhubError, match="ATTNHUB_TRITON_TMA"):
+            launch._tma_mode(k, k, k)
