@@ -146,6 +146,45 @@ class _Mask:
             return 0
         return 1
 
+    # Mirrors of common.cuh's interval fast path for 1-d rules (C integer division truncates).
+    def one_interval(self, nq, nk):
+        return (
+            self.lqx == nq and self.lkx == nk and self.bqy == 0 and self.bky == 0 and self.mx < 1 << 29
+            and (self.rule != 2 or self.log2s == 0)
+        )  # fmt: skip
+
+    @staticmethod
+    def floordiv(a, b):
+        if b == 1:
+            return a
+        return a // b if a >= 0 else -((-a + b - 1) // b)
+
+    def key_interval(self, n, nk):
+        qx = n * self.aqx + self.bqx
+        lo, hi = 0, nk - 1
+        if self.rule == 1 or (self.rule == 2 and self.lcausal):
+            hi = min(hi, self.floordiv(qx - self.bkx, self.akx))
+        if self.rule == 2:
+            lo = max(lo, -self.floordiv(-(qx - self.wx + 1 - self.bkx), self.akx))
+            hi = min(hi, self.floordiv(qx + self.wx - 1 - self.bkx, self.akx))
+        return lo, max(hi, -1)
+
+    def query_interval(self, n, nq):
+        kx = n * self.akx + self.bkx
+        lo, hi = 0, nq - 1
+        if self.rule == 1 or (self.rule == 2 and self.lcausal):
+            lo = max(lo, -self.floordiv(-(kx - self.bqx), self.aqx))
+        if self.rule == 2:
+            lo = max(lo, -self.floordiv(-(kx - self.wx + 1 - self.bqx), self.aqx))
+            hi = min(hi, self.floordiv(kx + self.wx - 1 - self.bqx, self.aqx))
+        return lo, max(hi, -1)
+
+
+def _interval_class(lo0, hi0, lo1, hi1, c0, c1):
+    if c1 < lo0 or c0 > hi1:
+        return 0
+    return 2 if lo1 <= c0 and hi0 >= c1 else 1
+
 
 def _req(seq_q, seq_k, rule, sync):
     return Request("torch", "cuda:0", "float16", "bhsd", 1, 1, 1, seq_q, seq_k, 64, 64, rule, sync, 0.125)
@@ -185,6 +224,31 @@ def test_mask_params_match_spec(sync, rule, shapes):
                     cls = m.tile(q0, q1, k0, k1)
                     assert cls != 0 or not block.any(), (q0, k0, bq, bk)
                     assert cls != 2 or block.all(), (q0, k0, bq, bk)
+    # 1-d Full / Causal / unstrided Local: each query attends exactly one interval of keys (and each
+    # key one interval of queries), growing with the index; tile classes from the end rows are sound.
+    if not m.one_interval(nq, nk):
+        assert len(seq_q) == 2 or (isinstance(rule, Local) and rule.log2_stride > 0)
+        return
+    rows = [m.key_interval(i, nk) for i in range(nq)]
+    for i, (lo, hi) in enumerate(rows):
+        np.testing.assert_array_equal([lo <= j <= hi for j in range(nk)], want[i], err_msg=f"row {i}")
+    cols = [m.query_interval(j, nq) for j in range(nk)]
+    for j, (lo, hi) in enumerate(cols):
+        np.testing.assert_array_equal([lo <= i <= hi for i in range(nq)], want[:, j], err_msg=f"col {j}")
+    assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(rows, rows[1:]))
+    for bq in (1, 3, 8):
+        for bk in (1, 4, 8):
+            for q0 in range(0, nq, bq):
+                q1 = min(q0 + bq, nq) - 1
+                for k0 in range(0, nk, bk):
+                    k1 = min(k0 + bk, nk) - 1
+                    block = want[q0 : q1 + 1, k0 : k1 + 1]
+                    cls = _interval_class(*rows[q0], *rows[q1], k0, k1)
+                    assert cls != 0 or not block.any(), (q0, k0, bq, bk)
+                    assert cls != 2 or block.all(), (q0, k0, bq, bk)
+                    cls_t = _interval_class(*cols[k0], *cols[k1], q0, q1)  # the dK/dV kernel's view
+                    assert cls_t != 0 or not block.any(), (q0, k0, bq, bk)
+                    assert cls_t != 2 or block.all(), (q0, k0, bq, bk)
 
 
 def test_backend_declines_with_reasons():
