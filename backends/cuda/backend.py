@@ -297,7 +297,6 @@ def _forward(q: Any, k: Any, v: Any, req: Request, out_dtype: Any) -> tuple[Any,
 
 
 def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> None:
-    import numpy as np
     import torch
 
     q, k, v = (_strided(x, 8) for x in (q, k, v))
@@ -315,20 +314,23 @@ def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> No
         _grid(req, ceil_div(req.nq, 16 * cfg[0] * cfg[2]), req.heads_q),
         32 * cfg[0],
         smem,
-        ptr(q),
-        ptr(k),
-        ptr(v),
-        ptr(out),
-        ptr(lse),
-        *(i64(s) for x in (q, k, v) for s in x.stride()[:3]),
-        _i32(req.heads_q),
-        _i32(req.group),
-        _i32(req.nq),
-        _i32(req.nk),
-        np.float32(req.scale * math.log2(math.e)),
+        *_tiled_forward_args(q, k, v, out, lse, req),
         _i32(_tile_major(req)),
         *mask_args(req),
     )
+
+
+def _tiled_forward_args(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> tuple[Any, ...]:
+    """The leading arguments of both tensor-core forwards (attn_fwd_mma, attn_fwd_tf32): pointers,
+    the (batch, head, row) strides of q, k, v, heads, GQA group, lengths and scale * log2(e)."""
+    import numpy as np
+
+    return (
+        ptr(q), ptr(k), ptr(v), ptr(out), ptr(lse),
+        *(i64(s) for x in (q, k, v) for s in x.stride()[:3]),
+        _i32(req.heads_q), _i32(req.group), _i32(req.nq), _i32(req.nk),
+        np.float32(req.scale * math.log2(math.e)),
+    )  # fmt: skip
 
 
 def _tile_major(req: Request) -> bool:
@@ -344,7 +346,6 @@ def _grid(req: Request, tiles: int, heads: int) -> tuple[int, int, int]:
 
 
 def _forward_tf32(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> None:
-    import numpy as np
     import torch
 
     q, k, v = (_strided(x, 4) for x in (q, k, v))  # 16-byte rows for cp.async
@@ -360,17 +361,7 @@ def _forward_tf32(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> N
         (ceil_div(req.nq, 16 * cfg[0] * cfg[2]), req.heads_q, req.batch),
         32 * cfg[0],
         smem,
-        ptr(q),
-        ptr(k),
-        ptr(v),
-        ptr(out),
-        ptr(lse),
-        *(i64(s) for x in (q, k, v) for s in x.stride()[:3]),
-        _i32(req.heads_q),
-        _i32(req.group),
-        _i32(req.nq),
-        _i32(req.nk),
-        np.float32(req.scale * math.log2(math.e)),
+        *_tiled_forward_args(q, k, v, out, lse, req),
         *mask_args(req),
     )
 
