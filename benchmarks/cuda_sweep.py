@@ -1,14 +1,16 @@
 """Sweep variants of the cuda backend's bf16 tensor-core kernels on one GPU, checked and timed.
 
-    python benchmarks/cuda_sweep.py [--old REV] [--quick] [--json FILE]
+    python benchmarks/cuda_sweep.py [--old REV | --old-dir DIR] [--quick] [--no-bwd] [--json FILE]
 
 Forward: each (kernel source, tile, extra defines) variant is first checked against the float64
 reference backend (odd lengths, Full / Causal / Local(causal) rules, q x 8 for large logits), then
 timed against torch SDPA flash and cuDNN in the same process on the ``attnhub bench`` grid's L = 4096
-shapes (B = 4, H = 2048 / D). ``--old REV`` adds the forward source of git revision REV for a
-same-run before/after. Backward: the (KB_Q, QB_N) steps of bwd_mma.cu (``ATTNHUB_CUDA_BWD_STEPS``), timed
-as ``torch.autograd.grad`` against SDPA flash. Median of ``triton.testing.do_bench``; FLOPs as
-FlashAttention counts them (forward 4·B·H·L²·D, halved for causal; backward 2.5x).
+shapes (B = 4, H = 2048 / D). ``--old REV`` adds the forward (fwd_mma.cu with its mma.cuh) of git
+revision REV for a same-run before/after; ``--old-dir DIR`` takes those two files from DIR (a tree
+without git history). Backward: the (KB_Q, QB_N[, KRB]) settings of bwd_mma.cu
+(``ATTNHUB_CUDA_BWD_STEPS``), timed as ``torch.autograd.grad`` against SDPA flash. Median of
+``triton.testing.do_bench``; FLOPs as FlashAttention counts them (forward 4·B·H·L²·D, halved for
+causal; backward 2.5x).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import dataclasses
 import json
 import os
 import subprocess
+import tempfile
 
 import numpy as np
 import torch
@@ -42,16 +45,18 @@ def _grad(out, inputs, dout):
     return torch.autograd.grad(out, inputs, dout, retain_graph=True)
 
 
-def _patch(source: str | None, extra: tuple[tuple[str, int], ...]) -> None:
-    """Make the backend build its forward from ``source`` (a file in the kernel dir) plus ``extra`` defines."""
+def _patch(old_dir: str | None, extra: tuple[tuple[str, int], ...]) -> None:
+    """Make the backend build its forward plus ``extra`` defines; from ``old_dir``'s fwd_mma.cu and
+    mma.cuh when given (absolute paths: the package's kernel directory is never written)."""
     base = _ORIG_MMA_VARIANT
 
     def variant(*a, **kw):
         v = base(*a, **kw)
         keep = tuple(x for x in v.defines if x[0] not in dict(extra))
-        if source is None:
+        if old_dir is None:
             return dataclasses.replace(v, defines=keep + extra)
-        headers = ("common.cuh", "mma_old.cuh")
+        source = os.path.join(old_dir, "fwd_mma.cu")
+        headers = ("common.cuh", os.path.join(old_dir, "mma.cuh"))
         return dataclasses.replace(v, source=source, defines=keep + extra, headers=headers)
 
     compiler.mma_variant = variant
@@ -96,9 +101,9 @@ def sweep_forward(variants, quick: bool) -> list[dict]:
                 "flash": _ms(_sdpa, SDPBackend.FLASH_ATTENTION, q, k, v, causal),
                 "cudnn": _ms(_sdpa, SDPBackend.CUDNN_ATTENTION, q, k, v, causal),
             }
-            for name, source, extra, tiles in variants:
+            for name, old_dir, extra, tiles in variants:
                 for tile in tiles.get(d, []) if isinstance(tiles, dict) else tiles:
-                    _patch(source, extra)
+                    _patch(old_dir, extra)
                     if tile:
                         os.environ["ATTNHUB_CUDA_MMA"] = ",".join(map(str, tile))
                     else:
@@ -178,21 +183,23 @@ def sweep_backward(steps, quick: bool) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--old", help="git revision whose fwd_mma.cu is swept too (same run)")
+    ap.add_argument("--old", help="git revision whose fwd_mma.cu (with its mma.cuh) is swept too (same run)")
+    ap.add_argument("--old-dir", help="a directory holding an older fwd_mma.cu and mma.cuh, instead of --old")
     ap.add_argument("--quick", action="store_true", help="one tile per variant")
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
     variants = []
-    if args.old:
-        # The forward and its tensor-core header at revision REV (a device copy of the tree may lack
-        # the revision: then put fwd_mma_old.cu and mma_old.cuh in the kernel dir by hand).
-        for name, path in (("fwd_mma_old.cu", "fwd_mma.cu"), ("mma_old.cuh", "mma.cuh")):
-            target = compiler.KERNEL_DIR / name
-            if not target.exists():
-                git = ["git", "show", f"{args.old}:backends/cuda/kernels/{path}"]
-                target.write_text(subprocess.run(git, capture_output=True, text=True, check=True).stdout)
-        variants.append((f"old {args.old}", "fwd_mma_old.cu", (), [None]))
+    old_dir = args.old_dir
+    if args.old and not old_dir:
+        old_dir = tempfile.mkdtemp(prefix="attnhub-sweep-")
+        for name in ("fwd_mma.cu", "mma.cuh"):
+            git = ["git", "show", f"{args.old}:backends/cuda/kernels/{name}"]
+            text = subprocess.run(git, capture_output=True, text=True, check=True).stdout
+            with open(os.path.join(old_dir, name), "w") as f:
+                f.write(text)
+    if old_dir:
+        variants.append((f"old {args.old or old_dir}", old_dir, (), [None]))
     variants += [("new", None, (), FWD_TILES)]
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     rows = sweep_forward(variants, args.quick)
