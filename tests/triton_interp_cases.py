@@ -102,6 +102,8 @@ def test_tma_setting_is_checked(monkeypatch) -> None:
     k = torch.zeros(2, 3, 40, 32, dtype=torch.float16)
     monkeypatch.setenv("ATTNHUB_TRITON_TMA", "")
     assert launch._tma_mode(k, k, k) == 0  # the default: pointers on the CPU interpreter
+    monkeypatch.setenv("ATTNHUB_TRITON_TMA", "1")
+    assert launch._tma_mode(k, k, k, packed=True) == 1  # forced: decode-shaped calls too
     for bad in ("x", "4", "-1"):
         monkeypatch.setenv("ATTNHUB_TRITON_TMA", bad)
         with pytest.raises(AttnhubError, match="ATTNHUB_TRITON_TMA"):

@@ -79,17 +79,19 @@ def _cfgs(kernel: str, req: Request, x: torch.Tensor) -> list[configs.Cfg]:
 TMA_DEFAULT = 3  # host-made 4-d descriptors: fastest of 1-3 on the H100 (2026-11-22)
 
 
-def _tma_mode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
+def _tma_mode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: bool = False) -> int:
     """The forward's K/V load path: a descriptor mode where TMA's rules hold, else 0 (pointers).
 
     Descriptors need 16-byte aligned bases and outer strides, a contiguous head dim and a head dim
     that is its own power-of-two tile (no padding). By default they are used on sm90+ for 16-bit
-    dtypes at head dim 128; ``ATTNHUB_TRITON_TMA=N`` forces mode N wherever it is allowed (the
-    interpreter too).
+    dtypes at head dim 128, except for decode-shaped calls (``packed``: GQA rows packed into one
+    tile, split-KV), where host descriptors measured 0.261 ms against 0.145 ms with pointers (H100,
+    Lq = 1, Lk = 8k, 2026-11-22). ``ATTNHUB_TRITON_TMA=N`` forces mode N wherever it is allowed (the
+    interpreter and packed calls too).
     """
     env = env_value("ATTNHUB_TRITON_TMA")
     if not env:  # unset (or set empty): the default
-        if interpret_mode() or q.device.type != "cuda" or _capability(q.device)[0] < 9:
+        if packed or interpret_mode() or q.device.type != "cuda" or _capability(q.device)[0] < 9:
             return 0
         if q.dtype not in (torch.float16, torch.bfloat16):
             return 0
@@ -188,9 +190,7 @@ def forward(
     # GQA packing: with few queries, one tile holds every (query head of a group, query) row.
     pack = group > 1 and nq * group <= 64
 
-    # Decode-shaped calls (packed GQA rows, split-KV) keep pointer loads unless TMA is forced: host
-    # descriptors measured 0.261 ms against 0.145 ms with pointers (H100, Lq = 1, Lk = 8k, 2026-11-22).
-    tma = _tma_mode(q, k, v) if not pack or env_value("ATTNHUB_TRITON_TMA") else 0
+    tma = _tma_mode(q, k, v, packed=pack)
 
     def run(cfg: configs.Cfg) -> None:
         bm = max(16, 1 << math.ceil(math.log2(nq * group))) if pack else cfg.bm
