@@ -52,7 +52,7 @@ class CudaBackend(Backend):
             return None
 
     def extra_reasons(self, req: Request) -> list[str]:
-        reasons = grid_ok(req)
+        reasons = grid_ok(req, tiles_on_z=use_mma(req))
         if req.symbolic:
             reasons.append("needs concrete torch tensors")
         if req.device_type == "cuda":
@@ -65,10 +65,6 @@ class CudaBackend(Backend):
                 )
             else:
                 reasons.extend(_smem_reasons(req))
-        if use_mma(req) and max(req.nq, req.nk) > _MAX_GRID_Z * 64:
-            reasons.append(
-                f"sequences longer than {_MAX_GRID_Z * 64} (a CUDA grid's z extent of 64-row tiles)"
-            )
         return reasons
 
     # ---------------------------------------------------------------- forward
@@ -151,10 +147,6 @@ class CudaBackend(Backend):
                 *mask_args(req),
             )
             return dq.to(q.dtype), dk, dv
-
-
-#: Largest y / z extent of a CUDA grid; the kernels put batch on y and tiles (or batch) on z.
-_MAX_GRID_Z = 65535
 
 
 def _smem_reasons(req: Request) -> list[str]:

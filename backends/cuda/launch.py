@@ -96,11 +96,18 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def grid_ok(req: Request) -> list[str]:
-    """Limits of the launch grid and of 32-bit index arithmetic."""
+#: Largest y / z extent of a CUDA grid.
+MAX_GRID_YZ = 65535
+
+
+def grid_ok(req: Request, tiles_on_z: bool = False) -> list[str]:
+    """Limits of the launch grid and of 32-bit index arithmetic. ``tiles_on_z``: the kernels may put
+    64-row (or larger) tiles on the grid's z axis (the tensor-core kernels under causal rules)."""
     reasons = []
     if max(req.nq, req.nk) >= 1 << 30:
         reasons.append(f"sequences up to 2**30 positions, got Nq={req.nq} Nk={req.nk}")
-    if req.heads_q > 65535 or req.batch > 65535:
-        reasons.append(f"batch and heads up to 65535, got B={req.batch} Hq={req.heads_q}")
+    if tiles_on_z and max(req.nq, req.nk) > MAX_GRID_YZ * 64:
+        reasons.append(f"sequences longer than {MAX_GRID_YZ * 64} (a CUDA grid's z extent of 64-row tiles)")
+    if req.heads_q > MAX_GRID_YZ or req.batch > MAX_GRID_YZ:
+        reasons.append(f"batch and heads up to {MAX_GRID_YZ}, got B={req.batch} Hq={req.heads_q}")
     return reasons
