@@ -1,8 +1,9 @@
 """Tile shapes, warps and pipeline stages: small candidate sets per GPU family, a short tuner.
 
 The first candidate of a set is the default. On a CUDA device, a request whose work is large enough
-compiles each candidate, warms the GPU up, times each in two interleaved rounds of ~2 ms batches and
-keeps the fastest per signature bucket, so that tuning stays short; ``ATTNHUB_TRITON_TUNE=0`` turns tuning off. Under the interpreter one small
+compiles each candidate, warms the GPU up, times each in two interleaved rounds of single calls
+from a cold L2 cache (median of up to 32) and keeps the fastest per signature bucket, so that tuning
+stays short; ``ATTNHUB_TRITON_TUNE=0`` turns tuning off. Under the interpreter one small
 shape is used (block shapes differ between query and key tiles to exercise the tile plans).
 """
 
@@ -152,12 +153,12 @@ def choose(key: tuple, cands: list[Cfg], run: Callable[[Cfg], object], work: int
     # Bring the clocks up first (about 50 ms of the default): an idle GPU times its first candidate
     # slow, which biased the pick towards later candidates (seen on the H100, 2026-11-22).
     ms = _elapsed_ms(lambda: run(live[0]), 1)
-    _elapsed_ms(lambda: run(live[0]), max(1, min(500, math.ceil(50.0 / max(ms, 1e-3)))))
+    _elapsed_ms(lambda: run(live[0]), max(1, min(200, math.ceil(50.0 / max(ms, 1e-3)))))
     best_of: dict[Cfg, float] = {}
-    for _ in range(2):  # two interleaved rounds; each candidate keeps its best batch of ~2 ms
+    for _ in range(2):  # two interleaved rounds; each candidate keeps its better median
         for cfg in live:
             ms = _elapsed_ms(lambda c=cfg: run(c), 1)
-            n = max(2, min(64, math.ceil(2.0 / max(ms, 1e-3))))
+            n = max(3, min(32, math.ceil(2.0 / max(ms, 1e-3))))
             best_of[cfg] = min(best_of.get(cfg, math.inf), _elapsed_ms(lambda c=cfg: run(c), n))
     best = min(live, key=lambda c: best_of[c])  # ties keep the candidates' order
     _CHOSEN[key] = best
@@ -165,16 +166,35 @@ def choose(key: tuple, cands: list[Cfg], run: Callable[[Cfg], object], work: int
 
 
 def _elapsed_ms(fn: Callable[[], object], n: int) -> float:
-    """Milliseconds per call of ``fn`` over ``n`` back-to-back calls, timed with CUDA events."""
+    """Median milliseconds of one call of ``fn`` over ``n`` calls, each timed alone with CUDA events.
+
+    Before each call the L2 cache is flushed by zeroing a buffer four times its size, which also
+    keeps the GPU busy while the CPU launches the call: the time is the kernels' own, from a cold
+    cache, as ``triton.testing.do_bench`` measures. Back-to-back batches (the previous tuner) let
+    launch overhead and noise decide between decode tiles: it kept a 16x128 tile that do_bench
+    timed at 0.17 ms against 0.12 ms for 16x64 (H100, Lq = 1, Lk = 8k, 2026-11-22).
+    """
     import torch
 
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    flush = torch.empty(_flush_bytes(), dtype=torch.int8, device="cuda")
+    events = []
     for _ in range(n):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / n
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    times = sorted(start.elapsed_time(end) for start, end in events)
+    return times[len(times) // 2]
+
+
+def _flush_bytes() -> int:
+    import torch
+
+    l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)
+    return 4 * max(int(l2), 32 << 20)
 
 
 def chosen() -> dict[tuple, Cfg]:

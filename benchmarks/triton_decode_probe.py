@@ -1,0 +1,99 @@
+"""Decode-shaped forward (Lq = 1, GQA 32/8, D = 128, bf16): triton variants next to SDPA, one process.
+
+Why: the issue's decode target (>= 0.8x the best SDPA backend) moved between commits; this times the
+default and pinned variants (tile config, split-KV factor, K/V load path, tuner off) in one process
+so that their ratios are comparable. Every variant is checked against SDPA's output first.
+
+Usage (GPU): python benchmarks/triton_decode_probe.py [--lengths 8192,32768] [--batch 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+VARIANTS = {
+    "default": {},
+    "tune=0": {"ATTNHUB_TRITON_TUNE": "0"},
+    "cfg 16,128,4,3": {"ATTNHUB_TRITON_FWD_CFG": "16,128,4,3"},
+    "cfg 16,64,4,4": {"ATTNHUB_TRITON_FWD_CFG": "16,64,4,4"},
+    "cfg 16,64,4,3": {"ATTNHUB_TRITON_FWD_CFG": "16,64,4,3"},
+    "cfg 16,64,4,6": {"ATTNHUB_TRITON_FWD_CFG": "16,64,4,6"},
+    "cfg 16,32,4,6": {"ATTNHUB_TRITON_FWD_CFG": "16,32,4,6"},
+    "cfg 16,64,8,4": {"ATTNHUB_TRITON_FWD_CFG": "16,64,8,4"},
+    "cfg 16,128,8,2": {"ATTNHUB_TRITON_FWD_CFG": "16,128,8,2"},
+    "splits 4": {"ATTNHUB_TRITON_SPLITS": "4"},
+    "splits 8": {"ATTNHUB_TRITON_SPLITS": "8"},
+    "splits 16": {"ATTNHUB_TRITON_SPLITS": "16"},
+    "splits 32": {"ATTNHUB_TRITON_SPLITS": "32"},
+    "tma 3": {"ATTNHUB_TRITON_TMA": "3"},
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lengths", default="8192,32768")
+    ap.add_argument("--batch", type=int, default=8)
+    args = ap.parse_args()
+
+    import torch
+    import triton.testing
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import attnhub
+    from attnhub_backends.triton import configs
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for lk in (int(x) for x in args.lengths.split(",")):
+        g = torch.Generator(device="cuda").manual_seed(lk)
+        q = torch.randn(args.batch, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (
+            torch.randn(args.batch, 8, lk, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+            for _ in "kv"
+        )
+        ref = sdpa(q.double(), k.double(), v.double(), enable_gqa=True)
+        times = {}
+        for name, be in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
+                         ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION)):  # fmt: skip
+
+            def fn(be=be, q=q, k=k, v=v):
+                with sdpa_kernel([be]):
+                    return sdpa(q, k, v, enable_gqa=True)
+
+            try:
+                fn()
+                times[name] = triton.testing.do_bench(fn, warmup=50, rep=300)
+            except RuntimeError as exc:
+                print(f"{name}: n/a ({str(exc).splitlines()[0][:80]})")
+        best = min(times.values())
+        bytes_moved = 2 * k.numel() * k.element_size()
+        for name, ms in times.items():
+            print(f"Lk={lk} {name:16s} {ms:.4f} ms  {bytes_moved / ms / 1e9:.0f} GB/s")
+        for name, env in VARIANTS.items():
+            saved = {key: os.environ.get(key) for key in env}
+            os.environ.update(env)
+            try:
+
+                def fn(q=q, k=k, v=v):
+                    return attnhub.attention(q, k, v, backend="triton")
+
+                try:
+                    out = fn()
+                except RuntimeError as exc:
+                    print(f"Lk={lk} triton {name:16s} n/a ({str(exc)[:60]})")
+                    continue
+                err = ((out.double() - ref).norm() / ref.norm()).item()
+                ms = triton.testing.do_bench(fn, warmup=50, rep=300)
+                picked = [c for key, c in configs.chosen().items() if key[0] == "fwd"][-1:]
+                print(f"Lk={lk} triton {name:16s} {ms:.4f} ms  {bytes_moved / ms / 1e9:.0f} GB/s  "
+                      f"best-sdpa/triton {best / ms:.2f}  rel.err {err:.1e}  cfg {picked}")  # fmt: skip
+            finally:
+                for key, val in saved.items():
+                    if val is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = val
+
+
+if __name__ == "__main__":
+    main()
