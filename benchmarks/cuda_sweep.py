@@ -7,7 +7,7 @@ reference backend (odd lengths, Full / Causal / Local(causal) rules, q x 8 for l
 timed against torch SDPA flash and cuDNN in the same process on the ``attnhub bench`` grid's L = 4096
 shapes (B = 4, H = 2048 / D). ``--old REV`` adds the forward (fwd_mma.cu with its mma.cuh) of git
 revision REV for a same-run before/after; ``--old-dir DIR`` takes those two files from DIR (a tree
-without git history). Backward: the (KB_Q, QB_N[, KRB]) settings of bwd_mma.cu
+without git history). Backward: the fused and split kernels (``ATTNHUB_CUDA_BWD``) and the (KB_Q, QB_N[, KRB]) settings of bwd_mma.cu
 (``ATTNHUB_CUDA_BWD_STEPS``), timed as ``torch.autograd.grad`` against SDPA flash. Median of
 ``triton.testing.do_bench``; FLOPs as FlashAttention counts them (forward 4·B·H·L²·D, halved for
 causal; backward 2.5x).
@@ -31,7 +31,9 @@ import attnhub
 from attnhub_backends.cuda import compiler
 
 FWD_TILES = {64: [(4, 128, 2)], 128: [(4, 64, 2)]}
-BWD_STEPS = {64: ["64,64", "32,64,2", "16,64,2"], 128: ["64,64"]}
+# "mode steps": ATTNHUB_CUDA_BWD (fused: one kernel, dQ by atomics; split: dK/dV and dQ kernels) and
+# ATTNHUB_CUDA_BWD_STEPS.
+BWD_STEPS = {64: ["fused 64,64", "split 64,64", "fused 64,64,2"], 128: ["fused 64,64", "split 64,64"]}
 
 
 def _ms(fn, *args, **kwargs) -> float:
@@ -155,7 +157,9 @@ def sweep_backward(steps, quick: bool) -> list[dict]:
                 flash = _ms(_grad, fo, (q, k, v), do)
             ref = torch.autograd.grad(fo, (q, k, v), do, retain_graph=True)
             for st in steps[d] if isinstance(steps, dict) else steps:
-                os.environ["ATTNHUB_CUDA_BWD_STEPS"] = st
+                mode, st_env = st.split()
+                os.environ["ATTNHUB_CUDA_BWD"] = mode
+                os.environ["ATTNHUB_CUDA_BWD_STEPS"] = st_env
                 try:
                     out = attnhub.attention(q, k, v, mask=mask, backend="cuda")
                     got = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
@@ -163,21 +167,22 @@ def sweep_backward(steps, quick: bool) -> list[dict]:
                     ms = _ms(_grad, out, (q, k, v), do)
                 except Exception as exc:
                     print(
-                        f"bwd D={d} causal={causal} steps {st}: {type(exc).__name__}: {str(exc)[:200]}",
+                        f"bwd D={d} causal={causal} {st}: {type(exc).__name__}: {str(exc)[:200]}",
                         flush=True,
                     )
                     continue
-                rows.append({"pass": "bwd", "D": d, "causal": causal, "variant": f"steps {st}", "ms": ms,
+                rows.append({"pass": "bwd", "D": d, "causal": causal, "variant": st, "ms": ms,
                              "tflops": flops / ms / 1e9, "flash_ms": flash, "vs_flash": flash / ms,
                              "max_abs_diff_vs_flash": diff})  # fmt: skip
                 print(
-                    f"bwd D={d:3d} causal={causal!s:5} steps {st:6s} {ms:7.3f} ms {flops / ms / 1e9:6.1f} TF/s "
+                    f"bwd D={d:3d} causal={causal!s:5} {st:14s} {ms:7.3f} ms {flops / ms / 1e9:6.1f} TF/s "
                     f"flash {flash / ms:.2f}x (max |d grad| vs flash {diff:.3f})",
                     flush=True,
                 )
                 if quick:
                     break
     os.environ.pop("ATTNHUB_CUDA_BWD_STEPS", None)
+    os.environ.pop("ATTNHUB_CUDA_BWD", None)
     return rows
 
 

@@ -194,11 +194,24 @@ def test_inputs_unchanged_and_stream(rng):
 @pytest.mark.parametrize(
     "rule", [Full(), Causal(), Local(9, log2_stride=1, causal=True)], ids=lambda r: r.describe()
 )
-def test_backward_tensor_cores(rng, dtype, dims, rule):
-    # Lengths off the tile sizes, GQA, and (none_end with Lk < Lq) fully masked rows under causal rules.
+@pytest.mark.parametrize("mode", ["fused", "split"])
+def test_backward_tensor_cores(rng, monkeypatch, dtype, dims, rule, mode):
+    # Lengths off the tile sizes, GQA, and (none_end with Lk < Lq) fully masked rows under causal rules;
+    # both backward kernels (fused: dQ through float32 atomics; split: dK/dV and dQ kernels).
+    monkeypatch.setenv("ATTNHUB_CUDA_BWD", mode)
     _check(rng, dtype, (150,), (97,), rule, "none_end", dqk=dims[0], dv=dims[1], grad=True)
     _check(rng, dtype, (9, 11), (6, 13), rule, "scale_end", dqk=dims[0], dv=dims[1], hq=2, hkv=1, grad=True)
 
 
-def test_backward_tensor_cores_large_logits(rng):
+@pytest.mark.parametrize("mode", ["fused", "split"])
+def test_backward_tensor_cores_large_logits(rng, monkeypatch, mode):
+    monkeypatch.setenv("ATTNHUB_CUDA_BWD", mode)
     _check(rng, "bfloat16", (200,), (200,), Causal(), "none_front", dqk=128, dv=128, qscale=8.0, grad=True)
+
+
+@pytest.mark.parametrize("mode", ["fused", "split"])
+@pytest.mark.parametrize("rule", [Full(), Causal()], ids=lambda r: r.describe())
+def test_backward_tensor_cores_many_key_tiles(rng, monkeypatch, mode, rule):
+    # 11-12 key tiles add into each dQ row (fused: concurrent float32 atomics), query heads 4 per kv head.
+    monkeypatch.setenv("ATTNHUB_CUDA_BWD", mode)
+    _check(rng, "bfloat16", (700,), (740,), rule, "none_end", dqk=128, dv=64, hq=8, hkv=2, b=1, grad=True)

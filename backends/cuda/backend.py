@@ -157,6 +157,7 @@ def _smem_reasons(req: Request) -> list[str]:
         if _mma_config_for(req, limit) is None:
             need.append(("forward", compiler.mma_smem_bytes(req.dim_qk, req.dim_v, _MMA_FALLBACKS[-1])))
         if req.needs_grad and not _simt_backward_forced():
+            # the split kernels (the fused one, larger, is used only where it fits)
             need.append(("backward", max(compiler.bwd_mma_smem_bytes(req.dim_qk, req.dim_v))))
     elif use_tf32(req):
         if _tf32_config_for(req, limit) is None:
@@ -417,6 +418,21 @@ def _backward_mma(
     krb = compiler.bwd_config(req.dim_qk, req.dim_v)[2]  # 16-key blocks per warp in dK/dV
     scales = (np.float32(req.scale), np.float32(req.scale * math.log2(math.e)))
     common = (ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), ptr(delta))
+    smem = compiler.bwd_fused_smem_bytes(req.dim_qk, req.dim_v)
+    if compiler.bwd_fused(req.dim_qk, req.dim_v) and smem <= _smem_limit(dev):
+        # One pass over the (key tile, query tile) pairs; dQ's shares meet in a float32 buffer.
+        # (At head dim 128 on parts with 99 KiB per block, sm_86 / sm_89, the split kernels run.)
+        dqacc = torch.zeros((req.batch, req.heads_q, req.nq, req.dim_qk), dtype=torch.float32, device=dev)
+        kern = compiler.load_kernel(var, "attn_bwd_fused_mma", idx, arch, smem)
+        launch(
+            kern, dev, _grid(req, ceil_div(req.nk, 64 * krb), req.heads_kv), 128, smem, *common, ptr(dk),
+            ptr(dv), ptr(dqacc), _i32(req.heads_q), _i32(req.heads_kv), _i32(req.nq), _i32(req.nk), *scales,
+            _i32(_tile_major(req)), *mask_args(req),
+        )  # fmt: skip
+        n = dqacc.numel()
+        kern = compiler.load_kernel(var, "attn_bwd_dq_convert", idx, arch)
+        launch(kern, dev, (ceil_div(n, 4 * 256),), 256, 0, ptr(dqacc), ptr(dq), i64(n), scales[0])
+        return dq, dk, dv
     kern = compiler.load_kernel(var, "attn_bwd_dkdv_mma", idx, arch, smem_kv)
     launch(
         kern, dev, _grid(req, ceil_div(req.nk, 64 * krb), req.heads_kv), 128, smem_kv, *common, ptr(dk), ptr(dv),

@@ -165,7 +165,10 @@ def bwd_mma_variant(dtype: str, dqk: int, dv: int) -> Variant:
     defines = (("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv))
     kb_q, qb_n, krb = bwd_config(dqk, dv)
     defines += (("KB_Q", kb_q), ("QB_N", qb_n), ("KRB", krb))
-    return Variant("bwd_mma.cu", defines, ("attn_bwd_dkdv_mma", "attn_bwd_dq_mma"), _MMA_HEADERS)
+    names = ("attn_bwd_dkdv_mma", "attn_bwd_dq_mma", "attn_bwd_dq_convert")
+    if kb_q == 64:  # the fused kernel's dQ step gives each of the 4 warps 16 of the KB_Q queries
+        names += ("attn_bwd_fused_mma",)
+    return Variant("bwd_mma.cu", defines, names, _MMA_HEADERS)
 
 
 def simt_variant(dtype: str, o_f32: bool = False) -> Variant:
@@ -216,6 +219,22 @@ def bwd_mma_smem_bytes(dqk: int, dv: int) -> tuple[int, int]:
     dkdv = 2 * (64 * krb * (dqk + dv) + 2 * kb_q * (dqk + dv)) + 4 * 4 * kb_q
     dq = 2 * (64 * (dqk + dv) + 2 * qb_n * (dqk + dv))
     return dkdv, dq
+
+
+def bwd_fused_smem_bytes(dqk: int, dv: int) -> int:
+    """Dynamic shared memory of the fused backward: the dK/dV kernel's plus the staged dS tile."""
+    kb_q, _, krb = bwd_config(dqk, dv)
+    return bwd_mma_smem_bytes(dqk, dv)[0] + 2 * 64 * krb * kb_q
+
+
+def bwd_fused(dqk: int, dv: int) -> bool:
+    """Whether the tensor-core backward runs fused (one kernel, dQ added with atomics; the default)
+    rather than split (dK/dV and dQ kernels, deterministic); ``ATTNHUB_CUDA_BWD=split`` or
+    ``=fused`` chooses. The fused kernel needs 64-query steps."""
+    mode = os.environ.get("ATTNHUB_CUDA_BWD", "")
+    if mode not in ("", "fused", "split", "simt"):
+        raise AttnhubError(f"ATTNHUB_CUDA_BWD takes fused, split or simt, got {mode!r}")
+    return mode != "split" and bwd_config(dqk, dv)[0] == 64
 
 
 def mma_smem_bytes(dqk: int, dv: int, config: tuple[int, int, int]) -> int:

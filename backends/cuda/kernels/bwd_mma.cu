@@ -1,5 +1,9 @@
 // attnhub CUDA backend: tensor-core backward for float16 / bfloat16 (sm_80+), head dims 64 / 128.
-// Two deterministic kernels (no atomics), P recomputed from lse:
+// Fused (default): attn_bwd_fused_mma is attn_bwd_dkdv_mma that also stages dS in shared memory and
+//   adds its dQ share (dS K, 64 queries x Dqk per step) into a float32 buffer with atomics;
+//   attn_bwd_dq_convert scales and rounds that buffer. Five matrix products per tile pair instead of
+//   the split pair's seven; the order of the atomic adds makes dQ non-deterministic in its last bits.
+// Split (ATTNHUB_CUDA_BWD=split): two deterministic kernels (no atomics), P recomputed from lse:
 //   attn_bwd_dkdv_mma: one block per (64-key tile, kv head, batch); each warp owns 16 keys and walks
 //     every query head of its GQA group and every query tile that is not fully masked (Q, dO tiles
 //     double-buffered with cp.async): S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q.
@@ -25,11 +29,12 @@ __device__ __forceinline__ float lse2_of(float l) {
   return (l == ATT_NEG_INF) ? __int_as_float(0x7f800000) : l * 1.4426950408889634f;
 }
 
-extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
+template <bool FUSED>
+__device__ __forceinline__ void dkdv_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
-    T* __restrict__ dk, T* __restrict__ dv, int Hq, int Hkv, int Nq, int Nk, float scale,
-    float scale_log2, int tile_major, MASK_PARAMS) {
+    T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dqacc, int Hq, int Hkv, int Nq, int Nk,
+    float scale, float scale_log2, int tile_major, const Mask& m) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);  // KB_N x DQK
   T* sV = sK + KB_N * DQK;                  // KB_N x DV
@@ -37,7 +42,7 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
   T* sO = sQ + 2 * KB_Q * DQK;              // 2 x KB_Q x DV (dO)
   float* sL = reinterpret_cast<float*>(sO + 2 * KB_Q * DV);  // 2 x KB_Q (lse, log2 domain)
   float* sD = sL + 2 * KB_Q;                                 // 2 x KB_Q (delta)
-  const Mask m = MASK_INIT;
+  T* sS = reinterpret_cast<T*>(sD + 2 * KB_Q);              // KB_N x KB_Q (dS, fused only)
   const float INF = __int_as_float(0x7f800000);
 
   // Grid as the forward's: (kv heads, batch, key tiles) when tile_major (the first key tiles, under
@@ -219,6 +224,21 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
         }
     }
 
+    if constexpr (FUSED) {
+      // dS^T rows (this warp's keys) into sS, swizzled like the tiles; keys past Nk hold 0.
+#pragma unroll
+      for (int rb = 0; rb < KRB; ++rb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int kl = warp * KRB * 16 + rb * 16 + g + 8 * r;
+          const bool in = k0 + kl < Nk;
+#pragma unroll
+          for (int nt = 0; nt < KB_Q / 8; ++nt)
+            *reinterpret_cast<u32*>(sS + swz<KB_Q>(kl, nt) + 2 * t4) =
+                in ? pack2(dpt[rb][nt][2 * r], dpt[rb][nt][2 * r + 1]) : 0u;
+        }
+    }
+
     // dV += P^T dO and dK += dS^T Q (the k dimension is the KB_Q queries); every dO / Q fragment
     // read feeds KRB row blocks.
 #pragma unroll
@@ -256,6 +276,47 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
         }
       }
     }
+    if constexpr (FUSED) {
+      __syncthreads();  // sS complete
+      // dQ[q0 + 16 warp .. + 15] += dS K over the KB_N keys: A = dS (queries x keys) read transposed
+      // from sS, B = K from sK as in attn_bwd_dq_mma; added to dqacc in chunks of 4 column blocks.
+      const int h = hk * group + it / nqt;
+      const i64 qrow = ((i64)b * Hq + h) * Nq + q0 + warp * 16 + g;
+      const int qr = q0 + warp * 16 + g;
+      const int mat = lane >> 3, mr = lane & 7;
+      const u32 sSA = smem_u32(sS);
+      u32 af[KB_N / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < KB_N / 16; ++kk)
+        ldsm_x4_t_a(af[kk], sSA + 2 * swz<KB_Q>(kk * 16 + (mat >> 1) * 8 + mr, 2 * warp + (mat & 1)));
+      const u32 sKA0 = smem_u32(sK);
+      const u32 kt_off = 2 * swz<DQK>((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
+#pragma unroll
+      for (int dc = 0; dc < DQK / 8; dc += 4) {
+        float acc[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KB_N / 16; ++kk)
+#pragma unroll
+          for (int dt = 0; dt < 4; dt += 2) {
+            u32 bf[4];
+            ldsm_x4_t_a(bf, sKA0 + kk * (16 * DQK * 2) + (kt_off ^ ((dc + dt) << 4)));
+            mma16816(acc[dt], af[kk], bf[0], bf[1]);
+            mma16816(acc[dt + 1], af[kk], bf[2], bf[3]);
+          }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if (qr + 8 * r >= Nq) continue;
+          float* dst = dqacc + (qrow + 8 * r) * DQK + dc * 8 + 2 * t4;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            atomicAdd(dst + i * 8, acc[i][2 * r]);
+            atomicAdd(dst + i * 8 + 1, acc[i][2 * r + 1]);
+          }
+        }
+      }
+    }
     __syncthreads();
     buf ^= 1;
     it = nx;
@@ -278,6 +339,43 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
       for (int dt = 0; dt < DV / 8; ++dt)
         *reinterpret_cast<u32*>(dvr + dt * 8 + 2 * t4) = pack2(dva[rb][dt][2 * r], dva[rb][dt][2 * r + 1]);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dkdv_mma(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+    T* __restrict__ dk, T* __restrict__ dv, int Hq, int Hkv, int Nq, int Nk, float scale,
+    float scale_log2, int tile_major, MASK_PARAMS) {
+  const Mask m = MASK_INIT;
+  dkdv_body<false>(q, k, v, dout, lse, delta, dk, dv, nullptr, Hq, Hkv, Nq, Nk, scale, scale_log2,
+                   tile_major, m);
+}
+
+#if KB_Q == 64
+// dK, dV as attn_bwd_dkdv_mma, plus dQ's unscaled share added into dqacc (float32, zeroed first).
+extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_fused_mma(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+    const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+    T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dqacc, int Hq, int Hkv, int Nq, int Nk,
+    float scale, float scale_log2, int tile_major, MASK_PARAMS) {
+  const Mask m = MASK_INIT;
+  dkdv_body<true>(q, k, v, dout, lse, delta, dk, dv, dqacc, Hq, Hkv, Nq, Nk, scale, scale_log2,
+                  tile_major, m);
+}
+#endif
+
+// dq = scale * dqacc, rounded to T; n elements (a multiple of 4: rows of Dqk = 64 or 128), four per
+// thread.
+extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq_convert(const float* __restrict__ acc,
+                                                                      T* __restrict__ dq, i64 n, float scale) {
+  const i64 i = 4 * ((i64)blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) {
+    const float4 a = *reinterpret_cast<const float4*>(acc + i);
+    uint2 packed;
+    packed.x = pack2(a.x * scale, a.y * scale);
+    packed.y = pack2(a.z * scale, a.w * scale);
+    *reinterpret_cast<uint2*>(dq + i) = packed;
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
