@@ -1,6 +1,6 @@
 """Sweep variants of the cuda backend's bf16 tensor-core kernels on one GPU, checked and timed.
 
-    python benchmarks/cuda_sweep.py [--old REV | --old-dir DIR] [--quick] [--no-bwd] [--json FILE]
+    python benchmarks/cuda_sweep.py [--old REV | --old-dir DIR] [--quick] [--no-fwd] [--no-bwd] [--json FILE]
 
 Forward: each (kernel source, tile, extra defines) variant is first checked against the float64
 reference backend (odd lengths, Full / Causal / Local(causal) rules, q x 8 for large logits), then
@@ -31,9 +31,12 @@ import attnhub
 from attnhub_backends.cuda import compiler
 
 FWD_TILES = {64: [(4, 128, 2)], 128: [(4, 64, 2)]}
-# "mode steps": ATTNHUB_CUDA_BWD (fused: one kernel, dQ by atomics; split: dK/dV and dQ kernels) and
-# ATTNHUB_CUDA_BWD_STEPS.
-BWD_STEPS = {64: ["fused 64,64", "split 64,64", "fused 64,64,2"], 128: ["fused 64,64", "split 64,64"]}
+# "mode steps [wN]": ATTNHUB_CUDA_BWD (fused: one kernel, dQ by atomics; split: dK/dV and dQ kernels),
+# ATTNHUB_CUDA_BWD_STEPS and ATTNHUB_CUDA_BWD_WARPS (default 4).
+BWD_STEPS = {
+    64: ["split 64,64", "fused 64,64", "split 64,64 w8", "fused 64,64 w8"],
+    128: ["split 64,64", "fused 64,64", "split 64,64 w8", "fused 64,64 w8"],
+}
 
 
 def _ms(fn, *args, **kwargs) -> float:
@@ -157,9 +160,10 @@ def sweep_backward(steps, quick: bool) -> list[dict]:
                 flash = _ms(_grad, fo, (q, k, v), do)
             ref = torch.autograd.grad(fo, (q, k, v), do, retain_graph=True)
             for st in steps[d] if isinstance(steps, dict) else steps:
-                mode, st_env = st.split()
+                mode, st_env, *warps = st.split()
                 os.environ["ATTNHUB_CUDA_BWD"] = mode
                 os.environ["ATTNHUB_CUDA_BWD_STEPS"] = st_env
+                os.environ["ATTNHUB_CUDA_BWD_WARPS"] = warps[0][1:] if warps else "4"
                 try:
                     out = attnhub.attention(q, k, v, mask=mask, backend="cuda")
                     got = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
@@ -183,6 +187,7 @@ def sweep_backward(steps, quick: bool) -> list[dict]:
                     break
     os.environ.pop("ATTNHUB_CUDA_BWD_STEPS", None)
     os.environ.pop("ATTNHUB_CUDA_BWD", None)
+    os.environ.pop("ATTNHUB_CUDA_BWD_WARPS", None)
     return rows
 
 
@@ -192,6 +197,7 @@ def main() -> None:
     ap.add_argument("--old-dir", help="a directory holding an older fwd_mma.cu and mma.cuh, instead of --old")
     ap.add_argument("--quick", action="store_true", help="one tile per variant")
     ap.add_argument("--no-bwd", action="store_true")
+    ap.add_argument("--no-fwd", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
     variants = []
@@ -207,7 +213,7 @@ def main() -> None:
         variants.append((f"old {args.old or old_dir}", old_dir, (), [None]))
     variants += [("new", None, (), FWD_TILES)]
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    rows = sweep_forward(variants, args.quick)
+    rows = [] if args.no_fwd else sweep_forward(variants, args.quick)
     if not args.no_bwd:
         rows += sweep_backward(BWD_STEPS, args.quick)
     if args.json:

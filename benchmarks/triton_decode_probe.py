@@ -69,6 +69,8 @@ def main() -> None:
         bytes_moved = 2 * k.numel() * k.element_size()
         for name, ms in times.items():
             print(f"Lk={lk} {name:16s} {ms:.4f} ms  {bytes_moved / ms / 1e9:.0f} GB/s")
+        _overhead(lambda q=q, k=k, v=v: attnhub.attention(q, k, v, backend="triton"), f"Lk={lk} triton")
+        _overhead(lambda q=q, k=k, v=v: sdpa(q, k, v, enable_gqa=True), f"Lk={lk} sdpa (default)")
         for name, env in VARIANTS.items():
             saved = {key: os.environ.get(key) for key in env}
             os.environ.update(env)
@@ -93,6 +95,43 @@ def main() -> None:
                         os.environ.pop(key, None)
                     else:
                         os.environ[key] = val
+
+
+def _overhead(fn, label: str) -> None:
+    """CPU time per call (200 calls issued without waiting) against the GPU's own time per call
+    (the same calls queued behind a long sleep kernel, timed with events): when the first exceeds the
+    second, a timing that waits on each call measures the CPU, not the kernels."""
+    import cProfile
+    import pstats
+    import time
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(200):
+        fn()
+    cpu_ms = (time.perf_counter() - t0) / 200 * 1e3
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time: every launch below queues behind it
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(200):
+        fn()
+    end.record()
+    end.synchronize()
+    print(
+        f"{label}: CPU {cpu_ms * 1e3:.0f} us per call, GPU {start.elapsed_time(end) / 200 * 1e3:.0f} us per call"
+    )
+    if "triton" in label:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(14)
 
 
 if __name__ == "__main__":

@@ -415,7 +415,8 @@ def _backward_mma(
     dv = torch.empty_like(v)
     var = compiler.bwd_mma_variant(req.dtype, req.dim_qk, req.dim_v)
     smem_kv, smem_q = compiler.bwd_mma_smem_bytes(req.dim_qk, req.dim_v)
-    krb = compiler.bwd_config(req.dim_qk, req.dim_v)[2]  # 16-key blocks per warp in dK/dV
+    block_keys = compiler.bwd_block_keys(req.dim_qk, req.dim_v)  # keys per dK/dV (or fused) block
+    threads = 32 * compiler.bwd_warps(req.dim_qk, req.dim_v)
     scales = (np.float32(req.scale), np.float32(req.scale * math.log2(math.e)))
     common = (ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), ptr(delta))
     smem = compiler.bwd_fused_smem_bytes(req.dim_qk, req.dim_v)
@@ -425,7 +426,7 @@ def _backward_mma(
         dqacc = torch.zeros((req.batch, req.heads_q, req.nq, req.dim_qk), dtype=torch.float32, device=dev)
         kern = compiler.load_kernel(var, "attn_bwd_fused_mma", idx, arch, smem)
         launch(
-            kern, dev, _grid(req, ceil_div(req.nk, 64 * krb), req.heads_kv), 128, smem, *common, ptr(dk),
+            kern, dev, _grid(req, ceil_div(req.nk, block_keys), req.heads_kv), threads, smem, *common, ptr(dk),
             ptr(dv), ptr(dqacc), _i32(req.heads_q), _i32(req.heads_kv), _i32(req.nq), _i32(req.nk), *scales,
             _i32(_tile_major(req)), *mask_args(req),
         )  # fmt: skip
@@ -435,7 +436,8 @@ def _backward_mma(
         return dq, dk, dv
     kern = compiler.load_kernel(var, "attn_bwd_dkdv_mma", idx, arch, smem_kv)
     launch(
-        kern, dev, _grid(req, ceil_div(req.nk, 64 * krb), req.heads_kv), 128, smem_kv, *common, ptr(dk), ptr(dv),
+        kern, dev, _grid(req, ceil_div(req.nk, block_keys), req.heads_kv), threads, smem_kv, *common, ptr(dk),
+        ptr(dv),
         _i32(req.heads_q), _i32(req.heads_kv), _i32(req.nq), _i32(req.nk), *scales, _i32(_tile_major(req)),
         *mask_args(req),
     )  # fmt: skip

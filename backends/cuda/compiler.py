@@ -161,10 +161,34 @@ def bwd_config(dqk: int, dv: int) -> tuple[int, int, int]:
     return kb_q, qb_n, krb
 
 
+#: Warps of the dK/dV and fused kernels per (Dqk, Dv) where not 4 (each owns 16 keys per row block).
+BWD_WARPS: dict[tuple[int, int], int] = {}
+
+
+def bwd_warps(dqk: int, dv: int) -> int:
+    """Warps (4 or 8) of the dK/dV and fused backward kernels; ``ATTNHUB_CUDA_BWD_WARPS`` overrides.
+
+    8 warps make a block own twice the keys: half the Q / dO tile loads per key and, fused, half
+    the dQ atomics."""
+    env = os.environ.get("ATTNHUB_CUDA_BWD_WARPS")
+    if not env:
+        return BWD_WARPS.get((dqk, dv), 4)
+    if env not in ("4", "8"):
+        raise AttnhubError(f"ATTNHUB_CUDA_BWD_WARPS takes 4 or 8, got {env!r}")
+    return int(env)
+
+
+def bwd_block_keys(dqk: int, dv: int) -> int:
+    """Keys per block of the dK/dV and fused kernels (16 per row block, KRB row blocks per warp)."""
+    return 16 * bwd_warps(dqk, dv) * bwd_config(dqk, dv)[2]
+
+
 def bwd_mma_variant(dtype: str, dqk: int, dv: int) -> Variant:
     defines = (("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv))
     kb_q, qb_n, krb = bwd_config(dqk, dv)
     defines += (("KB_Q", kb_q), ("QB_N", qb_n), ("KRB", krb))
+    if bwd_warps(dqk, dv) != 4:
+        defines += (("NWK", bwd_warps(dqk, dv)),)
     names = ("attn_bwd_dkdv_mma", "attn_bwd_dq_mma", "attn_bwd_dq_convert")
     if kb_q == 64:  # the fused kernel's dQ step gives each of the 4 warps 16 of the KB_Q queries
         names += ("attn_bwd_fused_mma",)
@@ -215,16 +239,15 @@ def all_variants() -> list[Variant]:
 
 def bwd_mma_smem_bytes(dqk: int, dv: int) -> tuple[int, int]:
     """Dynamic shared memory of the dK/dV and dQ tensor-core kernels (tile sizes of bwd_mma.cu)."""
-    kb_q, qb_n, krb = bwd_config(dqk, dv)
-    dkdv = 2 * (64 * krb * (dqk + dv) + 2 * kb_q * (dqk + dv)) + 4 * 4 * kb_q
+    kb_q, qb_n, _ = bwd_config(dqk, dv)
+    dkdv = 2 * (bwd_block_keys(dqk, dv) * (dqk + dv) + 2 * kb_q * (dqk + dv)) + 4 * 4 * kb_q
     dq = 2 * (64 * (dqk + dv) + 2 * qb_n * (dqk + dv))
     return dkdv, dq
 
 
 def bwd_fused_smem_bytes(dqk: int, dv: int) -> int:
     """Dynamic shared memory of the fused backward: the dK/dV kernel's plus the staged dS tile."""
-    kb_q, _, krb = bwd_config(dqk, dv)
-    return bwd_mma_smem_bytes(dqk, dv)[0] + 2 * 64 * krb * kb_q
+    return bwd_mma_smem_bytes(dqk, dv)[0] + 2 * bwd_block_keys(dqk, dv) * bwd_config(dqk, dv)[0]
 
 
 def bwd_fused(dqk: int, dv: int) -> bool:

@@ -14,7 +14,10 @@
 #ifndef KRB
 #define KRB 1     // 16-key row blocks per warp in dK/dV (2: each Q / dO fragment read feeds two)
 #endif
-#define KB_N (64 * KRB)  // keys per dK/dV block (4 warps)
+#ifndef NWK
+#define NWK 4     // warps of the dK/dV and fused kernels (the host sets it: compiler.bwd_warps)
+#endif
+#define KB_N (16 * NWK * KRB)  // keys per dK/dV block
 #ifndef KB_Q
 #define KB_Q 64   // query rows per dK/dV step (the host sets it: compiler.BWD_STEPS)
 #endif
@@ -22,7 +25,19 @@
 #ifndef QB_N
 #define QB_N 64   // keys per dQ step (the host sets it)
 #endif
-#define BW_NT 128
+#define BW_NT (32 * NWK)  // threads of the dK/dV and fused kernels
+#define DQ_NT 128          // threads of the dQ kernel (4 warps x 16 queries)
+
+// p[0] += a, p[1] += b in global memory (8-byte aligned): one vector reduction on sm_90 (the four
+// lanes of a fragment row then cover one 32-byte sector per instruction), two atomics before.
+__device__ __forceinline__ void red_add2(float* p, float a, float b) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(p, a);
+  atomicAdd(p + 1, b);
+#endif
+}
 
 // Natural-log lse to the log2 domain; +inf for fully masked rows so that every p = exp2(s - lse) is 0.
 __device__ __forceinline__ float lse2_of(float l) {
@@ -280,19 +295,22 @@ __device__ __forceinline__ void dkdv_body(
       __syncthreads();  // sS complete
       // dQ[q0 + 16 warp .. + 15] += dS K over the KB_N keys: A = dS (queries x keys) read transposed
       // from sS, B = K from sK as in attn_bwd_dq_mma; added to dqacc in chunks of 4 column blocks.
+      // Warp w: queries 16 (w % 4) .. + 15 of the step, column blocks [cw0, cw0 + CWN) of dQ.
+      constexpr int CWN = DQK / 8 / (NWK / 4);
+      const int rg = warp & 3, cw0 = (warp >> 2) * CWN;
       const int h = hk * group + it / nqt;
-      const i64 qrow = ((i64)b * Hq + h) * Nq + q0 + warp * 16 + g;
-      const int qr = q0 + warp * 16 + g;
+      const i64 qrow = ((i64)b * Hq + h) * Nq + q0 + rg * 16 + g;
+      const int qr = q0 + rg * 16 + g;
       const int mat = lane >> 3, mr = lane & 7;
       const u32 sSA = smem_u32(sS);
       u32 af[KB_N / 16][4];
 #pragma unroll
       for (int kk = 0; kk < KB_N / 16; ++kk)
-        ldsm_x4_t_a(af[kk], sSA + 2 * swz<KB_Q>(kk * 16 + (mat >> 1) * 8 + mr, 2 * warp + (mat & 1)));
+        ldsm_x4_t_a(af[kk], sSA + 2 * swz<KB_Q>(kk * 16 + (mat >> 1) * 8 + mr, 2 * rg + (mat & 1)));
       const u32 sKA0 = smem_u32(sK);
       const u32 kt_off = 2 * swz<DQK>((lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
 #pragma unroll
-      for (int dc = 0; dc < DQK / 8; dc += 4) {
+      for (int dc = cw0; dc < cw0 + CWN; dc += 4) {
         float acc[4][4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
@@ -310,10 +328,7 @@ __device__ __forceinline__ void dkdv_body(
           if (qr + 8 * r >= Nq) continue;
           float* dst = dqacc + (qrow + 8 * r) * DQK + dc * 8 + 2 * t4;
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            atomicAdd(dst + i * 8, acc[i][2 * r]);
-            atomicAdd(dst + i * 8 + 1, acc[i][2 * r + 1]);
-          }
+          for (int i = 0; i < 4; ++i) red_add2(dst + i * 8, acc[i][2 * r], acc[i][2 * r + 1]);
         }
       }
     }
@@ -378,7 +393,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq_convert(const floa
   }
 }
 
-extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
+extern "C" __global__ void __launch_bounds__(DQ_NT) attn_bwd_dq_mma(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
     T* __restrict__ dq, int Hq, int group, int Nq, int Nk, float scale, float scale_log2, int tile_major,
@@ -404,8 +419,8 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
   const int q0 = qt * QB_M, q1 = min(q0 + QB_M, Nq) - 1;
   const int nkt = (Nk + QB_N - 1) / QB_N;
 
-  load_tile<QB_M, DQK, BW_NT>(sQ, q + qbase * DQK, DQK, q0, Nq, tid);
-  load_tile<QB_M, DV, BW_NT>(sO, dout + qbase * DV, DV, q0, Nq, tid);
+  load_tile<QB_M, DQK, DQ_NT>(sQ, q + qbase * DQK, DQK, q0, Nq, tid);
+  load_tile<QB_M, DV, DQ_NT>(sO, dout + qbase * DV, DV, q0, Nq, tid);
   int j = 0;
   const bool iv = m.one_interval(Nq, Nk);
   int lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
@@ -419,8 +434,8 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
   };
   while (j < nkt && tile_class(j) == 0) ++j;
   if (j < nkt) {
-    load_tile<QB_N, DQK, BW_NT>(sK, kp, DQK, j * QB_N, Nk, tid);
-    load_tile<QB_N, DV, BW_NT>(sV, vp, DV, j * QB_N, Nk, tid);
+    load_tile<QB_N, DQK, DQ_NT>(sK, kp, DQK, j * QB_N, Nk, tid);
+    load_tile<QB_N, DV, DQ_NT>(sV, vp, DV, j * QB_N, Nk, tid);
   }
   cp_async_commit();
 
@@ -448,8 +463,8 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_dq_mma(
     int jn = j + 1;
     while (jn < nkt && tile_class(jn) == 0) ++jn;
     if (jn < nkt) {
-      load_tile<QB_N, DQK, BW_NT>(sK + (buf ^ 1) * QB_N * DQK, kp, DQK, jn * QB_N, Nk, tid);
-      load_tile<QB_N, DV, BW_NT>(sV + (buf ^ 1) * QB_N * DV, vp, DV, jn * QB_N, Nk, tid);
+      load_tile<QB_N, DQK, DQ_NT>(sK + (buf ^ 1) * QB_N * DQK, kp, DQK, jn * QB_N, Nk, tid);
+      load_tile<QB_N, DV, DQ_NT>(sV + (buf ^ 1) * QB_N * DV, vp, DV, jn * QB_N, Nk, tid);
     }
     cp_async_commit();
     cp_async_wait<1>();
