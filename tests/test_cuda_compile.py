@@ -335,3 +335,31 @@ def test_backend_declines_lengths_past_the_grid():
         "torch", "cpu", "bfloat16", "bhsd", 1, 1, 1, (4096,), (4096,), 64, 64, Full(), "none_front", 0.1
     )
     assert not any("sequences longer than" in r for r in CudaBackend().check(ok))
+
+
+def test_backward_mode_and_warps_choices(monkeypatch):
+    """Fused backward by default at Dqk = 64 on sm_90+, split otherwise; the environment overrides,
+    and bad values are clear errors."""
+    from attnhub.errors import AttnhubError
+
+    monkeypatch.delenv("ATTNHUB_CUDA_BWD", raising=False)
+    monkeypatch.delenv("ATTNHUB_CUDA_BWD_STEPS", raising=False)
+    assert compiler.bwd_fused(64, 64, "sm_90") and compiler.bwd_fused(64, 128, "sm_100")
+    assert not compiler.bwd_fused(128, 128, "sm_90") and not compiler.bwd_fused(64, 64, "sm_80")
+    monkeypatch.setenv("ATTNHUB_CUDA_BWD", "fused")
+    assert compiler.bwd_fused(128, 128, "sm_80")
+    monkeypatch.setenv("ATTNHUB_CUDA_BWD_STEPS", "32,64")  # the fused kernel needs 64-query steps
+    assert not compiler.bwd_fused(64, 64, "sm_90")
+    monkeypatch.setenv("ATTNHUB_CUDA_BWD", "split")
+    monkeypatch.delenv("ATTNHUB_CUDA_BWD_STEPS")
+    assert not compiler.bwd_fused(64, 64, "sm_90")
+    monkeypatch.setenv("ATTNHUB_CUDA_BWD", "atomic")
+    with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_BWD"):
+        compiler.bwd_fused(64, 64, "sm_90")
+    assert compiler.bwd_warps(64, 64) == 4 and compiler.bwd_block_keys(64, 64) == 64
+    monkeypatch.setenv("ATTNHUB_CUDA_BWD_WARPS", "8")
+    assert compiler.bwd_block_keys(64, 64) == 128
+    assert ("NWK", 8) in compiler.bwd_mma_variant("bfloat16", 64, 64).defines
+    monkeypatch.setenv("ATTNHUB_CUDA_BWD_WARPS", "6")
+    with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_BWD_WARPS"):
+        compiler.bwd_warps(64, 64)

@@ -420,7 +420,7 @@ def _backward_mma(
     scales = (np.float32(req.scale), np.float32(req.scale * math.log2(math.e)))
     common = (ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), ptr(delta))
     smem = compiler.bwd_fused_smem_bytes(req.dim_qk, req.dim_v)
-    if compiler.bwd_fused(req.dim_qk, req.dim_v) and smem <= _smem_limit(dev):
+    if compiler.bwd_fused(req.dim_qk, req.dim_v, arch) and smem <= _smem_limit(dev):
         # One pass over the (key tile, query tile) pairs; dQ's shares meet in a float32 buffer.
         # (At head dim 128 on parts with 99 KiB per block, sm_86 / sm_89, the split kernels run.)
         dqacc = torch.zeros((req.batch, req.heads_q, req.nq, req.dim_qk), dtype=torch.float32, device=dev)

@@ -250,14 +250,24 @@ def bwd_fused_smem_bytes(dqk: int, dv: int) -> int:
     return bwd_mma_smem_bytes(dqk, dv)[0] + 2 * bwd_block_keys(dqk, dv) * bwd_config(dqk, dv)[0]
 
 
-def bwd_fused(dqk: int, dv: int) -> bool:
-    """Whether the tensor-core backward runs fused (one kernel, dQ added with atomics; the default)
-    rather than split (dK/dV and dQ kernels, deterministic); ``ATTNHUB_CUDA_BWD=split`` or
-    ``=fused`` chooses. The fused kernel needs 64-query steps."""
+#: Head dims (Dqk) whose tensor-core backward runs fused by default on sm_90+ (vector reductions).
+#: H100, L = 4096, bf16, flash / cuda (benchmarks/cuda_sweep.py --no-fwd, 2026-11-22 23:31 UTC):
+#: D = 64 fused 0.77 / 0.74 (full / causal) against split 0.71 / 0.73; D = 128 fused 0.69 / 0.63
+#: against split 0.75 / 0.80 (its dQ atomics cost more than the two recomputed products save).
+BWD_FUSED_DIMS = frozenset({64})
+
+
+def bwd_fused(dqk: int, dv: int, arch: str = "sm_90") -> bool:
+    """Whether the tensor-core backward runs fused (one kernel, dQ added into a float32 buffer with
+    atomics) rather than split (dK/dV and dQ kernels, deterministic). ``ATTNHUB_CUDA_BWD=fused`` or
+    ``=split`` chooses; by default fused for ``BWD_FUSED_DIMS`` on sm_90+ (on older parts each dQ
+    pair is two scalar atomics: not measured, so split). The fused kernel needs 64-query steps."""
     mode = os.environ.get("ATTNHUB_CUDA_BWD", "")
     if mode not in ("", "fused", "split", "simt"):
         raise AttnhubError(f"ATTNHUB_CUDA_BWD takes fused, split or simt, got {mode!r}")
-    return mode != "split" and bwd_config(dqk, dv)[0] == 64
+    if bwd_config(dqk, dv)[0] != 64 or mode == "split":
+        return False
+    return mode == "fused" or (dqk in BWD_FUSED_DIMS and int(arch.removeprefix("sm_")[:-1] or 0) >= 9)
 
 
 def mma_smem_bytes(dqk: int, dv: int, config: tuple[int, int, int]) -> int:
