@@ -35,9 +35,13 @@ def _environ_reader():
     """
     data = getattr(os.environ, "_data", None)
     if os.name == "posix" and isinstance(data, dict):
+        encoded: dict[str, bytes] = {}
 
-        def read(name: str, _data=data, _fsencode=os.fsencode) -> str | None:
-            raw = _data.get(_fsencode(name))
+        def read(name: str, _data=data, _encoded=encoded, _fsencode=os.fsencode) -> str | None:
+            key = _encoded.get(name)
+            if key is None:
+                key = _encoded[name] = _fsencode(name)
+            raw = _data.get(key)
             return None if raw is None else os.fsdecode(raw)
 
         return read
