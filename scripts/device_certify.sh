@@ -5,6 +5,8 @@ set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-gpu-out}"; mkdir -p "$OUT"
 JOBS="${JOBS:-12}"
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+date -u +"start %Y-%m-%d %H:%M:%S UTC"
 for spec in "$@"; do
   name="${spec%%:*}"; limit="${spec#*:}"; [ "$limit" = "$spec" ] && limit=300
   seed=(); [ -n "$SEED" ] && seed=(--seed "$SEED")
