@@ -108,3 +108,36 @@ def test_tma_setting_is_checked(monkeypatch) -> None:
         monkeypatch.setenv("ATTNHUB_TRITON_TMA", bad)
         with pytest.raises(AttnhubError, match="ATTNHUB_TRITON_TMA"):
             launch._tma_mode(k, k, k)
+
+
+def test_launch_reused_only_for_its_signature(monkeypatch) -> None:
+    """The forward's launch is cached per call signature: the same request in another layout, at
+    another base offset, or under another split setting gets its own launch (each checked against
+    the reference), and a repeated call reuses the first one."""
+    import attnhub
+    from attnhub_backends.triton import launch
+
+    g = torch.Generator().manual_seed(7)
+    base = torch.randn(2, 3, 41, 16, generator=g)
+    q = base[:, :, :40]  # strided view (row stride 16 of a 41-row tensor)
+    k, v = torch.randn(2, 3, 40, 16, generator=g), torch.randn(2, 3, 40, 16, generator=g)
+    ref = attnhub.attention(q.double(), k.double(), v.double(), mask=Causal(), backend="reference")
+
+    def run(qq, kk, vv):
+        out = attnhub.attention(qq, kk, vv, mask=Causal(), backend="triton")
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err < 2e-5, err
+
+    launch._FWD_LAUNCHES.clear()
+    run(q.contiguous(), k, v)
+    assert len(launch._FWD_LAUNCHES) == 1
+    run(q.contiguous(), k, v)  # same signature: reused
+    assert len(launch._FWD_LAUNCHES) == 1
+    run(q, k, v)  # other strides
+    run(q.transpose(1, 2).contiguous().transpose(1, 2), k, v)  # bshd strides
+    shifted = torch.empty(q.numel() + 1)[1:].view(q.shape)  # 4-byte, not 16-byte, aligned base
+    shifted.copy_(q)
+    run(shifted, k, v)
+    monkeypatch.setenv("ATTNHUB_TRITON_SPLITS", "2")
+    run(q.contiguous(), k, v)
+    assert len(launch._FWD_LAUNCHES) == 5
