@@ -28,7 +28,10 @@ MMA_DIMS = (64, 128)
 MMA_CONFIGS = {(64, 64): (4, 128, 2), (64, 128): (8, 64, 1), (128, 64): (8, 64, 1), (128, 128): (4, 64, 2)}
 # float32 forward on tensor cores (3xTF32, fwd_tf32.cu): (warps, keys per tile, 16-row blocks per warp),
 # chosen with benchmarks/cuda_f32.py on an H100 (L = 4096); see docs/backends/cuda.md.
-TF32_CONFIGS = {(64, 64): (4, 64, 2), (64, 128): (8, 64, 1), (128, 64): (8, 64, 1), (128, 128): (8, 64, 1)}
+TF32_CONFIGS = {(64, 64): (4, 64, 2), (64, 128): (8, 64, 1), (128, 64): (8, 64, 1), (128, 128): (8, 32, 2)}
+# 8-key blocks per P·V chunk with those tiles where not the kernel's default (4 with one row block per
+# warp, else 2): the sweep's fastest (4,64,2/8 and 8,32,2/4; docs/benchmarks.md, 19:44 UTC).
+TF32_PVC = {(64, 64): 8, (128, 128): 4}
 _STD = "c++17"
 _MMA_HEADERS = ("common.cuh", "mma.cuh")
 
@@ -119,8 +122,11 @@ def tf32_variant(dqk: int, dv: int, config: tuple[int, int, int] | None = None) 
         ("BN", bn),
         ("RB", rb),
     )
-    # tuning: 8-key blocks per P V chunk (default: 4 with one row block per warp, else 2)
+    # 8-key blocks per P V chunk: the environment (tuning), else TF32_PVC for the default tile, else
+    # the kernel's default (4 with one row block per warp, else 2)
     pvc = int(os.environ.get("ATTNHUB_CUDA_TF32_PVC", "0"))
+    if not pvc and (warps, bn, rb) == TF32_CONFIGS.get((dqk, dv)):
+        pvc = TF32_PVC.get((dqk, dv), 0)
     if pvc:
         defines += (("PVC", pvc),)
     return Variant("fwd_tf32.cu", defines, ("attn_fwd_tf32",))
