@@ -1,6 +1,6 @@
 """Sweep variants of the cuda backend's bf16 tensor-core kernels on one GPU, checked and timed.
 
-    python benchmarks/cuda_sweep.py [--old REV | --old-dir DIR] [--quick] [--no-fwd] [--no-bwd] [--json FILE]
+    python benchmarks/cuda_sweep.py [--old REV | --old-dir DIR] [--quick] [--no-fwd] [--no-bwd] [--tiles D:W,BN,RB ...] [--json FILE]
 
 Forward: each (kernel source, tile, extra defines) variant is first checked against the float64
 reference backend (odd lengths, Full / Causal / Local(causal) rules, q x 8 for large logits), then
@@ -198,6 +198,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="one tile per variant")
     ap.add_argument("--no-bwd", action="store_true")
     ap.add_argument("--no-fwd", action="store_true")
+    ap.add_argument(
+        "--tiles", nargs="*", default=[], metavar="D:W,BN,RB",
+        help="forward tiles to sweep besides the defaults, e.g. 64:8,64,1 128:8,64,1",
+    )  # fmt: skip
     ap.add_argument("--json")
     args = ap.parse_args()
     variants = []
@@ -211,7 +215,11 @@ def main() -> None:
                 f.write(text)
     if old_dir:
         variants.append((f"old {args.old or old_dir}", old_dir, (), [None]))
-    variants += [("new", None, (), FWD_TILES)]
+    tiles = {d: list(t) for d, t in FWD_TILES.items()}
+    for spec in args.tiles:
+        d, _, cfg = spec.partition(":")
+        tiles[int(d)].append(tuple(int(x) for x in cfg.split(",")))
+    variants += [("new", None, (), tiles)]
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     rows = [] if args.no_fwd else sweep_forward(variants, args.quick)
     if not args.no_bwd:
