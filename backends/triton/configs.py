@@ -2,7 +2,7 @@
 
 The first candidate of a set is the default. On a CUDA device, a request whose work is large enough
 compiles each candidate, warms the GPU up, times each in two interleaved rounds of single calls
-from a cold L2 cache (median of up to 32) and keeps the fastest per signature bucket, so that tuning
+from a cold L2 cache (median of 5 to 32) and keeps the fastest per signature bucket, so that tuning
 stays short; ``ATTNHUB_TRITON_TUNE=0`` turns tuning off. Under the interpreter one small
 shape is used (block shapes differ between query and key tiles to exercise the tile plans).
 """
@@ -33,22 +33,25 @@ class Cfg:
 INTERPRET = {"fwd": Cfg(32, 16, 1, 1), "dkdv": Cfg(16, 32, 1, 1), "dq": Cfg(32, 16, 1, 1)}
 
 # (kernel, head-dim bucket, element size) -> candidates; for Hopper (sm90) and Ampere/Ada alike,
-# Hopper gets the deeper pipelines first.
+# Hopper gets the deeper pipelines first. 16-bit lists start with what the tuner picked on the H100
+# at every dense length (2026-11-22 22:40 bench, checked pair by pair with
+# benchmarks/triton_bwd_probe.py at 00:11: the old first dK/dV candidate, 32x128, was 2.3x slower
+# than 64x128 at D = 128), so that untuned calls and ties get the measured best.
 _HOPPER: dict[tuple[str, int, int], list[Cfg]] = {
-    ("fwd", 64, 2): [Cfg(128, 64, 4, 3), Cfg(128, 128, 8, 3), Cfg(128, 64, 4, 4), Cfg(64, 64, 4, 3)],
+    ("fwd", 64, 2): [Cfg(64, 64, 4, 3), Cfg(128, 64, 4, 3), Cfg(128, 128, 8, 3), Cfg(128, 64, 4, 4)],
     ("fwd", 128, 2): [Cfg(128, 128, 8, 3), Cfg(128, 64, 8, 3), Cfg(64, 64, 4, 3)],
     ("fwd", 256, 2): [Cfg(64, 64, 4, 2), Cfg(128, 64, 8, 2), Cfg(64, 32, 4, 2)],
     ("fwd", 64, 4): [Cfg(64, 64, 4, 2), Cfg(64, 32, 4, 2), Cfg(128, 32, 8, 2)],
     ("fwd", 128, 4): [Cfg(64, 32, 4, 2), Cfg(64, 64, 8, 2), Cfg(32, 32, 4, 2)],
     ("fwd", 256, 4): [Cfg(32, 32, 4, 1), Cfg(64, 32, 8, 1), Cfg(32, 16, 4, 1)],
-    ("dkdv", 64, 2): [Cfg(32, 128, 4, 3), Cfg(64, 128, 8, 3), Cfg(64, 64, 4, 3)],
-    ("dkdv", 128, 2): [Cfg(32, 128, 4, 3), Cfg(64, 128, 8, 2), Cfg(64, 64, 4, 2)],
+    ("dkdv", 64, 2): [Cfg(64, 64, 4, 3), Cfg(64, 128, 8, 3), Cfg(32, 128, 4, 3)],
+    ("dkdv", 128, 2): [Cfg(64, 128, 8, 2), Cfg(64, 64, 4, 2), Cfg(32, 128, 4, 3)],
     ("dkdv", 256, 2): [Cfg(32, 64, 4, 1), Cfg(64, 64, 8, 1), Cfg(32, 32, 4, 1)],
     ("dkdv", 64, 4): [Cfg(32, 64, 4, 2), Cfg(32, 32, 4, 2)],
     ("dkdv", 128, 4): [Cfg(32, 64, 4, 1), Cfg(32, 32, 4, 2)],
     ("dkdv", 256, 4): [Cfg(16, 32, 4, 1), Cfg(32, 32, 8, 1)],
-    ("dq", 64, 2): [Cfg(128, 32, 4, 3), Cfg(128, 64, 8, 3), Cfg(64, 64, 4, 3)],
-    ("dq", 128, 2): [Cfg(128, 32, 4, 3), Cfg(128, 64, 8, 2), Cfg(64, 64, 4, 2)],
+    ("dq", 64, 2): [Cfg(128, 64, 8, 3), Cfg(64, 64, 4, 3), Cfg(128, 32, 4, 3)],
+    ("dq", 128, 2): [Cfg(64, 64, 4, 2), Cfg(128, 64, 8, 2), Cfg(128, 32, 4, 3)],
     ("dq", 256, 2): [Cfg(64, 32, 4, 1), Cfg(64, 64, 8, 1), Cfg(32, 32, 4, 1)],
     ("dq", 64, 4): [Cfg(64, 32, 4, 2), Cfg(32, 32, 4, 2)],
     ("dq", 128, 4): [Cfg(64, 32, 4, 1), Cfg(32, 32, 4, 2)],
@@ -158,7 +161,7 @@ def choose(key: tuple, cands: list[Cfg], run: Callable[[Cfg], object], work: int
     for _ in range(2):  # two interleaved rounds; each candidate keeps its better median
         for cfg in live:
             ms = _elapsed_ms(lambda c=cfg: run(c), 1)
-            n = max(3, min(32, math.ceil(2.0 / max(ms, 1e-3))))
+            n = max(5, min(32, math.ceil(2.0 / max(ms, 1e-3))))
             best_of[cfg] = min(best_of.get(cfg, math.inf), _elapsed_ms(lambda c=cfg: run(c), n))
     best = min(live, key=lambda c: best_of[c])  # ties keep the candidates' order
     _CHOSEN[key] = best
