@@ -92,17 +92,8 @@ __device__ __forceinline__ void dkdv_body(
 
   const int nqt = (Nq + KB_Q - 1) / KB_Q;
   const int total = group * nqt;  // (query head of the group, query tile) pairs
-  // Tile classes from the first and last keys' query intervals for 1-d rules, else from positions.
-  const bool iv = m.one_interval(Nq, Nk);
-  int lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
-  if (iv) {
-    m.query_interval(k0, Nq, lo0, hi0);
-    m.query_interval(k1, Nq, lo1, hi1);
-  }
-  auto tile_class = [&](int q0) {
-    const int q1 = min(q0 + KB_Q, Nq) - 1;
-    return iv ? interval_class(lo0, hi0, lo1, hi1, q0, q1) : m.tile(q0, q1, k0, k1);
-  };
+  const TileClasses<false> classes(m, k0, k1, Nq, Nk);
+  auto tile_class = [&](int q0) { return classes(q0, min(q0 + KB_Q, Nq) - 1); };
   auto live = [&](int it) { return tile_class((it % nqt) * KB_Q) != 0; };
   auto issue = [&](int it, int bf) {
     const int h = hk * group + it / nqt, q0 = (it % nqt) * KB_Q;
@@ -192,7 +183,7 @@ __device__ __forceinline__ void dkdv_body(
       // Rule mask: bit (2 nt + e) of keep[r] says key row r attends query q0 + 8 nt + 2 t4 + e.
       const int kr0 = kb + rb * 16 + g, kr1 = kr0 + 8;
       u32 keep0 = 0xffffffffu, keep1 = 0xffffffffu;
-      if (cls != 2 && iv) {
+      if (cls != 2 && classes.iv) {
         // Each key row is attended by one interval of queries: two compares per element.
         int lo[2], hi[2];
         m.query_interval(min(kr0, Nk - 1), Nq, lo[0], hi[0]);
@@ -422,15 +413,10 @@ extern "C" __global__ void __launch_bounds__(DQ_NT) attn_bwd_dq_mma(
   load_tile<QB_M, DQK, DQ_NT>(sQ, q + qbase * DQK, DQK, q0, Nq, tid);
   load_tile<QB_M, DV, DQ_NT>(sO, dout + qbase * DV, DV, q0, Nq, tid);
   int j = 0;
-  const bool iv = m.one_interval(Nq, Nk);
-  int lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
-  if (iv) {
-    m.key_interval(q0, Nk, lo0, hi0);
-    m.key_interval(q1, Nk, lo1, hi1);
-  }
+  const TileClasses<true> classes(m, q0, q1, Nq, Nk);
   auto tile_class = [&](int jt) {
-    const int k0 = jt * QB_N, k1 = min(k0 + QB_N, Nk) - 1;
-    return iv ? interval_class(lo0, hi0, lo1, hi1, k0, k1) : m.tile(q0, q1, k0, k1);
+    const int k0 = jt * QB_N;
+    return classes(k0, min(k0 + QB_N, Nk) - 1);
   };
   while (j < nkt && tile_class(j) == 0) ++j;
   if (j < nkt) {

@@ -133,6 +133,41 @@ __device__ __forceinline__ int interval_class(int lo0, int hi0, int lo1, int hi1
   return (lo1 <= c0 && hi0 >= c1) ? 2 : 1;
 }
 
+// 2^x with the SFU instruction (relative error ~2^-22: below the half-precision output rounding; the
+// float32 kernels' error budget is in docs/backends/cuda.md).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Classes of the tiles of columns [c0, c1] that meet one block of rows [r0, r1]: for one_interval()
+// requests from the block's first and last rows' intervals (interval_class), else from positions
+// (Mask::tile). ROWS_ARE_QUERIES: rows are queries and columns keys (forward, dQ); otherwise rows
+// are keys and columns queries (dK/dV).
+template <bool ROWS_ARE_QUERIES>
+struct TileClasses {
+  const Mask& m;
+  int r0, r1, lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
+  bool iv;
+  __device__ __forceinline__ TileClasses(const Mask& mask, int row0, int row1, int nq, int nk)
+      : m(mask), r0(row0), r1(row1), iv(mask.one_interval(nq, nk)) {
+    if (iv) {
+      if (ROWS_ARE_QUERIES) {
+        m.key_interval(r0, nk, lo0, hi0);
+        m.key_interval(r1, nk, lo1, hi1);
+      } else {
+        m.query_interval(r0, nq, lo0, hi0);
+        m.query_interval(r1, nq, lo1, hi1);
+      }
+    }
+  }
+  __device__ __forceinline__ int operator()(int c0, int c1) const {
+    if (iv) return interval_class(lo0, hi0, lo1, hi1, c0, c1);
+    return ROWS_ARE_QUERIES ? m.tile(r0, r1, c0, c1) : m.tile(c0, c1, r0, r1);
+  }
+};
+
 #define MASK_PARAMS                                                                                    \
   int lqx, int lkx, int aqy, int bqy, int aqx, int bqx, int aky, int bky, int akx, int bkx, int mx,   \
       int rule, int wy, int wx, int log2s, int lcausal

@@ -44,16 +44,10 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
   const int q0 = qt * BM, q1 = min(q0 + BM, Nq) - 1;
   const int nkt = (Nk + BN - 1) / BN;
 
-  // Tile classes: from the first and last rows' key intervals for 1-d rules, else from positions.
-  const bool iv = m.one_interval(Nq, Nk);
-  int lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
-  if (iv) {
-    m.key_interval(q0, Nk, lo0, hi0);
-    m.key_interval(q1, Nk, lo1, hi1);
-  }
+  const TileClasses<true> classes(m, q0, q1, Nq, Nk);
   auto tile_class = [&](int jt) {
-    const int k0 = jt * BN, k1 = min(k0 + BN, Nk) - 1;
-    return iv ? interval_class(lo0, hi0, lo1, hi1, k0, k1) : m.tile(q0, q1, k0, k1);
+    const int k0 = jt * BN;
+    return classes(k0, min(k0 + BN, Nk) - 1);
   };
 
   load_tile<BM, DQK, NT>(sQ, qp, qsn, q0, Nq, tid);

@@ -47,11 +47,6 @@ __device__ __forceinline__ void ldsm_x4_f32(u32* r, const float* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s));
 }
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Copy rows [row0, row0 + R) of a (N, D) float matrix with row stride `ld` into a tile of pitch L;
 // rows past N are zero-filled.

@@ -16,12 +16,6 @@ __device__ __forceinline__ u32 pack2(float a, float b) {
 }
 #endif
 
-// 2^x with the SFU instruction (relative error ~2^-22, far below the half-precision output rounding).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 
 __device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
