@@ -12,10 +12,10 @@ H = 8 and the ``attnhub bench`` grid's B = 4, H = 2048 / D, L = 4096.
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 import torch.nn.functional as F
+from envvars import env_set
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnhub
@@ -36,21 +36,8 @@ def _math(q, k, v, causal):
 def _cuda(q, k, v, causal, f32=None, cfg=None):
     """cfg: "warps,bn,rb[/pvc]" (ATTNHUB_CUDA_TF32 and ATTNHUB_CUDA_TF32_PVC) or None (defaults)."""
     tile, _, pvc = (cfg or "").partition("/")
-    env = {"ATTNHUB_CUDA_F32": f32, "ATTNHUB_CUDA_TF32": tile or None, "ATTNHUB_CUDA_TF32_PVC": pvc or None}
-    old = {k_: os.environ.get(k_) for k_ in env}
-    for k_, x in env.items():
-        if x is None:
-            os.environ.pop(k_, None)
-        else:
-            os.environ[k_] = x
-    try:
+    with env_set(ATTNHUB_CUDA_F32=f32, ATTNHUB_CUDA_TF32=tile or None, ATTNHUB_CUDA_TF32_PVC=pvc or None):
         return attnhub.attention(q, k, v, mask="causal" if causal else None, backend="cuda")
-    finally:
-        for k_, x in old.items():
-            if x is None:
-                os.environ.pop(k_, None)
-            else:
-                os.environ[k_] = x
 
 
 def _err(got, ref):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from envvars import env_set
 
 import attnhub
 from attnhub import Causal, Local
@@ -45,24 +45,6 @@ def timed(fn: Callable, *args: Any, rounds: int = 5, calls: int = 20) -> float:
         jax.block_until_ready(r)
         times.append((time.perf_counter() - t0) / calls * 1e3)
     return statistics.median(times)
-
-
-class env_set:
-    """Context manager: set environment variables (the JAX backend reads its path switches at trace time)."""
-
-    def __init__(self, **env: str) -> None:
-        self.env, self.old = env, {}
-
-    def __enter__(self) -> None:
-        self.old = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
-
-    def __exit__(self, *exc: Any) -> None:
-        for k, v in self.old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def attnhub_fn(rule: Any, sync: str, **env: str) -> Callable:

@@ -7,7 +7,8 @@ Usage (GPU): python benchmarks/triton_bwd_probe.py [--dim 128] [--length 16384] 
 from __future__ import annotations
 
 import argparse
-import os
+
+from envvars import env_set
 
 
 def main() -> None:
@@ -50,11 +51,14 @@ def main() -> None:
     }
     for a in cands["dkdv"]:
         for c in cands["dq"]:
-            os.environ["ATTNHUB_TRITON_DKDV_CFG"] = f"{a.bm},{a.bn},{a.warps},{a.stages}"
-            os.environ["ATTNHUB_TRITON_DQ_CFG"] = f"{c.bm},{c.bn},{c.warps},{c.stages}"
+            pinned = env_set(
+                ATTNHUB_TRITON_DKDV_CFG=f"{a.bm},{a.bn},{a.warps},{a.stages}",
+                ATTNHUB_TRITON_DQ_CFG=f"{c.bm},{c.bn},{c.warps},{c.stages}",
+            )
             try:
-                out = attnhub.attention(q, k, v, mask=mask, backend="triton")
-                ms = bwd_ms(out)
+                with pinned:
+                    out = attnhub.attention(q, k, v, mask=mask, backend="triton")
+                    ms = bwd_ms(out)
             except Exception as exc:  # noqa: BLE001 - a candidate that does not fit: shown
                 print(f"dkdv {a} dq {c}: {type(exc).__name__}")
                 continue

@@ -10,7 +10,8 @@ Usage (GPU): python benchmarks/triton_decode_probe.py [--lengths 8192,32768] [--
 from __future__ import annotations
 
 import argparse
-import os
+
+from envvars import env_set
 
 VARIANTS = {
     "default": {},
@@ -41,7 +42,7 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import attnhub
-    from attnhub_backends.triton import configs
+    from attnhub_backends.triton import launch
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
     for lk in (int(x) for x in args.lengths.split(",")):
@@ -72,9 +73,7 @@ def main() -> None:
         _overhead(lambda q=q, k=k, v=v: attnhub.attention(q, k, v, backend="triton"), f"Lk={lk} triton")
         _overhead(lambda q=q, k=k, v=v: sdpa(q, k, v, enable_gqa=True), f"Lk={lk} sdpa (default)")
         for name, env in VARIANTS.items():
-            saved = {key: os.environ.get(key) for key in env}
-            os.environ.update(env)
-            try:
+            with env_set(**env):
 
                 def fn(q=q, k=k, v=v):
                     return attnhub.attention(q, k, v, backend="triton")
@@ -84,17 +83,12 @@ def main() -> None:
                 except RuntimeError as exc:
                     print(f"Lk={lk} triton {name:16s} n/a ({str(exc)[:60]})")
                     continue
+                # every variant's environment is a new call signature: its launch is the newest
+                used = next(reversed(launch._FWD_LAUNCHES.values()))
                 err = ((out.double() - ref).norm() / ref.norm()).item()
                 ms = triton.testing.do_bench(fn, warmup=50, rep=300)
-                picked = [c for key, c in configs.chosen().items() if key[0] == "fwd"][-1:]
                 print(f"Lk={lk} triton {name:16s} {ms:.4f} ms  {bytes_moved / ms / 1e9:.0f} GB/s  "
-                      f"best-sdpa/triton {best / ms:.2f}  rel.err {err:.1e}  cfg {picked}")  # fmt: skip
-            finally:
-                for key, val in saved.items():
-                    if val is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = val
+                      f"best-sdpa/triton {best / ms:.2f}  rel.err {err:.1e}  cfg {used.cfg} splits {used.splits}")  # fmt: skip
 
 
 def _overhead(fn, label: str) -> None:
