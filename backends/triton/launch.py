@@ -179,19 +179,18 @@ def _work(req: Request) -> int:
 @dataclass(frozen=True)
 class _FwdLaunch:
     """What a forward launch needs beyond the tensors, fixed for one call signature: computed once
-    (plan, split-KV factor, tuned config, mask scalars) so that repeated calls, such as decoding
-    steps, pay only for the output allocations and the kernel launches."""
+    (plan, split-KV factor, tuned config, mask scalars, the kernels' constexprs and options) so that
+    repeated calls, such as decoding steps, pay only for the output allocations and the launches."""
 
     cfg: configs.Cfg
-    bm: int
     rows: torch.Tensor
     grid: tuple[int, int, int]
     splits: int
-    pack: bool
     tma: int
     scalars: tuple[int, ...]
-    consts: tuple[tuple[str, Any], ...]
     qk_scale: float
+    kwargs: dict[str, Any]  # fwd_kernel's constexprs and launch options
+    combine_kwargs: dict[str, Any]  # combine_kernel's (used when splits > 1)
 
 
 _FWD_LAUNCHES: OrderedDict[tuple, _FwdLaunch] = OrderedDict()
@@ -223,12 +222,12 @@ def forward(
     return out, lse
 
 
-def _forward_launch(
+def _make_launch(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, req: Request, cfg: configs.Cfg
 ) -> _FwdLaunch:
-    """The launch of ``cfg`` for this call."""
-    b, hq, nq, _ = q.shape
-    hkv = k.shape[1]
+    """The launch of ``cfg`` for this call signature."""
+    b, hq, nq, dqk = q.shape
+    hkv, dv = k.shape[1], v.shape[3]
     scalars, consts = mask_args(req)
     group = hq // hkv
     # GQA packing: with few queries, one tile holds every (query head of a group, query) row.
@@ -238,9 +237,18 @@ def _forward_launch(
     tiles = 1 if pack else triton_cdiv(nq, bm)
     heads = hkv if pack else hq
     splits = _splits(tiles * heads * b, pl.max_visits, q.device)
+    tma = _tma_mode(q, k, v, packed=pack)
+    kwargs = dict(
+        DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=cfg.bn, IEEE=_dot_mode(q),
+        NEG=req.scale < 0, PACK=pack, TMA=tma, WS=cfg.ws and not pack, NB=b, HKV=hkv,
+        num_warps=cfg.warps, num_stages=cfg.stages, **consts,
+    )  # fmt: skip
+    if cfg.maxnreg:
+        kwargs["maxnreg"] = cfg.maxnreg
+    combine_kwargs = dict(DV=dv, BDV=_pad(dv), BM=16, BS=max(2, 1 << math.ceil(math.log2(splits))))
     return _FwdLaunch(
-        cfg, bm, pl.rows, (tiles * splits, heads, b), splits, pack, _tma_mode(q, k, v, packed=pack),
-        tuple(scalars), tuple(consts.items()), req.scale * LOG2E,
+        cfg, pl.rows, (tiles * splits, heads, b), splits, tma, tuple(scalars), req.scale * LOG2E, kwargs,
+        combine_kwargs,
     )  # fmt: skip
 
 
@@ -252,11 +260,11 @@ def _prepare_forward(
 
     def run(cfg: configs.Cfg) -> None:
         if cfg not in launches:
-            launches[cfg] = _forward_launch(q, k, v, req, cfg)
+            launches[cfg] = _make_launch(q, k, v, req, cfg)
         _launch_forward(launches[cfg], q, k, v, out, lse)
 
     cfg = configs.choose(_key("fwd", req, q), _cfgs("fwd", req, q), run, _work(req))
-    return launches.get(cfg) or _forward_launch(q, k, v, req, cfg)
+    return launches.get(cfg) or _make_launch(q, k, v, req, cfg)
 
 
 def _launch_forward(
@@ -265,7 +273,7 @@ def _launch_forward(
     kern = kernels()
     b, hq, nq, dqk = q.shape
     hkv, nk, dv = k.shape[1], k.shape[2], v.shape[3]
-    cfg, splits = fl.cfg, fl.splits
+    splits = fl.splits
     if splits == 1:
         o_buf, l_buf, o_split, l_split = out, lse, 0, 0
     else:
@@ -277,22 +285,17 @@ def _launch_forward(
     if fl.tma == 3:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        kk = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, cfg.bn, dqk])
-        vv = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, cfg.bn, dv])
-    extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}
+        kk = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, fl.cfg.bn, dqk])
+        vv = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, fl.cfg.bn, dv])
     kern.fwd_kernel[fl.grid](
         q, kk, vv, o_buf, l_buf, fl.rows, fl.rows.stride(0),
         *q.stride(), *k.stride(), *v.stride(), *o_strides,
-        hq, hq // hkv, nq, nk, fl.qk_scale, *fl.scalars, splits, o_split, l_split,
-        DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=fl.bm, BN=cfg.bn,
-        IEEE=_dot_mode(q), NEG=fl.qk_scale < 0, PACK=fl.pack, TMA=fl.tma, WS=cfg.ws and not fl.pack,
-        NB=b, HKV=hkv, num_warps=cfg.warps, num_stages=cfg.stages, **dict(fl.consts), **extra,
+        hq, hq // hkv, nq, nk, fl.qk_scale, *fl.scalars, splits, o_split, l_split, **fl.kwargs,
     )  # fmt: skip
     if splits > 1:
         kern.combine_kernel[(triton_cdiv(nq, 16), hq, b)](
-            o_buf, l_buf, out, lse, splits, nq, hq, *out.stride(), o_split, l_split,
-            DV=dv, BDV=_pad(dv), BM=16, BS=max(2, 1 << math.ceil(math.log2(splits))),
-        )  # fmt: skip
+            o_buf, l_buf, out, lse, splits, nq, hq, *out.stride(), o_split, l_split, **fl.combine_kwargs
+        )
 
 
 def triton_cdiv(a: int, b: int) -> int:
