@@ -167,18 +167,14 @@ def bwd_config(dqk: int, dv: int) -> tuple[int, int, int]:
     return kb_q, qb_n, krb
 
 
-#: Warps of the dK/dV and fused kernels per (Dqk, Dv) where not 4 (each owns 16 keys per row block).
-BWD_WARPS: dict[tuple[int, int], int] = {}
-
-
 def bwd_warps(dqk: int, dv: int) -> int:
-    """Warps (4 or 8) of the dK/dV and fused backward kernels; ``ATTNHUB_CUDA_BWD_WARPS`` overrides.
-
-    8 warps make a block own twice the keys: half the Q / dO tile loads per key and, fused, half
-    the dQ atomics."""
+    """Warps of the dK/dV and fused backward kernels: 4 (each owns 16 keys per row block), or 4 / 8
+    from ``ATTNHUB_CUDA_BWD_WARPS``. 8 warps make a block own twice the keys: half the Q / dO tile
+    loads per key and, fused, half the dQ atomics; on the H100 it was slower for the default forms
+    (fused at D = 64, split at D = 128; docs/benchmarks.md), so 4 is the default."""
     env = os.environ.get("ATTNHUB_CUDA_BWD_WARPS")
     if not env:
-        return BWD_WARPS.get((dqk, dv), 4)
+        return 4
     if env not in ("4", "8"):
         raise AttnhubError(f"ATTNHUB_CUDA_BWD_WARPS takes 4 or 8, got {env!r}")
     return int(env)
@@ -193,8 +189,9 @@ def bwd_mma_variant(dtype: str, dqk: int, dv: int) -> Variant:
     defines = (("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv))
     kb_q, qb_n, krb = bwd_config(dqk, dv)
     defines += (("KB_Q", kb_q), ("QB_N", qb_n), ("KRB", krb))
-    if bwd_warps(dqk, dv) != 4:
-        defines += (("NWK", bwd_warps(dqk, dv)),)
+    warps = bwd_warps(dqk, dv)
+    if warps != 4:
+        defines += (("NWK", warps),)
     names = ("attn_bwd_dkdv_mma", "attn_bwd_dq_mma", "attn_bwd_dq_convert")
     if kb_q == 64:  # the fused kernel's dQ step gives each of the 4 warps 16 of the KB_Q queries
         names += ("attn_bwd_fused_mma",)
