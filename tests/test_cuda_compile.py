@@ -46,6 +46,21 @@ def test_every_variant_compiles_for_sm80_and_sm90():
     assert len({v.name for v in compiler.all_variants()}) == len(compiler.all_variants())
 
 
+def test_every_wgmma_variant_compiles_for_sm90a():
+    """The Hopper forward (wgmma needs the sm_90a target): NVRTC builds every variant to a cubin that
+    exports the kernel."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    variants = compiler.wgmma_variants()
+    jobs = [(v, compiler.WGMMA_ARCH) for v in variants]
+    with ProcessPoolExecutor(2) as ex:
+        cubins = list(ex.map(_compile, jobs))
+    for variant, cubin in zip(variants, cubins):
+        assert cubin[:4] == b"\x7fELF", variant.name
+        assert b"attn_fwd_wgmma" in cubin, variant.name
+    assert len({v.name for v in variants}) == len(variants)
+
+
 def test_cache_reused_across_processes(cache):
     variant = compiler.simt_variant("float32")
     before = compiler.COMPILES

@@ -289,12 +289,27 @@ def _forward(q: Any, k: Any, v: Any, req: Request, out_dtype: Any) -> tuple[Any,
     return out, lse
 
 
+def _use_wgmma(req: Request, arch: str) -> bool:
+    """The wgmma forward (sm_90a) serves half-type requests on compute capability 9.0 where its tiles
+    fit; ``ATTNHUB_CUDA_FWD=mma`` forces the mma.sync kernel (comparisons), ``=wgmma`` insists on it."""
+    mode = os.environ.get("ATTNHUB_CUDA_FWD", "")
+    if mode not in ("", "mma", "wgmma"):
+        raise AttnhubError(f"ATTNHUB_CUDA_FWD takes mma or wgmma, got {mode!r}")
+    if mode == "mma" or arch != "sm_90":
+        return False
+    cfg = compiler.wgmma_config(req.dim_qk, req.dim_v)
+    return compiler.wgmma_smem_bytes(req.dim_qk, req.dim_v, cfg) <= _smem_limit(req.device)
+
+
 def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> None:
     import torch
 
     q, k, v = (_strided(x, 8) for x in (q, k, v))
     dev = q.device
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    if _use_wgmma(req, arch_of(dev)):
+        _forward_wgmma(q, k, v, out, lse, req, idx)
+        return
     cfg = _mma_config_for(req, _smem_limit(dev)) or compiler.mma_config(req.dim_qk, req.dim_v)
     var = compiler.mma_variant(
         req.dtype, req.dim_qk, req.dim_v, cfg, o_f32=out.dtype != q.dtype, scale_pos=req.scale > 0
@@ -306,6 +321,25 @@ def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> No
         dev,
         _grid(req, ceil_div(req.nq, 16 * cfg[0] * cfg[2]), req.heads_q),
         32 * cfg[0],
+        smem,
+        *_tiled_forward_args(q, k, v, out, lse, req),
+        _i32(_tile_major(req)),
+        *mask_args(req),
+    )
+
+
+def _forward_wgmma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request, idx: int) -> None:
+    cfg = compiler.wgmma_config(req.dim_qk, req.dim_v)
+    var = compiler.wgmma_variant(
+        req.dtype, req.dim_qk, req.dim_v, cfg, o_f32=out.dtype != q.dtype, scale_pos=req.scale > 0
+    )
+    smem = compiler.wgmma_smem_bytes(req.dim_qk, req.dim_v, cfg)
+    kern = compiler.load_kernel(var, "attn_fwd_wgmma", idx, compiler.WGMMA_ARCH, smem)
+    launch(
+        kern,
+        q.device,
+        _grid(req, ceil_div(req.nq, 64 * cfg[0]), req.heads_q),
+        128 * cfg[0],
         smem,
         *_tiled_forward_args(q, k, v, out, lse, req),
         _i32(_tile_major(req)),

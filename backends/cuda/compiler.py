@@ -105,6 +105,55 @@ def mma_variant(
     return Variant("fwd_mma.cu", defines, ("attn_fwd_mma",), _MMA_HEADERS)
 
 
+#: Warpgroup forward (fwd_wgmma.cu, sm_90a): (warpgroups per block, keys per tile) per (Dqk, Dv), from
+#: benchmarks/cuda_wgmma_probe.py on an H100 (bf16, L = 4k / 16k; docs/benchmarks.md): at D = 64 the
+#: 128-key tile needs 158 registers (one block per SM) and ran 0.93-1.02x flash, the 64-key tile 1.04-1.16x.
+WGMMA_CONFIGS = {(64, 64): (2, 64), (64, 128): (2, 64), (128, 64): (2, 128), (128, 128): (2, 128)}
+#: The architecture the wgmma kernels are built for (sm_90a code runs on compute capability 9.0 only).
+WGMMA_ARCH = "sm_90a"
+_WGMMA_HEADERS = ("common.cuh", "mma.cuh", "wgmma.cuh")
+
+
+def wgmma_config(dqk: int, dv: int) -> tuple[int, int]:
+    """(warpgroups, keys per tile) of the wgmma forward; ``ATTNHUB_CUDA_WGMMA=wg,bn`` overrides it."""
+    env = os.environ.get("ATTNHUB_CUDA_WGMMA")
+    if not env:
+        return WGMMA_CONFIGS[(dqk, dv)]
+    try:
+        nwg, bn = (int(x) for x in env.split(","))
+    except ValueError:
+        raise AttnhubError(
+            f"ATTNHUB_CUDA_WGMMA takes 'warpgroups,keys_per_tile' (integers), got {env!r}"
+        ) from None
+    if nwg not in (1, 2, 3) or bn not in (64, 128):
+        raise AttnhubError(f"ATTNHUB_CUDA_WGMMA: warpgroups 1-3 and keys per tile 64 or 128, got {env!r}")
+    return nwg, bn
+
+
+def wgmma_variant(
+    dtype: str,
+    dqk: int,
+    dv: int,
+    config: tuple[int, int] | None = None,
+    o_f32: bool = False,
+    scale_pos: bool = True,
+) -> Variant:
+    """The Hopper forward (wgmma, sm_90a) for half types; arguments as :func:`mma_variant`."""
+    nwg, bn = config or wgmma_config(dqk, dv)
+    defines = (("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv), ("NWG", nwg), ("BN", bn))
+    if o_f32:
+        defines += (("O_F32", 1),)
+    if scale_pos:
+        defines += (("SCALE_POS", 1),)
+    return Variant("fwd_wgmma.cu", defines, ("attn_fwd_wgmma",), _WGMMA_HEADERS)
+
+
+def wgmma_smem_bytes(dqk: int, dv: int, config: tuple[int, int]) -> int:
+    """Dynamic shared memory of the wgmma forward: Q tile, double-buffered K and V, 1 KB alignment slack."""
+    nwg, bn = config
+    return 2 * (64 * nwg * dqk + 2 * bn * (dqk + dv)) + 1024
+
+
 def tf32_config(dqk: int, dv: int) -> tuple[int, int, int]:
     """(warps, keys per tile, row blocks per warp) of the 3xTF32 float32 forward for (Dqk, Dv).
 
@@ -238,6 +287,19 @@ def all_variants() -> list[Variant]:
     out += [simt_variant(dt, o_f32=True) for dt in ("float16", "bfloat16")]
     out += [bwd_mma_variant(dt, a, b) for dt in ("float16", "bfloat16") for a in MMA_DIMS for b in MMA_DIMS]
     return out
+
+
+def wgmma_variants() -> list[Variant]:
+    """The wgmma forwards (built for WGMMA_ARCH only): half types, every head-dim pair, both outputs."""
+    return [
+        wgmma_variant(dt, a, b, WGMMA_CONFIGS[(a, b)], o_f32=o32)
+        for dt in ("float16", "bfloat16")
+        for a in MMA_DIMS
+        for b in MMA_DIMS
+        for o32 in (False, True)
+    ] + [
+        wgmma_variant(dt, 64, 64, WGMMA_CONFIGS[(64, 64)], scale_pos=False) for dt in ("float16", "bfloat16")
+    ]
 
 
 def bwd_mma_smem_bytes(dqk: int, dv: int) -> tuple[int, int]:
@@ -415,6 +477,8 @@ def precompile(archs: tuple[str, ...], workers: int | None = None) -> list[tuple
     from concurrent.futures import ProcessPoolExecutor
 
     jobs = [(v, a) for v in all_variants() for a in archs]
+    if "sm_90" in archs:
+        jobs += [(v, WGMMA_ARCH) for v in wgmma_variants()]
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     if workers <= 1:
         return [_compile_job(j) for j in jobs]

@@ -1,0 +1,249 @@
+// attnhub CUDA backend: tensor-core forward for float16 / bfloat16 on Hopper (sm_90a), with wgmma.
+// Each warpgroup (4 warps) owns 64 query rows: S = Q K^T is one chain of m64nBNk16 wgmma with both
+// operands in shared memory, P stays in registers (the S accumulators, rounded and packed) and
+// O += P V is a chain of m64nDVk16 wgmma with A from registers. Masking, the online softmax and the
+// epilogue are those of fwd_mma.cu (a warp's accumulator fragments have the mma.sync layout). Q, K, V
+// tiles arrive by cp.async into 128-byte-swizzled panels (wgmma.cuh), K/V double-buffered.
+// Compile-time parameters (defined by the host): ATT_DTYPE (0 f16, 1 bf16), DQK, DV (64 or 128),
+// NWG (warpgroups per block), BN (keys per tile: 64 or 128).
+
+#ifndef SCALE_POS
+#define SCALE_POS 0  // 1: the host guarantees scale > 0 (the scale is then fused into exp2's FFMA)
+#endif
+
+constexpr int BM = 64 * NWG;
+constexpr int NT = 128 * NWG;
+static_assert(DQK % 64 == 0 && DV % 64 == 0 && BN % 64 == 0, "wgmma forward: dims and BN multiples of 64");
+
+// Copy rows [row0, row0 + R) of a (N, D) matrix with row stride `ld` into the swizzled panels at
+// shared address `s`; rows past N are zero-filled. Each thread copies one 16-byte chunk column of every
+// RS-th row (RS a multiple of 8: its swizzle pattern repeats, so addresses advance by constants).
+template <int R, int D>
+__device__ __forceinline__ void load_panels(u32 s, const T* g, i64 ld, int row0, int n, int tid) {
+  constexpr int CH = D / 8;
+  constexpr int RS = NT / CH;
+  static_assert(NT % CH == 0 && RS % 8 == 0, "load_panels: threads per row chunk");
+  const int r0 = tid / CH, ch = tid % CH;
+  const T* src = g + (i64)(row0 + r0) * ld + ch * 8;
+  const i64 step = (i64)RS * ld;
+  const u32 dst = s + (ch >> 3) * (R * 128) + r0 * 128 + (((ch & 7) ^ (r0 & 7)) << 4);
+#pragma unroll
+  for (int i = 0; i < (R + RS - 1) / RS; ++i) {
+    if (R % RS == 0 || r0 + i * RS < R) {
+      const bool ok = row0 + r0 + i * RS < n;
+      cp_async16_a(dst + i * (RS * 128), ok ? src : g, ok);
+    }
+    src += step;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(NT) attn_fwd_wgmma(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, OT* __restrict__ o,
+    float* __restrict__ lse, i64 qsb, i64 qsh, i64 qsn, i64 ksb, i64 ksh, i64 ksn, i64 vsb, i64 vsh,
+    i64 vsn, int Hq, int group, int Nq, int Nk, float scale_log2, int tile_major, MASK_PARAMS) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // Panels need 1024-byte alignment (the host allocates 1 KB of slack).
+  const u32 sQa = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const u32 sKa = sQa + BM * DQK * 2;
+  const u32 sVa = sKa + 2 * BN * DQK * 2;
+  const Mask m = MASK_INIT;
+
+  const int ntq = (Nq + BM - 1) / BM;
+  // Grid order as in fwd_mma.cu: tile_major puts the heaviest causal tiles of every head first.
+  const int qi = tile_major ? blockIdx.z : blockIdx.x;
+  const int h = tile_major ? blockIdx.x : blockIdx.y, b = tile_major ? blockIdx.y : blockIdx.z;
+  const int qt = ntq - 1 - qi, hk = h / group;
+  const T* qp = q + b * qsb + h * qsh;
+  const T* kp = k + b * ksb + hk * ksh;
+  const T* vp = v + b * vsb + hk * vsh;
+  const i64 bh = (i64)b * Hq + h;
+  OT* op = o + bh * Nq * DV;
+  float* lp = lse + bh * Nq;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int q0 = qt * BM, q1 = min(q0 + BM, Nq) - 1;
+  const int nkt = (Nk + BN - 1) / BN;
+
+  const TileClasses<true> classes(m, q0, q1, Nq, Nk);
+  auto tile_class = [&](int jt) {
+    const int k0 = jt * BN;
+    return classes(k0, min(k0 + BN, Nk) - 1);
+  };
+
+  load_panels<BM, DQK>(sQa, qp, qsn, q0, Nq, tid);
+  int j = 0;
+  while (j < nkt && tile_class(j) == 0) ++j;
+  if (j < nkt) {
+    load_panels<BN, DQK>(sKa, kp, ksn, j * BN, Nk, tid);
+    load_panels<BN, DV>(sVa, vp, vsn, j * BN, Nk, tid);
+  }
+  cp_async_commit();
+
+  // Rows of this thread: q0 + 16 warp + g (r = 0) and + 8 (r = 1).
+  float mrow[2] = {ATT_NEG_INF, ATT_NEG_INF}, lrow[2] = {0.f, 0.f};
+  float oacc[DV / 8][4];
+#pragma unroll
+  for (int i = 0; i < DV / 8; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+  // This warpgroup's 64 Q rows in each panel.
+  const u32 q_wg = sQa + wg * (64 * 128);
+  int buf = 0;
+
+  while (j < nkt) {
+    int jn = j + 1;
+    while (jn < nkt && tile_class(jn) == 0) ++jn;
+    if (jn < nkt) {
+      load_panels<BN, DQK>(sKa + (buf ^ 1) * (BN * DQK * 2), kp, ksn, jn * BN, Nk, tid);
+      load_panels<BN, DV>(sVa + (buf ^ 1) * (BN * DV * 2), vp, vsn, jn * BN, Nk, tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    fence_async_smem();
+    __syncthreads();
+
+    // S = Q K^T: DQK / 16 wgmma, 32 bytes along the row per step, the next panel every 4 steps.
+    float s[BN / 8][4];
+    const u32 kb = sKa + buf * (BN * DQK * 2);
+    wg_arrive();
+#pragma unroll
+    for (int kk = 0; kk < DQK / 16; ++kk) {
+      const u64 da = wg_desc(q_wg + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024);
+      const u64 db = wg_desc(kb + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024);
+      wgmma_ss<BN>(&s[0][0], da, db, kk > 0);
+    }
+    wg_commit();
+    wg_wait<0>();
+    wg_hold<BN / 2>(&s[0][0]);
+
+    const int k0 = j * BN;
+    const int cls = tile_class(j);
+    const bool masked = cls != 2 || k0 + BN > Nk;
+#if !SCALE_POS
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
+#endif
+    const int row0 = q0 + warp * 16 + g;
+    if (masked && m.one_interval(Nq, Nk)) {
+      int lo[2], hi[2];
+      m.key_interval(min(row0, Nq - 1), Nk, lo[0], hi[0]);
+      m.key_interval(min(row0 + 8, Nq - 1), Nk, lo[1], hi[1]);
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kn = k0 + nt * 8 + 2 * t4 + (e & 1);
+          if (kn < lo[e >> 1] || kn > hi[e >> 1]) s[nt][e] = ATT_NEG_INF;
+        }
+    } else if (masked) {
+      // Bit c of keep[r]: key k0 + 8 (c >> 1) + 2 t4 + (c & 1) is attended by row r.
+      u32 keep0 = 0, keep1 = 0;
+      int qy[2], qx[2];
+      i64 fq[2];
+      m.qpos(min(row0, Nq - 1), qy[0], qx[0], fq[0]);
+      m.qpos(min(row0 + 8, Nq - 1), qy[1], qx[1], fq[1]);
+#pragma unroll 1
+      for (int c = 0; c < BN / 4; ++c) {
+        int kn = k0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
+        if (kn < Nk) {
+          int ky, kx;
+          i64 fk;
+          m.kpos(kn, ky, kx, fk);
+          keep0 |= (u32)m.attend(qy[0], qx[0], fq[0], ky, kx, fk) << c;
+          keep1 |= (u32)m.attend(qy[1], qx[1], fq[1], ky, kx, fk) << c;
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if (!((keep0 >> (2 * nt + e)) & 1u)) s[nt][e] = ATT_NEG_INF;
+          if (!((keep1 >> (2 * nt + e)) & 1u)) s[nt][2 + e] = ATT_NEG_INF;
+        }
+    }
+
+    // Online softmax; row r lives in s[*][2r], s[*][2r+1] across the quad.
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#if SCALE_POS
+      float mx_ = ATT_NEG_INF;
+#else
+      float mx_ = mrow[r];
+#endif
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) mx_ = fmaxf(mx_, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+      mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 1));
+      mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 2));
+#if SCALE_POS
+      mx_ = fmaxf(mrow[r], mx_ * scale_log2);
+      const float sc = scale_log2;
+#else
+      const float sc = 1.f;
+#endif
+      const float mu = (mx_ == ATT_NEG_INF) ? 0.f : mx_;
+      alpha[r] = (mx_ == mrow[r]) ? 1.f : fast_exp2(mrow[r] - mu);
+      mrow[r] = mx_;
+      float rs = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; ++nt) {
+        s[nt][2 * r] = fast_exp2(fmaf(s[nt][2 * r], sc, -mu));
+        s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], sc, -mu));
+        rs += s[nt][2 * r] + s[nt][2 * r + 1];
+      }
+      lrow[r] = lrow[r] * alpha[r] + rs;
+    }
+#pragma unroll
+    for (int dt = 0; dt < DV / 8; ++dt) {
+      oacc[dt][0] *= alpha[0];
+      oacc[dt][1] *= alpha[0];
+      oacc[dt][2] *= alpha[1];
+      oacc[dt][3] *= alpha[1];
+    }
+
+    // O += P V: P packed into the A fragments of BN / 16 wgmma; V rows (keys) are the reduction dim,
+    // 16 keys = 2048 bytes per step, panels of 64 value columns BN * 128 bytes apart.
+    u32 pa[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      pa[kk][0] = pack2(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = pack2(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    const u32 vb = sVa + buf * (BN * DV * 2);
+    wg_arrive();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs_t<DV>(&oacc[0][0], pa[kk], wg_desc(vb + kk * 2048, BN * 128, 1024));
+    wg_commit();
+    wg_wait<0>();
+    wg_hold<DV / 2>(&oacc[0][0]);
+    __syncthreads();
+    buf ^= 1;
+    j = jn;
+  }
+  cp_async_wait<0>();
+
+  // Normalise and store; a row with no attended key gets out = 0 and lse = -inf.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = lrow[r];
+    l += __shfl_xor_sync(0xffffffff, l, 1);
+    l += __shfl_xor_sync(0xffffffff, l, 2);
+    const float inv = (l == 0.f) ? 0.f : 1.f / l;
+    const int row = q0 + warp * 16 + g + 8 * r;
+    if (row < Nq) {
+      OT* orow = op + (i64)row * DV;
+#pragma unroll
+      for (int dt = 0; dt < DV / 8; ++dt) {
+#if O_F32
+        *reinterpret_cast<float2*>(orow + dt * 8 + 2 * t4) = make_float2(oacc[dt][2 * r] * inv, oacc[dt][2 * r + 1] * inv);
+#else
+        *reinterpret_cast<u32*>(orow + dt * 8 + 2 * t4) = pack2(oacc[dt][2 * r] * inv, oacc[dt][2 * r + 1] * inv);
+#endif
+      }
+      if (t4 == 0) lp[row] = (l == 0.f) ? ATT_NEG_INF : (mrow[r] + log2f(l)) * 0.6931471805599453f;
+    }
+  }
+}

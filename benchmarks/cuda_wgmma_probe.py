@@ -1,0 +1,122 @@
+"""Check and time the cuda backend's Hopper (wgmma) forward against its mma.sync forward and SDPA.
+
+    python benchmarks/cuda_wgmma_probe.py [--configs 2,128 1,128 ...] [--lengths 4096 ...] [--json FILE]
+
+Each tile config (``ATTNHUB_CUDA_WGMMA=warpgroups,keys``) is first checked against the float64 reference
+backend (odd lengths; Full, Causal, Local(causal), 2-d, GQA, Dqk != Dv, q x 8 for large logits), then
+timed with the mma.sync kernel (``ATTNHUB_CUDA_FWD=mma``), SDPA flash and cuDNN in the same process on the
+``attnhub bench`` grid (bf16, B = 16384 / L, H = 2048 / D). Median of ``triton.testing.do_bench``; FLOPs
+4·B·H·L²·D, halved for causal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import attnhub
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from envvars import env_set  # noqa: E402
+
+
+def _ms(fn) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def _sdpa_ms(kind: SDPBackend, q, k, v, causal: bool) -> float:
+    with sdpa_kernel([kind]):
+        return _ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+
+
+def _cuda_ms(q, k, v, mask, **env: str) -> float:
+    with env_set(**env):
+        return _ms(lambda: attnhub.attention(q, k, v, mask=mask, backend="cuda"))
+
+
+def check(dtype: torch.dtype = torch.bfloat16) -> float:
+    """Largest |cuda - reference| / (1 + |reference|) over odd-length requests (float64 oracle)."""
+    worst = 0.0
+    g = torch.Generator(device="cpu").manual_seed(7)
+    cases = [
+        ((2, 3, 333, 64), (2, 3, 333, 64), None, 1.0),
+        ((2, 3, 333, 128), (2, 3, 200, 128), "causal", 1.0),  # Lq > Lk: rows fully masked
+        ((1, 4, 257, 64), (1, 4, 300, 128), attnhub.Local(window=40, causal=True), 1.0),
+        ((1, 4, 190, 128), (1, 2, 190, 64), "causal", 8.0),  # GQA, Dqk != Dv, large logits
+        ((2, 2, 15, 20, 64), (2, 2, 15, 20, 64), attnhub.Local(window=(5, 7)), 1.0),  # 2-d
+    ]
+    for qshape, kshape, mask, qmul in cases:
+        dqk = qshape[-1]
+        q = torch.randn(qshape, generator=g) * qmul
+        k = torch.randn(*kshape[:-1], dqk, generator=g)
+        v = torch.randn(kshape, generator=g)
+        q, k, v = (x.to(dtype) for x in (q, k, v))
+        kw = {"mask": mask, "sync": "none_end" if qshape[2] != kshape[2] else "none_front"}
+        ref = attnhub.attention(*(x.double().numpy() for x in (q, k, v)), backend="reference", **kw)
+        got = attnhub.attention(*(x.cuda() for x in (q, k, v)), backend="cuda", **kw)
+        torch.cuda.synchronize()
+        got = got.double().cpu().numpy()
+        if not np.isfinite(got).all():
+            return float("inf")
+        worst = max(worst, float((np.abs(got - ref) / (1 + np.abs(ref))).max()))
+    return worst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", nargs="*", default=["2,128"])
+    ap.add_argument("--lengths", nargs="*", type=int, default=[4096, 16384])
+    ap.add_argument("--dims", nargs="*", type=int, default=[64, 128])
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rows = []
+    with env_set(ATTNHUB_CUDA_FWD="mma"):
+        print(f"check mma.sync: {check():.2e}", flush=True)
+    for cfg in args.configs:
+        with env_set(ATTNHUB_CUDA_FWD="wgmma", ATTNHUB_CUDA_WGMMA=cfg):
+            try:
+                print(f"check wgmma {cfg}: bf16 {check():.2e} f16 {check(torch.float16):.2e}", flush=True)
+            except Exception as exc:
+                print(f"check wgmma {cfg}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+    for d in args.dims:
+        for n in args.lengths:
+            b, h = max(1, 16384 // n), 2048 // d
+            q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            for causal in (False, True):
+                flops = 4 * b * h * n * n * d / (2 if causal else 1)
+                mask = "causal" if causal else None
+                times = {
+                    "flash": _sdpa_ms(SDPBackend.FLASH_ATTENTION, q, k, v, causal),
+                    "cudnn": _sdpa_ms(SDPBackend.CUDNN_ATTENTION, q, k, v, causal),
+                    "mma": _cuda_ms(q, k, v, mask, ATTNHUB_CUDA_FWD="mma"),
+                }
+                for cfg in args.configs:
+                    try:
+                        times[f"wg{cfg}"] = _cuda_ms(
+                            q, k, v, mask, ATTNHUB_CUDA_FWD="wgmma", ATTNHUB_CUDA_WGMMA=cfg
+                        )
+                    except Exception as exc:  # a tile that does not build for this head dim
+                        print(f"wg{cfg} D={d}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                tf = {kk: flops / t / 1e9 for kk, t in times.items()}
+                row = {"d": d, "L": n, "causal": causal, "ms": times, "tflops": tf}
+                rows.append(row)
+                ratios = " ".join(
+                    f"{kk} {tf[kk]:.0f} ({tf[kk] / tf['flash']:.2f}x fl, {tf[kk] / tf['cudnn']:.2f}x cu)"
+                    for kk in tf
+                )
+                print(f"D={d} L={n} causal={int(causal)}: {ratios}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
