@@ -328,6 +328,12 @@ def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> No
     )
 
 
+def _use_wgmma_backward(arch: str) -> bool:
+    """The wgmma backward serves half types on compute capability 9.0 unless ``ATTNHUB_CUDA_BWD`` names
+    another kernel (fused, split: mma.sync; simt)."""
+    return arch == "sm_90" and os.environ.get("ATTNHUB_CUDA_BWD", "") in ("", "wgmma")
+
+
 def _forward_wgmma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request, idx: int) -> None:
     cfg = compiler.wgmma_config(req.dim_qk, req.dim_v)
     var = compiler.wgmma_variant(
@@ -447,12 +453,28 @@ def _backward_mma(
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
+    scales = (np.float32(req.scale), np.float32(req.scale * math.log2(math.e)))
+    common = (ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), ptr(delta))
+    nwg = compiler.bwd_wgmma_warpgroups(req.dim_qk, req.dim_v)
+    smem = compiler.bwd_wgmma_smem_bytes(req.dim_qk, req.dim_v, nwg)
+    if _use_wgmma_backward(arch) and smem <= _smem_limit(dev):
+        # Hopper: one wgmma kernel over the (key tile, query tile) pairs; dQ's shares meet in float32.
+        var = compiler.bwd_wgmma_variant(req.dtype, req.dim_qk, req.dim_v, nwg)
+        dqacc = torch.zeros((req.batch, req.heads_q, req.nq, req.dim_qk), dtype=torch.float32, device=dev)
+        kern = compiler.load_kernel(var, "attn_bwd_fused_wgmma", idx, compiler.WGMMA_ARCH, smem)
+        launch(
+            kern, dev, _grid(req, ceil_div(req.nk, 64 * nwg), req.heads_kv), 128 * nwg, smem, *common, ptr(dk),
+            ptr(dv), ptr(dqacc), _i32(req.heads_q), _i32(req.heads_kv), _i32(req.nq), _i32(req.nk), *scales,
+            _i32(_tile_major(req)), *mask_args(req),
+        )  # fmt: skip
+        n = dqacc.numel()
+        kern = compiler.load_kernel(var, "attn_bwd_dq_convert", idx, compiler.WGMMA_ARCH)
+        launch(kern, dev, (ceil_div(n, 4 * 256),), 256, 0, ptr(dqacc), ptr(dq), i64(n), scales[0])
+        return dq, dk, dv
     var = compiler.bwd_mma_variant(req.dtype, req.dim_qk, req.dim_v)
     smem_kv, smem_q = compiler.bwd_mma_smem_bytes(req.dim_qk, req.dim_v)
     block_keys = compiler.bwd_block_keys(req.dim_qk, req.dim_v)  # keys per dK/dV (or fused) block
     threads = 32 * compiler.bwd_warps(req.dim_qk, req.dim_v)
-    scales = (np.float32(req.scale), np.float32(req.scale * math.log2(math.e)))
-    common = (ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), ptr(delta))
     smem = compiler.bwd_fused_smem_bytes(req.dim_qk, req.dim_v)
     if compiler.bwd_fused(req.dim_qk, req.dim_v, arch) and smem <= _smem_limit(dev):
         # One pass over the (key tile, query tile) pairs; dQ's shares meet in a float32 buffer.

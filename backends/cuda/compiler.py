@@ -289,17 +289,74 @@ def all_variants() -> list[Variant]:
     return out
 
 
+#: Warpgroups (64 keys each) per block of the Hopper backward (bwd_wgmma.cu) per (Dqk, Dv); each
+#: warpgroup adds Dqk / warpgroups columns of dQ. H100, bf16, L = 4k / 16k (benchmarks/cuda_wgmma_probe.py
+#: --bwd, docs/benchmarks.md): two warpgroups ran 0.80-0.93x flash at D = 64 against one's 0.60-0.82x,
+#: 1.05-1.09x at D = 128 against 0.67-0.87x.
+BWD_WGMMA_WARPGROUPS = {(64, 64): 2, (64, 128): 2, (128, 64): 2, (128, 128): 2}
+#: (Dqk, Dv) whose backward issues the dQ products while dK / dV's are in flight (BWD_OVERLAP: more
+#: registers; 1-2 % faster at D = 64 in the same run, no change at D = 128).
+BWD_WGMMA_OVERLAP = frozenset({(64, 64)})
+
+
+def bwd_wgmma_warpgroups(dqk: int, dv: int) -> int:
+    """Warpgroups of the Hopper backward; ``ATTNHUB_CUDA_BWD_WG=1|2`` overrides."""
+    env = os.environ.get("ATTNHUB_CUDA_BWD_WG")
+    if not env:
+        return BWD_WGMMA_WARPGROUPS[(dqk, dv)]
+    if env not in ("1", "2"):
+        raise AttnhubError(f"ATTNHUB_CUDA_BWD_WG takes 1 or 2, got {env!r}")
+    return int(env)
+
+
+def bwd_wgmma_variant(dtype: str, dqk: int, dv: int, nwg: int | None = None) -> Variant:
+    """The Hopper backward (wgmma, sm_90a, dQ by reductions into float32) and its dQ conversion."""
+    nwg = nwg or bwd_wgmma_warpgroups(dqk, dv)
+    defines = (("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv), ("NWG", nwg))
+    if (dqk, dv) in BWD_WGMMA_OVERLAP and "ATTNHUB_CUDA_BWD_OVERLAP" not in os.environ:
+        defines += (("BWD_OVERLAP", 1),)
+    # tuning switches: blocks per SM the registers are capped for, dQ products overlapping dK / dV's
+    for var, name, allowed in (
+        ("ATTNHUB_CUDA_BWD_MINB", "MINB", ("1", "2", "3", "4")),
+        ("ATTNHUB_CUDA_BWD_OVERLAP", "BWD_OVERLAP", ("0", "1")),
+    ):
+        env = os.environ.get(var)
+        if env:
+            if env not in allowed:
+                raise AttnhubError(f"{var} takes one of {', '.join(allowed)}, got {env!r}")
+            defines += ((name, int(env)),)
+    return Variant("bwd_wgmma.cu", defines, ("attn_bwd_fused_wgmma", "attn_bwd_dq_convert"), _WGMMA_HEADERS)
+
+
+def bwd_wgmma_smem_bytes(dqk: int, dv: int, nwg: int) -> int:
+    """Dynamic shared memory of the Hopper backward: K, V, two Q and dO tiles, dS^T, lse and delta
+    (two 64-query buffers each), 1 KB alignment slack."""
+    kb_n = 64 * nwg
+    return 2 * (kb_n * (dqk + dv) + 2 * 64 * (dqk + dv) + kb_n * 64) + 4 * 4 * 64 + 1024
+
+
 def wgmma_variants() -> list[Variant]:
-    """The wgmma forwards (built for WGMMA_ARCH only): half types, every head-dim pair, both outputs."""
-    return [
-        wgmma_variant(dt, a, b, WGMMA_CONFIGS[(a, b)], o_f32=o32)
-        for dt in ("float16", "bfloat16")
-        for a in MMA_DIMS
-        for b in MMA_DIMS
-        for o32 in (False, True)
-    ] + [
-        wgmma_variant(dt, 64, 64, WGMMA_CONFIGS[(64, 64)], scale_pos=False) for dt in ("float16", "bfloat16")
-    ]
+    """The wgmma kernels (built for WGMMA_ARCH only): forwards for half types, every head-dim pair, both
+    outputs; the backward for every head-dim pair."""
+    return (
+        [
+            wgmma_variant(dt, a, b, WGMMA_CONFIGS[(a, b)], o_f32=o32)
+            for dt in ("float16", "bfloat16")
+            for a in MMA_DIMS
+            for b in MMA_DIMS
+            for o32 in (False, True)
+        ]
+        + [
+            wgmma_variant(dt, 64, 64, WGMMA_CONFIGS[(64, 64)], scale_pos=False)
+            for dt in ("float16", "bfloat16")
+        ]
+        + [
+            bwd_wgmma_variant(dt, a, b, BWD_WGMMA_WARPGROUPS[(a, b)])
+            for dt in ("float16", "bfloat16")
+            for a in MMA_DIMS
+            for b in MMA_DIMS
+        ]
+    )
 
 
 def bwd_mma_smem_bytes(dqk: int, dv: int) -> tuple[int, int]:
@@ -328,8 +385,8 @@ def bwd_fused(dqk: int, dv: int, arch: str = "sm_90") -> bool:
     ``=split`` chooses; by default fused for ``BWD_FUSED_DIMS`` on sm_90+ (on older parts each dQ
     pair is two scalar atomics: not measured, so split). The fused kernel needs 64-query steps."""
     mode = os.environ.get("ATTNHUB_CUDA_BWD", "")
-    if mode not in ("", "fused", "split", "simt"):
-        raise AttnhubError(f"ATTNHUB_CUDA_BWD takes fused, split or simt, got {mode!r}")
+    if mode not in ("", "wgmma", "fused", "split", "simt"):
+        raise AttnhubError(f"ATTNHUB_CUDA_BWD takes wgmma, fused, split or simt, got {mode!r}")
     if bwd_config(dqk, dv)[0] != 64 or mode == "split":
         return False
     return mode == "fused" or (dqk in BWD_FUSED_DIMS and int(arch.removeprefix("sm_")[:-1] or 0) >= 9)

@@ -15,28 +15,6 @@ constexpr int BM = 64 * NWG;
 constexpr int NT = 128 * NWG;
 static_assert(DQK % 64 == 0 && DV % 64 == 0 && BN % 64 == 0, "wgmma forward: dims and BN multiples of 64");
 
-// Copy rows [row0, row0 + R) of a (N, D) matrix with row stride `ld` into the swizzled panels at
-// shared address `s`; rows past N are zero-filled. Each thread copies one 16-byte chunk column of every
-// RS-th row (RS a multiple of 8: its swizzle pattern repeats, so addresses advance by constants).
-template <int R, int D>
-__device__ __forceinline__ void load_panels(u32 s, const T* g, i64 ld, int row0, int n, int tid) {
-  constexpr int CH = D / 8;
-  constexpr int RS = NT / CH;
-  static_assert(NT % CH == 0 && RS % 8 == 0, "load_panels: threads per row chunk");
-  const int r0 = tid / CH, ch = tid % CH;
-  const T* src = g + (i64)(row0 + r0) * ld + ch * 8;
-  const i64 step = (i64)RS * ld;
-  const u32 dst = s + (ch >> 3) * (R * 128) + r0 * 128 + (((ch & 7) ^ (r0 & 7)) << 4);
-#pragma unroll
-  for (int i = 0; i < (R + RS - 1) / RS; ++i) {
-    if (R % RS == 0 || r0 + i * RS < R) {
-      const bool ok = row0 + r0 + i * RS < n;
-      cp_async16_a(dst + i * (RS * 128), ok ? src : g, ok);
-    }
-    src += step;
-  }
-}
-
 extern "C" __global__ void __launch_bounds__(NT) attn_fwd_wgmma(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, OT* __restrict__ o,
     float* __restrict__ lse, i64 qsb, i64 qsh, i64 qsn, i64 ksb, i64 ksh, i64 ksn, i64 vsb, i64 vsh,
@@ -71,12 +49,12 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_wgmma(
     return classes(k0, min(k0 + BN, Nk) - 1);
   };
 
-  load_panels<BM, DQK>(sQa, qp, qsn, q0, Nq, tid);
+  load_panels<BM, DQK, NT>(sQa, qp, qsn, q0, Nq, tid);
   int j = 0;
   while (j < nkt && tile_class(j) == 0) ++j;
   if (j < nkt) {
-    load_panels<BN, DQK>(sKa, kp, ksn, j * BN, Nk, tid);
-    load_panels<BN, DV>(sVa, vp, vsn, j * BN, Nk, tid);
+    load_panels<BN, DQK, NT>(sKa, kp, ksn, j * BN, Nk, tid);
+    load_panels<BN, DV, NT>(sVa, vp, vsn, j * BN, Nk, tid);
   }
   cp_async_commit();
 
@@ -93,8 +71,8 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_wgmma(
     int jn = j + 1;
     while (jn < nkt && tile_class(jn) == 0) ++jn;
     if (jn < nkt) {
-      load_panels<BN, DQK>(sKa + (buf ^ 1) * (BN * DQK * 2), kp, ksn, jn * BN, Nk, tid);
-      load_panels<BN, DV>(sVa + (buf ^ 1) * (BN * DV * 2), vp, vsn, jn * BN, Nk, tid);
+      load_panels<BN, DQK, NT>(sKa + (buf ^ 1) * (BN * DQK * 2), kp, ksn, jn * BN, Nk, tid);
+      load_panels<BN, DV, NT>(sVa + (buf ^ 1) * (BN * DV * 2), vp, vsn, jn * BN, Nk, tid);
     }
     cp_async_commit();
     cp_async_wait<1>();
