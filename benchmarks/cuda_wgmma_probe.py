@@ -3,7 +3,8 @@
     python benchmarks/cuda_wgmma_probe.py [--configs 2,128 1,128 ...] [--lengths 4096 ...] [--json FILE]
     python benchmarks/cuda_wgmma_probe.py --bwd [--bwd-modes wgmma:1 wgmma:2 fused split] [...]
 
-Each tile config (``ATTNHUB_CUDA_WGMMA=warpgroups,keys``) is first checked against the float64 reference
+Each tile config (``ATTNHUB_CUDA_WGMMA=warpgroups,keys``, with ``:tiles`` or ``:heads`` the grid order
+``ATTNHUB_CUDA_FWD_ORDER``) is first checked against the float64 reference
 backend (odd lengths; Full, Causal, Local(causal), 2-d, GQA, Dqk != Dv, q x 8 for large logits), then
 timed with the mma.sync kernel (``ATTNHUB_CUDA_FWD=mma``), SDPA flash and cuDNN in the same process on the
 ``attnhub bench`` grid (bf16, B = 16384 / L, H = 2048 / D). Median of ``triton.testing.do_bench``; FLOPs
@@ -116,16 +117,19 @@ def check_bwd(dtype: torch.dtype = torch.bfloat16) -> float:
 
 
 def _bwd_env(mode: str) -> dict[str, str | None]:
-    """``kind[:warpgroups[:m<blocks>][:o]]`` to the backend's switches: ATTNHUB_CUDA_BWD, _BWD_WG, and
-    for wgmma _BWD_MINB (register cap for that many blocks per SM) and _BWD_OVERLAP (o)."""
+    """``kind[:warpgroups[:m<blocks>][:o][:tiles|heads]]`` to the backend's switches: ATTNHUB_CUDA_BWD,
+    _BWD_WG, and for wgmma _BWD_MINB (register cap for that many blocks per SM), _BWD_OVERLAP (o) and
+    _BWD_ORDER (grid order)."""
     kind, *rest = mode.split(":")
     env: dict[str, str | None] = {"ATTNHUB_CUDA_BWD": kind, "ATTNHUB_CUDA_BWD_WG": None}
-    env.update(ATTNHUB_CUDA_BWD_MINB=None, ATTNHUB_CUDA_BWD_OVERLAP=None)
+    env.update(ATTNHUB_CUDA_BWD_MINB=None, ATTNHUB_CUDA_BWD_OVERLAP=None, ATTNHUB_CUDA_BWD_ORDER=None)
     for part in rest:
         if part.startswith("m"):
             env["ATTNHUB_CUDA_BWD_MINB"] = part[1:]
         elif part == "o":
             env["ATTNHUB_CUDA_BWD_OVERLAP"] = "1"
+        elif part in ("tiles", "heads"):
+            env["ATTNHUB_CUDA_BWD_ORDER"] = part
         elif part:
             env["ATTNHUB_CUDA_BWD_WG"] = part
     return env
@@ -197,7 +201,7 @@ def main() -> None:
     with env_set(ATTNHUB_CUDA_FWD="mma"):
         print(f"check mma.sync: {check():.2e}", flush=True)
     for cfg in args.configs:
-        with env_set(ATTNHUB_CUDA_FWD="wgmma", ATTNHUB_CUDA_WGMMA=cfg):
+        with env_set(ATTNHUB_CUDA_FWD="wgmma", ATTNHUB_CUDA_WGMMA=cfg.partition(":")[0]):
             try:
                 print(f"check wgmma {cfg}: bf16 {check():.2e} f16 {check(torch.float16):.2e}", flush=True)
             except Exception as exc:
@@ -215,10 +219,12 @@ def main() -> None:
                     "mma": _cuda_ms(q, k, v, mask, ATTNHUB_CUDA_FWD="mma"),
                 }
                 for cfg in args.configs:
+                    tile, _, order = cfg.partition(":")
                     try:
                         times[f"wg{cfg}"] = _cuda_ms(
-                            q, k, v, mask, ATTNHUB_CUDA_FWD="wgmma", ATTNHUB_CUDA_WGMMA=cfg
-                        )
+                            q, k, v, mask, ATTNHUB_CUDA_FWD="wgmma", ATTNHUB_CUDA_WGMMA=tile,
+                            ATTNHUB_CUDA_FWD_ORDER=order or None,
+                        )  # fmt: skip
                     except Exception as exc:  # a tile that does not build for this head dim
                         print(f"wg{cfg} D={d}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 tf = {kk: flops / t / 1e9 for kk, t in times.items()}

@@ -334,6 +334,24 @@ def _use_wgmma_backward(arch: str) -> bool:
     return arch == "sm_90" and os.environ.get("ATTNHUB_CUDA_BWD", "") in ("", "wgmma")
 
 
+def _order_tile_major(req: Request, var: str, default: str) -> bool:
+    """Grid order of a Hopper kernel from ``var`` (else ``default``): ``tiles`` puts the tiles of one
+    head next to each other (they share its K / V, or Q / dO, in L2; the heaviest causal tile of each
+    head still starts first), ``heads`` the heaviest tile of every head first, ``rule`` follows
+    ``_tile_major`` (heads under causal rules)."""
+    order = os.environ.get(var, "") or default
+    if order not in ("tiles", "heads", "rule"):
+        raise AttnhubError(f"{var} takes tiles, heads or rule, got {order!r}")
+    return _tile_major(req) if order == "rule" else order == "heads"
+
+
+def _bwd_tile_major(req: Request) -> bool:
+    """Grid order of the Hopper backward (``ATTNHUB_CUDA_BWD_ORDER``): by default ``tiles``. H100, bf16
+    causal (benchmarks/cuda_wgmma_probe.py --bwd): 0.80-0.84x flash at D = 64 with the heads order, whose
+    concurrent blocks each stream a different head's Q / dO from memory, 0.95-1.00x with tiles."""
+    return _order_tile_major(req, "ATTNHUB_CUDA_BWD_ORDER", "tiles")
+
+
 def _forward_wgmma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request, idx: int) -> None:
     cfg = compiler.wgmma_config(req.dim_qk, req.dim_v)
     var = compiler.wgmma_variant(
@@ -341,14 +359,15 @@ def _forward_wgmma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request, idx
     )
     smem = compiler.wgmma_smem_bytes(req.dim_qk, req.dim_v, cfg)
     kern = compiler.load_kernel(var, "attn_fwd_wgmma", idx, compiler.WGMMA_ARCH, smem)
+    tiles, major = ceil_div(req.nq, 64 * cfg[0]), _order_tile_major(req, "ATTNHUB_CUDA_FWD_ORDER", "rule")
     launch(
         kern,
         q.device,
-        _grid(req, ceil_div(req.nq, 64 * cfg[0]), req.heads_q),
+        (req.heads_q, req.batch, tiles) if major else (tiles, req.heads_q, req.batch),
         128 * cfg[0],
         smem,
         *_tiled_forward_args(q, k, v, out, lse, req),
-        _i32(_tile_major(req)),
+        _i32(major),
         *mask_args(req),
     )
 
@@ -462,10 +481,12 @@ def _backward_mma(
         var = compiler.bwd_wgmma_variant(req.dtype, req.dim_qk, req.dim_v, nwg)
         dqacc = torch.zeros((req.batch, req.heads_q, req.nq, req.dim_qk), dtype=torch.float32, device=dev)
         kern = compiler.load_kernel(var, "attn_bwd_fused_wgmma", idx, compiler.WGMMA_ARCH, smem)
+        tiles, major = ceil_div(req.nk, 64 * nwg), _bwd_tile_major(req)
+        grid = (req.heads_kv, req.batch, tiles) if major else (tiles, req.heads_kv, req.batch)
         launch(
-            kern, dev, _grid(req, ceil_div(req.nk, 64 * nwg), req.heads_kv), 128 * nwg, smem, *common, ptr(dk),
+            kern, dev, grid, 128 * nwg, smem, *common, ptr(dk),
             ptr(dv), ptr(dqacc), _i32(req.heads_q), _i32(req.heads_kv), _i32(req.nq), _i32(req.nk), *scales,
-            _i32(_tile_major(req)), *mask_args(req),
+            _i32(major), *mask_args(req),
         )  # fmt: skip
         n = dqacc.numel()
         kern = compiler.load_kernel(var, "attn_bwd_dq_convert", idx, compiler.WGMMA_ARCH)
