@@ -340,6 +340,38 @@ def test_backward_steps_from_the_environment(monkeypatch):
             compiler.bwd_config(64, 64)
 
 
+def test_wgmma_switches_from_the_environment(monkeypatch):
+    """The Hopper kernels' tiles and switches: defaults, overrides, smem sizes, clear errors."""
+    from attnhub.errors import AttnhubError
+
+    assert compiler.wgmma_config(64, 64) == compiler.WGMMA_CONFIGS[(64, 64)]
+    monkeypatch.setenv("ATTNHUB_CUDA_WGMMA", "3,128")
+    assert compiler.wgmma_config(128, 128) == (3, 128)
+    assert ("NWG", 3) in compiler.wgmma_variant("bfloat16", 128, 128).defines
+    # Q tile, double-buffered K and V, 1 KB of alignment slack
+    assert compiler.wgmma_smem_bytes(128, 128, (3, 128)) == 2 * (192 * 128 + 2 * 128 * 256) + 1024
+    for bad in ("2", "4,128", "2,96", "x,y"):
+        monkeypatch.setenv("ATTNHUB_CUDA_WGMMA", bad)
+        with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_WGMMA"):
+            compiler.wgmma_config(64, 64)
+    v = compiler.bwd_wgmma_variant("float16", 64, 64)
+    assert ("NWG", compiler.BWD_WGMMA_WARPGROUPS[(64, 64)]) in v.defines and ("BWD_OVERLAP", 1) in v.defines
+    assert not any(k == "BWD_OVERLAP" for k, _ in compiler.bwd_wgmma_variant("float16", 128, 128).defines)
+    # K, V, two Q and dO tiles, dS^T, lse and delta, slack
+    assert compiler.bwd_wgmma_smem_bytes(128, 128, 2) == 2 * (128 * 256 * 2 + 128 * 64) + 1024 + 1024
+    monkeypatch.setenv("ATTNHUB_CUDA_BWD_WG", "1")
+    assert compiler.bwd_wgmma_warpgroups(64, 64) == 1
+    for var, bad in (
+        ("ATTNHUB_CUDA_BWD_WG", "3"),
+        ("ATTNHUB_CUDA_BWD_MINB", "8"),
+        ("ATTNHUB_CUDA_BWD_OVERLAP", "y"),
+    ):
+        monkeypatch.setenv(var, bad)
+        with pytest.raises(AttnhubError, match=var):
+            compiler.bwd_wgmma_variant("bfloat16", 64, 64)
+        monkeypatch.delenv(var)
+
+
 def test_backend_declines_lengths_past_the_grid():
     """Query/key tiles sit on the grid's z axis (at most 65535 blocks): longer sequences are declined."""
     from attnhub_backends.cuda.backend import CudaBackend

@@ -189,29 +189,66 @@ def test_inputs_unchanged_and_stream(rng):
     _close("out", out, ref, FWD_TOL["float16"])
 
 
+# Backward kernels: ATTNHUB_CUDA_BWD, then (wgmma) warpgroups and grid order.
+BWD_MODES = ["wgmma", "wgmma/wg1", "wgmma/heads", "fused", "split"]
+
+
+def _set_bwd_mode(monkeypatch, mode: str) -> None:
+    kind, _, extra = mode.partition("/")
+    monkeypatch.setenv("ATTNHUB_CUDA_BWD", kind)
+    if extra == "wg1":
+        monkeypatch.setenv("ATTNHUB_CUDA_BWD_WG", "1")
+    elif extra:
+        monkeypatch.setenv("ATTNHUB_CUDA_BWD_ORDER", extra)
+
+
+# Half-type forward kernels: ATTNHUB_CUDA_FWD, and the wgmma tile (warpgroups, keys per tile).
+FWD_MODES = ["mma", "wgmma/2,64", "wgmma/2,128", "wgmma/1,64", "wgmma/3,128"]
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("dims", [(64, 64), (128, 128), (64, 128), (128, 64)], ids=str)
 @pytest.mark.parametrize(
     "rule", [Full(), Causal(), Local(9, log2_stride=1, causal=True)], ids=lambda r: r.describe()
 )
-@pytest.mark.parametrize("mode", ["fused", "split"])
+@pytest.mark.parametrize("mode", FWD_MODES)
+def test_forward_tensor_core_kernels(rng, monkeypatch, dtype, dims, rule, mode):
+    # Both forwards on Hopper (wgmma by default, mma.sync forced) and the wgmma tiles: lengths off the
+    # tiles, GQA, fully masked rows (none_end, Lk < Lq), 2-d with scaled positions, large logits.
+    kind, _, tile = mode.partition("/")
+    monkeypatch.setenv("ATTNHUB_CUDA_FWD", kind)
+    if tile:
+        monkeypatch.setenv("ATTNHUB_CUDA_WGMMA", tile)
+    _check(rng, dtype, (150,), (97,), rule, "none_end", dqk=dims[0], dv=dims[1])
+    _check(rng, dtype, (9, 11), (6, 13), rule, "scale_end", dqk=dims[0], dv=dims[1], hq=2, hkv=1)
+    _check(rng, dtype, (300,), (333,), rule, "none_front", dqk=dims[0], dv=dims[1], qscale=8.0)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dims", [(64, 64), (128, 128), (64, 128), (128, 64)], ids=str)
+@pytest.mark.parametrize(
+    "rule", [Full(), Causal(), Local(9, log2_stride=1, causal=True)], ids=lambda r: r.describe()
+)
+@pytest.mark.parametrize("mode", BWD_MODES)
 def test_backward_tensor_cores(rng, monkeypatch, dtype, dims, rule, mode):
     # Lengths off the tile sizes, GQA, and (none_end with Lk < Lq) fully masked rows under causal rules;
-    # both backward kernels (fused: dQ through float32 atomics; split: dK/dV and dQ kernels).
-    monkeypatch.setenv("ATTNHUB_CUDA_BWD", mode)
+    # every backward kernel (wgmma on Hopper, with one or two warpgroups and either grid order; fused:
+    # dQ through float32 atomics; split: dK/dV and dQ kernels).
+    _set_bwd_mode(monkeypatch, mode)
     _check(rng, dtype, (150,), (97,), rule, "none_end", dqk=dims[0], dv=dims[1], grad=True)
     _check(rng, dtype, (9, 11), (6, 13), rule, "scale_end", dqk=dims[0], dv=dims[1], hq=2, hkv=1, grad=True)
 
 
-@pytest.mark.parametrize("mode", ["fused", "split"])
+@pytest.mark.parametrize("mode", BWD_MODES)
 def test_backward_tensor_cores_large_logits(rng, monkeypatch, mode):
-    monkeypatch.setenv("ATTNHUB_CUDA_BWD", mode)
+    _set_bwd_mode(monkeypatch, mode)
     _check(rng, "bfloat16", (200,), (200,), Causal(), "none_front", dqk=128, dv=128, qscale=8.0, grad=True)
 
 
-@pytest.mark.parametrize("mode", ["fused", "split"])
+@pytest.mark.parametrize("mode", BWD_MODES)
 @pytest.mark.parametrize("rule", [Full(), Causal()], ids=lambda r: r.describe())
 def test_backward_tensor_cores_many_key_tiles(rng, monkeypatch, mode, rule):
-    # 11-12 key tiles add into each dQ row (fused: concurrent float32 atomics), query heads 4 per kv head.
-    monkeypatch.setenv("ATTNHUB_CUDA_BWD", mode)
+    # 6-12 key tiles add into each dQ row (fused, wgmma: concurrent float32 reductions), query heads 4
+    # per kv head.
+    _set_bwd_mode(monkeypatch, mode)
     _check(rng, "bfloat16", (700,), (740,), rule, "none_end", dqk=128, dv=64, hq=8, hkv=2, b=1, grad=True)

@@ -291,7 +291,8 @@ def _forward(q: Any, k: Any, v: Any, req: Request, out_dtype: Any) -> tuple[Any,
 
 def _use_wgmma(req: Request, arch: str) -> bool:
     """The wgmma forward (sm_90a) serves half-type requests on compute capability 9.0 where its tiles
-    fit; ``ATTNHUB_CUDA_FWD=mma`` forces the mma.sync kernel (comparisons), ``=wgmma`` insists on it."""
+    fit; ``ATTNHUB_CUDA_FWD=mma`` forces the mma.sync kernel there (comparisons, tests); ``=wgmma``
+    is the default (elsewhere the mma.sync kernel runs)."""
     mode = os.environ.get("ATTNHUB_CUDA_FWD", "")
     if mode not in ("", "mma", "wgmma"):
         raise AttnhubError(f"ATTNHUB_CUDA_FWD takes mma or wgmma, got {mode!r}")
