@@ -222,6 +222,7 @@ def test_forward_tensor_core_kernels(rng, monkeypatch, dtype, dims, rule, mode):
     _check(rng, dtype, (150,), (97,), rule, "none_end", dqk=dims[0], dv=dims[1])
     _check(rng, dtype, (9, 11), (6, 13), rule, "scale_end", dqk=dims[0], dv=dims[1], hq=2, hkv=1)
     _check(rng, dtype, (300,), (333,), rule, "none_front", dqk=dims[0], dv=dims[1], qscale=8.0)
+    _check(rng, dtype, (1,), (333,), rule, "none_end", dqk=dims[0], dv=dims[1])  # decoding: one query
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -237,6 +238,7 @@ def test_backward_tensor_cores(rng, monkeypatch, dtype, dims, rule, mode):
     _set_bwd_mode(monkeypatch, mode)
     _check(rng, dtype, (150,), (97,), rule, "none_end", dqk=dims[0], dv=dims[1], grad=True)
     _check(rng, dtype, (9, 11), (6, 13), rule, "scale_end", dqk=dims[0], dv=dims[1], hq=2, hkv=1, grad=True)
+    _check(rng, dtype, (1,), (97,), rule, "none_end", dqk=dims[0], dv=dims[1], grad=True)
 
 
 @pytest.mark.parametrize("mode", BWD_MODES)
