@@ -33,7 +33,7 @@ TF32_CONFIGS = {(64, 64): (4, 64, 2), (64, 128): (8, 64, 1), (128, 64): (8, 64, 
 # warp, else 2): the sweep's fastest (4,64,2/8 and 8,32,2/4; docs/benchmarks.md, 19:44 UTC).
 TF32_PVC = {(64, 64): 8, (128, 128): 4}
 _STD = "c++17"
-_MMA_HEADERS = ("common.cuh", "mma.cuh")
+_MMA_HEADERS = ("common.cuh", "mma.cuh", "frag.cuh")
 
 #: Number of NVRTC compilations this process ran (tests read it to prove cache hits).
 COMPILES = 0
@@ -111,7 +111,7 @@ def mma_variant(
 WGMMA_CONFIGS = {(64, 64): (2, 64), (64, 128): (2, 64), (128, 64): (2, 128), (128, 128): (2, 128)}
 #: The architecture the wgmma kernels are built for (sm_90a code runs on compute capability 9.0 only).
 WGMMA_ARCH = "sm_90a"
-_WGMMA_HEADERS = ("common.cuh", "mma.cuh", "wgmma.cuh")
+_WGMMA_HEADERS = ("common.cuh", "mma.cuh", "frag.cuh", "wgmma.cuh")
 
 
 def wgmma_config(dqk: int, dv: int) -> tuple[int, int]:

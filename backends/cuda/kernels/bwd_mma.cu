@@ -163,56 +163,8 @@ __device__ __forceinline__ void dkdv_body(
     }
 
 #pragma unroll
-    for (int rb = 0; rb < KRB; ++rb) {
-      // Rule mask: bit (2 nt + e) of keep[r] says key row r attends query q0 + 8 nt + 2 t4 + e.
-      const int kr0 = kb + rb * 16 + g, kr1 = kr0 + 8;
-      u32 keep0 = 0xffffffffu, keep1 = 0xffffffffu;
-      if (cls != 2 && classes.iv) {
-        // Each key row is attended by one interval of queries: two compares per element.
-        int lo[2], hi[2];
-        m.query_interval(min(kr0, Nk - 1), Nq, lo[0], hi[0]);
-        m.query_interval(min(kr1, Nk - 1), Nq, lo[1], hi[1]);
-        keep0 = keep1 = 0;
-#pragma unroll
-        for (int c = 0; c < KB_Q / 4; ++c) {
-          const int qn = q0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
-          keep0 |= (u32)(qn >= lo[0] && qn <= hi[0]) << c;
-          keep1 |= (u32)(qn >= lo[1] && qn <= hi[1]) << c;
-        }
-      } else if (cls != 2) {
-        int ky[2], kx[2];
-        i64 fk[2];
-        m.kpos(min(kr0, Nk - 1), ky[0], kx[0], fk[0]);
-        m.kpos(min(kr1, Nk - 1), ky[1], kx[1], fk[1]);
-        keep0 = keep1 = 0;
-#pragma unroll 1
-        for (int c = 0; c < KB_Q / 4; ++c) {
-          const int qn = q0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
-          if (qn < Nq) {
-            int qy, qx;
-            i64 fq;
-            m.qpos(qn, qy, qx, fq);
-            keep0 |= (u32)m.attend(qy, qx, fq, ky[0], kx[0], fk[0]) << c;
-            keep1 |= (u32)m.attend(qy, qx, fq, ky[1], kx[1], fk[1]) << c;
-          }
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < KB_Q / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = nt * 8 + 2 * t4 + e;
-          const float lq = sLb[col], dl = sDb[col];
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const u32 kp = r ? keep1 : keep0;
-            const float p =
-                ((kp >> (2 * nt + e)) & 1u) ? fast_exp2(st[rb][nt][2 * r + e] * scale_log2 - lq) : 0.f;
-            dpt[rb][nt][2 * r + e] = p * (dpt[rb][nt][2 * r + e] - dl);
-            st[rb][nt][2 * r + e] = p;
-          }
-        }
-    }
+    for (int rb = 0; rb < KRB; ++rb)
+      bwd_p_ds<KB_Q / 8>(m, classes, cls, kb + rb * 16 + g, q0, Nq, Nk, t4, sLb, sDb, st[rb], dpt[rb], scale_log2);
 
     if constexpr (FUSED) {
       // dS^T rows (this warp's keys) into sS, swizzled like the tiles; keys past Nk hold 0.

@@ -3,7 +3,7 @@
 // 64 w .. 64 w + 63 of the tile and walks every query head of its GQA group and every query tile of
 // KB_Q = 64 rows that is not fully masked (Q, dO, lse, delta double-buffered with cp.async):
 //   S^T = K Q^T and dP^T = V dO^T   (wgmma, both operands in shared memory),
-//   P, dS = P (dP - delta)          (registers, mask from positions as in bwd_mma.cu),
+//   P, dS = P (dP - delta)          (registers, mask from positions: frag.cuh),
 //   dV += P^T dO, dK += dS^T Q      (wgmma, A from registers),
 //   dQ += dS K                      (dS staged in shared memory; warpgroup w adds columns
 //                                    [w DQK / NWG, (w + 1) DQK / NWG) into a float32 buffer with
@@ -78,7 +78,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) attn_bwd_fused_wgmma(
   };
 
   // This warp's key rows: kr0 = k0 + 16 warp + g and kr0 + 8; this warpgroup's K / V rows in each panel.
-  const int kr0 = k0 + warp * 16 + g, kr1 = kr0 + 8;
+  const int kr0 = k0 + warp * 16 + g;
   const u32 k_wg = sKa + wg * (64 * 128), v_wg = sVa + wg * (64 * 128);
 
   int it = 0;
@@ -117,51 +117,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) attn_bwd_fused_wgmma(
     wg_hold<KB_Q / 2>(&st[0][0]);
     wg_hold<KB_Q / 2>(&dpt[0][0]);
 
-    // Rule mask: bit (2 nt + e) of keep[r] says key row r attends query q0 + 8 nt + 2 t4 + e.
-    u32 keep0 = 0xffffffffu, keep1 = 0xffffffffu;
-    if (cls != 2 && classes.iv) {
-      int lo[2], hi[2];
-      m.query_interval(min(kr0, Nk - 1), Nq, lo[0], hi[0]);
-      m.query_interval(min(kr1, Nk - 1), Nq, lo[1], hi[1]);
-      keep0 = keep1 = 0;
-#pragma unroll
-      for (int c = 0; c < KB_Q / 4; ++c) {
-        const int qn = q0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
-        keep0 |= (u32)(qn >= lo[0] && qn <= hi[0]) << c;
-        keep1 |= (u32)(qn >= lo[1] && qn <= hi[1]) << c;
-      }
-    } else if (cls != 2) {
-      int ky[2], kx[2];
-      i64 fk[2];
-      m.kpos(min(kr0, Nk - 1), ky[0], kx[0], fk[0]);
-      m.kpos(min(kr1, Nk - 1), ky[1], kx[1], fk[1]);
-      keep0 = keep1 = 0;
-#pragma unroll 1
-      for (int c = 0; c < KB_Q / 4; ++c) {
-        const int qn = q0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
-        if (qn < Nq) {
-          int qy, qx;
-          i64 fq;
-          m.qpos(qn, qy, qx, fq);
-          keep0 |= (u32)m.attend(qy, qx, fq, ky[0], kx[0], fk[0]) << c;
-          keep1 |= (u32)m.attend(qy, qx, fq, ky[1], kx[1], fk[1]) << c;
-        }
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < KB_Q / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = nt * 8 + 2 * t4 + e;
-        const float lq = sLb[col], dl = sDb[col];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const u32 kp = r ? keep1 : keep0;
-          const float p = ((kp >> (2 * nt + e)) & 1u) ? fast_exp2(st[nt][2 * r + e] * scale_log2 - lq) : 0.f;
-          dpt[nt][2 * r + e] = p * (dpt[nt][2 * r + e] - dl);
-          st[nt][2 * r + e] = p;
-        }
-      }
+    bwd_p_ds<KB_Q / 8>(m, classes, cls, kr0, q0, Nq, Nk, t4, sLb, sDb, st, dpt, scale_log2);
 
     // dS^T rows (this warp's keys) into sS: 128-byte rows of 64 queries, chunk nt at nt ^ (row & 7);
     // keys past Nk hold 0.

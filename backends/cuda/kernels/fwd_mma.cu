@@ -5,10 +5,6 @@
 // RB, the 16-row blocks per warp. With RB = 1 the Q fragments stay in registers; with RB > 1 they are
 // re-read from shared memory each tile, and every K/V fragment read feeds RB mma instructions.
 
-#ifndef SCALE_POS
-#define SCALE_POS 0  // 1: the host guarantees scale > 0 (the scale is then fused into exp2's FFMA)
-#endif
-
 
 
 constexpr int BM = 16 * RB * NWARPS;
@@ -145,89 +141,9 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
     const bool masked = cls != 2 || k0 + BN > Nk;
 #pragma unroll
     for (int rb = 0; rb < RB; ++rb) {
-#if !SCALE_POS
-      // Scale into the log2 domain first (a non-positive scale reverses or flattens the order).
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[rb][nt][e] *= scale_log2;
-#endif
-      if (masked && m.one_interval(Nq, Nk)) {
-        // Each row attends one interval of keys: two compares per element.
-        int lo[2], hi[2];
-        const int row0 = q0 + (warp * RB + rb) * 16 + g;
-        m.key_interval(min(row0, Nq - 1), Nk, lo[0], hi[0]);
-        m.key_interval(min(row0 + 8, Nq - 1), Nk, lo[1], hi[1]);
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int kn = k0 + nt * 8 + 2 * t4 + (e & 1);
-            if (kn < lo[e >> 1] || kn > hi[e >> 1]) s[rb][nt][e] = ATT_NEG_INF;
-          }
-      } else if (masked) {
-        // Bit (2 nt + e) of keep[r]: key k0 + 8 nt + 2 t4 + e is attended by row r. The rule is
-        // evaluated in a rolled loop (one copy of the code), then applied with constant indices.
-        u32 keep0 = 0, keep1 = 0;
-        int qy[2], qx[2];
-        i64 fq[2];
-        const int row0 = q0 + (warp * RB + rb) * 16 + g;
-        m.qpos(min(row0, Nq - 1), qy[0], qx[0], fq[0]);
-        m.qpos(min(row0 + 8, Nq - 1), qy[1], qx[1], fq[1]);
-#pragma unroll 1
-        for (int c = 0; c < BN / 4; ++c) {
-          int kn = k0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
-          if (kn < Nk) {
-            int ky, kx;
-            i64 fk;
-            m.kpos(kn, ky, kx, fk);
-            keep0 |= (u32)m.attend(qy[0], qx[0], fq[0], ky, kx, fk) << c;
-            keep1 |= (u32)m.attend(qy[1], qx[1], fq[1], ky, kx, fk) << c;
-          }
-        }
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            if (!((keep0 >> (2 * nt + e)) & 1u)) s[rb][nt][e] = ATT_NEG_INF;
-            if (!((keep1 >> (2 * nt + e)) & 1u)) s[rb][nt][2 + e] = ATT_NEG_INF;
-          }
-      }
-
-      // Online softmax; row r of this block lives in s[rb][*][2r], s[rb][*][2r+1] across the quad.
       float alpha[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int ri = 2 * rb + r;
-#if SCALE_POS
-        // Raw logits: max first, then one FFMA per element folds the scale into exp2's argument.
-        float mx_ = ATT_NEG_INF;
-#else
-        float mx_ = mrow[ri];
-#endif
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) mx_ = fmaxf(mx_, fmaxf(s[rb][nt][2 * r], s[rb][nt][2 * r + 1]));
-        mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 1));
-        mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 2));
-#if SCALE_POS
-        mx_ = fmaxf(mrow[ri], mx_ * scale_log2);
-        const float sc = scale_log2;
-#else
-        const float sc = 1.f;
-#endif
-        const float mu = (mx_ == ATT_NEG_INF) ? 0.f : mx_;
-        // An unchanged row max rescales by exactly 1 (the common case after the first tiles).
-        alpha[r] = (mx_ == mrow[ri]) ? 1.f : fast_exp2(mrow[ri] - mu);
-        mrow[ri] = mx_;
-        float rs = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
-          s[rb][nt][2 * r] = fast_exp2(fmaf(s[rb][nt][2 * r], sc, -mu));
-          s[rb][nt][2 * r + 1] = fast_exp2(fmaf(s[rb][nt][2 * r + 1], sc, -mu));
-          rs += s[rb][nt][2 * r] + s[rb][nt][2 * r + 1];
-        }
-        lrow[ri] = lrow[ri] * alpha[r] + rs;
-      }
+      fwd_softmax_step<BN / 8>(m, s[rb], q0 + (warp * RB + rb) * 16 + g, k0, Nq, Nk, t4, masked, &mrow[2 * rb],
+                               &lrow[2 * rb], alpha, scale_log2);
       // Rescale the accumulators unconditionally: skipping it when no row max of the warp changed (a
       // warp vote and a branch) measured 3-8 % slower at D = 64 on an H100, as the branch keeps the
       // multiplies from interleaving with the P V mma instructions.

@@ -7,10 +7,6 @@
 // Compile-time parameters (defined by the host): ATT_DTYPE (0 f16, 1 bf16), DQK, DV (64 or 128),
 // NWG (warpgroups per block), BN (keys per tile: 64 or 128).
 
-#ifndef SCALE_POS
-#define SCALE_POS 0  // 1: the host guarantees scale > 0 (the scale is then fused into exp2's FFMA)
-#endif
-
 constexpr int BM = 64 * NWG;
 constexpr int NT = 128 * NWG;
 static_assert(DQK % 64 == 0 && DV % 64 == 0 && BN % 64 == 0, "wgmma forward: dims and BN multiples of 64");
@@ -96,82 +92,8 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_wgmma(
     const int k0 = j * BN;
     const int cls = tile_class(j);
     const bool masked = cls != 2 || k0 + BN > Nk;
-#if !SCALE_POS
-#pragma unroll
-    for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
-#endif
-    const int row0 = q0 + warp * 16 + g;
-    if (masked && m.one_interval(Nq, Nk)) {
-      int lo[2], hi[2];
-      m.key_interval(min(row0, Nq - 1), Nk, lo[0], hi[0]);
-      m.key_interval(min(row0 + 8, Nq - 1), Nk, lo[1], hi[1]);
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int kn = k0 + nt * 8 + 2 * t4 + (e & 1);
-          if (kn < lo[e >> 1] || kn > hi[e >> 1]) s[nt][e] = ATT_NEG_INF;
-        }
-    } else if (masked) {
-      // Bit c of keep[r]: key k0 + 8 (c >> 1) + 2 t4 + (c & 1) is attended by row r.
-      u32 keep0 = 0, keep1 = 0;
-      int qy[2], qx[2];
-      i64 fq[2];
-      m.qpos(min(row0, Nq - 1), qy[0], qx[0], fq[0]);
-      m.qpos(min(row0 + 8, Nq - 1), qy[1], qx[1], fq[1]);
-#pragma unroll 1
-      for (int c = 0; c < BN / 4; ++c) {
-        int kn = k0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
-        if (kn < Nk) {
-          int ky, kx;
-          i64 fk;
-          m.kpos(kn, ky, kx, fk);
-          keep0 |= (u32)m.attend(qy[0], qx[0], fq[0], ky, kx, fk) << c;
-          keep1 |= (u32)m.attend(qy[1], qx[1], fq[1], ky, kx, fk) << c;
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if (!((keep0 >> (2 * nt + e)) & 1u)) s[nt][e] = ATT_NEG_INF;
-          if (!((keep1 >> (2 * nt + e)) & 1u)) s[nt][2 + e] = ATT_NEG_INF;
-        }
-    }
-
-    // Online softmax; row r lives in s[*][2r], s[*][2r+1] across the quad.
     float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-#if SCALE_POS
-      float mx_ = ATT_NEG_INF;
-#else
-      float mx_ = mrow[r];
-#endif
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt) mx_ = fmaxf(mx_, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-      mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 1));
-      mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 2));
-#if SCALE_POS
-      mx_ = fmaxf(mrow[r], mx_ * scale_log2);
-      const float sc = scale_log2;
-#else
-      const float sc = 1.f;
-#endif
-      const float mu = (mx_ == ATT_NEG_INF) ? 0.f : mx_;
-      alpha[r] = (mx_ == mrow[r]) ? 1.f : fast_exp2(mrow[r] - mu);
-      mrow[r] = mx_;
-      float rs = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt) {
-        s[nt][2 * r] = fast_exp2(fmaf(s[nt][2 * r], sc, -mu));
-        s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], sc, -mu));
-        rs += s[nt][2 * r] + s[nt][2 * r + 1];
-      }
-      lrow[r] = lrow[r] * alpha[r] + rs;
-    }
+    fwd_softmax_step<BN / 8>(m, s, q0 + warp * 16 + g, k0, Nq, Nk, t4, masked, mrow, lrow, alpha, scale_log2);
 #pragma unroll
     for (int dt = 0; dt < DV / 8; ++dt) {
       oacc[dt][0] *= alpha[0];
