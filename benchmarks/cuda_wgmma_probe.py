@@ -3,8 +3,8 @@
     python benchmarks/cuda_wgmma_probe.py [--configs 2,128 1,128 ...] [--lengths 4096 ...] [--json FILE]
     python benchmarks/cuda_wgmma_probe.py --bwd [--bwd-modes wgmma:1 wgmma:2 fused split] [...]
 
-Each tile config (``ATTNHUB_CUDA_WGMMA=warpgroups,keys``, with ``:tiles`` or ``:heads`` the grid order
-``ATTNHUB_CUDA_FWD_ORDER``) is first checked against the float64 reference
+Each tile config (``ATTNHUB_CUDA_WGMMA=warpgroups,keys``; ``+p`` adds the pipelined loop,
+``ATTNHUB_CUDA_WGMMA_PIPE=1``; ``:tiles`` or ``:heads`` the grid order ``ATTNHUB_CUDA_FWD_ORDER``) is first checked against the float64 reference
 backend (odd lengths; Full, Causal, Local(causal), 2-d, GQA, Dqk != Dv, q x 8 for large logits), then
 timed with the mma.sync kernel (``ATTNHUB_CUDA_FWD=mma``), SDPA flash and cuDNN in the same process on the
 ``attnhub bench`` grid (bf16, B = 16384 / L, H = 2048 / D). Median of ``triton.testing.do_bench``; FLOPs
@@ -48,6 +48,18 @@ def _sdpa_ms(kind: SDPBackend, q, k, v, causal: bool) -> float:
 def _cuda_ms(q, k, v, mask, **env: str) -> float:
     with env_set(**env):
         return _ms(lambda: attnhub.attention(q, k, v, mask=mask, backend="cuda"))
+
+
+def _fwd_env(cfg: str) -> dict[str, str | None]:
+    """``warpgroups,keys[+p][:tiles|heads]`` to the forward's switches (``+p``: the pipelined loop)."""
+    tile, _, order = cfg.partition(":")
+    tile, plus, _ = tile.partition("+")
+    return {
+        "ATTNHUB_CUDA_FWD": "wgmma",
+        "ATTNHUB_CUDA_WGMMA": tile,
+        "ATTNHUB_CUDA_FWD_ORDER": order or None,
+        "ATTNHUB_CUDA_WGMMA_PIPE": "1" if plus else None,
+    }
 
 
 def check(dtype: torch.dtype = torch.bfloat16) -> float:
@@ -201,7 +213,7 @@ def main() -> None:
     with env_set(ATTNHUB_CUDA_FWD="mma"):
         print(f"check mma.sync: {check():.2e}", flush=True)
     for cfg in args.configs:
-        with env_set(ATTNHUB_CUDA_FWD="wgmma", ATTNHUB_CUDA_WGMMA=cfg.partition(":")[0]):
+        with env_set(**_fwd_env(cfg)):
             try:
                 print(f"check wgmma {cfg}: bf16 {check():.2e} f16 {check(torch.float16):.2e}", flush=True)
             except Exception as exc:
@@ -219,12 +231,8 @@ def main() -> None:
                     "mma": _cuda_ms(q, k, v, mask, ATTNHUB_CUDA_FWD="mma"),
                 }
                 for cfg in args.configs:
-                    tile, _, order = cfg.partition(":")
                     try:
-                        times[f"wg{cfg}"] = _cuda_ms(
-                            q, k, v, mask, ATTNHUB_CUDA_FWD="wgmma", ATTNHUB_CUDA_WGMMA=tile,
-                            ATTNHUB_CUDA_FWD_ORDER=order or None,
-                        )  # fmt: skip
+                        times[f"wg{cfg}"] = _cuda_ms(q, k, v, mask, **_fwd_env(cfg))
                     except Exception as exc:  # a tile that does not build for this head dim
                         print(f"wg{cfg} D={d}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 tf = {kk: flops / t / 1e9 for kk, t in times.items()}

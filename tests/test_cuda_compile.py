@@ -348,12 +348,24 @@ def test_wgmma_switches_from_the_environment(monkeypatch):
     monkeypatch.setenv("ATTNHUB_CUDA_WGMMA", "3,128")
     assert compiler.wgmma_config(128, 128) == (3, 128)
     assert ("NWG", 3) in compiler.wgmma_variant("bfloat16", 128, 128).defines
-    # Q tile, double-buffered K and V, 1 KB of alignment slack
+    # Q tile, double-buffered K and V, 1 KB of alignment slack (the plain loop at D = 128)
     assert compiler.wgmma_smem_bytes(128, 128, (3, 128)) == 2 * (192 * 128 + 2 * 128 * 256) + 1024
     for bad in ("2", "4,128", "2,96", "x,y"):
         monkeypatch.setenv("ATTNHUB_CUDA_WGMMA", bad)
         with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_WGMMA"):
             compiler.wgmma_config(64, 64)
+    monkeypatch.delenv("ATTNHUB_CUDA_WGMMA")
+    assert (("PIPE", 1) in compiler.wgmma_variant("bfloat16", 64, 64).defines) == (
+        (64, 64) in compiler.WGMMA_PIPE_DIMS
+    )
+    monkeypatch.setenv("ATTNHUB_CUDA_WGMMA_PIPE", "1")
+    assert ("PIPE", 1) in compiler.wgmma_variant("bfloat16", 128, 128).defines
+    # three K / V buffers when pipelined
+    assert compiler.wgmma_smem_bytes(128, 128, (2, 128)) == 2 * (128 * 128 + 3 * 128 * 256) + 1024
+    monkeypatch.setenv("ATTNHUB_CUDA_WGMMA_PIPE", "2")
+    with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_WGMMA_PIPE"):
+        compiler.wgmma_variant("bfloat16", 64, 64)
+    monkeypatch.delenv("ATTNHUB_CUDA_WGMMA_PIPE")
     v = compiler.bwd_wgmma_variant("float16", 64, 64)
     assert ("NWG", compiler.BWD_WGMMA_WARPGROUPS[(64, 64)]) in v.defines and ("BWD_OVERLAP", 1) in v.defines
     assert not any(k == "BWD_OVERLAP" for k, _ in compiler.bwd_wgmma_variant("float16", 128, 128).defines)

@@ -202,8 +202,17 @@ def _set_bwd_mode(monkeypatch, mode: str) -> None:
         monkeypatch.setenv("ATTNHUB_CUDA_BWD_ORDER", extra)
 
 
-# Half-type forward kernels: ATTNHUB_CUDA_FWD, and the wgmma tile (warpgroups, keys per tile).
-FWD_MODES = ["mma", "wgmma/2,64", "wgmma/2,128", "wgmma/1,64", "wgmma/3,128"]
+# Half-type forward kernels: ATTNHUB_CUDA_FWD, the wgmma tile (warpgroups, keys per tile) and, after
+# "+p", the pipelined loop forced off (0) or on (1).
+FWD_MODES = [
+    "mma",
+    "wgmma/2,64",
+    "wgmma/2,128",
+    "wgmma/1,64",
+    "wgmma/3,128",
+    "wgmma/2,64+p0",
+    "wgmma/2,128+p1",
+]
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -216,9 +225,12 @@ def test_forward_tensor_core_kernels(rng, monkeypatch, dtype, dims, rule, mode):
     # Both forwards on Hopper (wgmma by default, mma.sync forced) and the wgmma tiles: lengths off the
     # tiles, GQA, fully masked rows (none_end, Lk < Lq), 2-d with scaled positions, large logits.
     kind, _, tile = mode.partition("/")
+    tile, _, pipe = tile.partition("+p")
     monkeypatch.setenv("ATTNHUB_CUDA_FWD", kind)
     if tile:
         monkeypatch.setenv("ATTNHUB_CUDA_WGMMA", tile)
+    if pipe:  # the pipelined loop on (1) or off (0) whatever the head dims' default
+        monkeypatch.setenv("ATTNHUB_CUDA_WGMMA_PIPE", pipe)
     _check(rng, dtype, (150,), (97,), rule, "none_end", dqk=dims[0], dv=dims[1])
     _check(rng, dtype, (9, 11), (6, 13), rule, "scale_end", dqk=dims[0], dv=dims[1], hq=2, hkv=1)
     _check(rng, dtype, (300,), (333,), rule, "none_front", dqk=dims[0], dv=dims[1], qscale=8.0)

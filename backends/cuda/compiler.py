@@ -141,6 +141,8 @@ def wgmma_variant(
     """The Hopper forward (wgmma, sm_90a) for half types; arguments as :func:`mma_variant`."""
     nwg, bn = config or wgmma_config(dqk, dv)
     defines = (("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv), ("NWG", nwg), ("BN", bn))
+    if wgmma_pipelined(dqk, dv):
+        defines += (("PIPE", 1),)
     if o_f32:
         defines += (("O_F32", 1),)
     if scale_pos:
@@ -148,10 +150,28 @@ def wgmma_variant(
     return Variant("fwd_wgmma.cu", defines, ("attn_fwd_wgmma",), _WGMMA_HEADERS)
 
 
+#: (Dqk, Dv) whose wgmma forward runs the pipelined loop (S of a tile issued with P V of the one
+#: before, the softmax overlapping P V; three K / V buffers). H100, bf16 (cuda_wgmma_probe.py, 02:09
+#: UTC on 2026-11-23): D = 64 1.04-1.26x flash against 1.03-1.18x; D = 128 mixed (1.03-1.33x against
+#: 1.05-1.32x, 0.91x of the plain loop at L = 16k), so plain there.
+WGMMA_PIPE_DIMS = frozenset({(64, 64)})
+
+
+def wgmma_pipelined(dqk: int, dv: int) -> bool:
+    """Whether the wgmma forward for (Dqk, Dv) runs the pipelined loop; ``ATTNHUB_CUDA_WGMMA_PIPE=0|1``
+    overrides ``WGMMA_PIPE_DIMS``."""
+    env = os.environ.get("ATTNHUB_CUDA_WGMMA_PIPE", "")
+    if env not in ("", "0", "1"):
+        raise AttnhubError(f"ATTNHUB_CUDA_WGMMA_PIPE takes 0 or 1, got {env!r}")
+    return env == "1" if env else (dqk, dv) in WGMMA_PIPE_DIMS
+
+
 def wgmma_smem_bytes(dqk: int, dv: int, config: tuple[int, int]) -> int:
-    """Dynamic shared memory of the wgmma forward: Q tile, double-buffered K and V, 1 KB alignment slack."""
+    """Dynamic shared memory of the wgmma forward: Q tile, K and V buffers (two, three when pipelined),
+    1 KB alignment slack."""
     nwg, bn = config
-    return 2 * (64 * nwg * dqk + 2 * bn * (dqk + dv)) + 1024
+    stages = 3 if wgmma_pipelined(dqk, dv) else 2
+    return 2 * (64 * nwg * dqk + stages * bn * (dqk + dv)) + 1024
 
 
 def tf32_config(dqk: int, dv: int) -> tuple[int, int, int]:
