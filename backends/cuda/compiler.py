@@ -151,7 +151,7 @@ def wgmma_variant(
 
 
 #: (Dqk, Dv) whose wgmma forward runs the pipelined loop (S of a tile issued with P V of the one
-#: before, the softmax overlapping P V; three K / V buffers). H100, bf16 (cuda_wgmma_probe.py, 02:09
+#: before, the softmax overlapping P V; three K / V buffers). H100, bf16 (cuda_wgmma_probe.py, 02:05
 #: UTC on 2026-11-23): D = 64 1.04-1.26x flash against 1.03-1.18x; D = 128 mixed (1.03-1.33x against
 #: 1.05-1.32x, 0.91x of the plain loop at L = 16k), so plain there.
 WGMMA_PIPE_DIMS = frozenset({(64, 64)})
