@@ -329,6 +329,13 @@ def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> No
     )
 
 
+#: Default grid order of the mma.sync backward's key-tile kernels (dK/dV, fused): ``rule`` (the
+#: forward's); ATTNHUB_CUDA_BWD_ORDER overrides it. ``tiles`` measured mixed on the H100 (02:25 UTC,
+#: 2026-11-23, docs/benchmarks.md): causal L = 2k / 4k faster (fused D = 64 0.57 -> 0.87x flash at 2k),
+#: L = 16k slower (split D = 64 0.65 -> 0.58x), where its 64-key blocks leave a tail of heavy blocks.
+MMA_BWD_ORDER = "rule"
+
+
 def _use_wgmma_backward(arch: str) -> bool:
     """The wgmma backward serves half types on compute capability 9.0 unless ``ATTNHUB_CUDA_BWD`` names
     another kernel (fused, split: mma.sync; simt)."""
@@ -346,11 +353,18 @@ def _order_tile_major(req: Request, var: str, default: str) -> bool:
     return _tile_major(req) if order == "rule" else order == "heads"
 
 
-def _bwd_tile_major(req: Request) -> bool:
-    """Grid order of the Hopper backward (``ATTNHUB_CUDA_BWD_ORDER``): by default ``tiles``. H100, bf16
-    causal (benchmarks/cuda_wgmma_probe.py --bwd): 0.80-0.84x flash at D = 64 with the heads order, whose
-    concurrent blocks each stream a different head's Q / dO from memory, 0.95-1.00x with tiles."""
-    return _order_tile_major(req, "ATTNHUB_CUDA_BWD_ORDER", "tiles")
+def _bwd_tile_major(req: Request, default: str = "tiles") -> bool:
+    """Grid order of the backward's key-tile kernels (``ATTNHUB_CUDA_BWD_ORDER``). The Hopper kernel's
+    default is ``tiles``: H100, bf16 causal (benchmarks/cuda_wgmma_probe.py --bwd): 0.80-0.84x flash at
+    D = 64 with the heads order, whose concurrent blocks each stream a different head's Q / dO from
+    memory, 0.95-1.00x with tiles."""
+    return _order_tile_major(req, "ATTNHUB_CUDA_BWD_ORDER", default)
+
+
+def _key_tile_grid(req: Request, block_keys: int, default: str) -> tuple[tuple[int, int, int], bool]:
+    """(grid, tile_major) of a backward kernel with one block per key tile of a kv head."""
+    tiles, major = ceil_div(req.nk, block_keys), _bwd_tile_major(req, default)
+    return ((req.heads_kv, req.batch, tiles) if major else (tiles, req.heads_kv, req.batch)), major
 
 
 def _forward_wgmma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request, idx: int) -> None:
@@ -482,8 +496,7 @@ def _backward_mma(
         var = compiler.bwd_wgmma_variant(req.dtype, req.dim_qk, req.dim_v, nwg)
         dqacc = torch.zeros((req.batch, req.heads_q, req.nq, req.dim_qk), dtype=torch.float32, device=dev)
         kern = compiler.load_kernel(var, "attn_bwd_fused_wgmma", idx, compiler.WGMMA_ARCH, smem)
-        tiles, major = ceil_div(req.nk, 64 * nwg), _bwd_tile_major(req)
-        grid = (req.heads_kv, req.batch, tiles) if major else (tiles, req.heads_kv, req.batch)
+        grid, major = _key_tile_grid(req, 64 * nwg, "tiles")
         launch(
             kern, dev, grid, 128 * nwg, smem, *common, ptr(dk),
             ptr(dv), ptr(dqacc), _i32(req.heads_q), _i32(req.heads_kv), _i32(req.nq), _i32(req.nk), *scales,
@@ -503,20 +516,22 @@ def _backward_mma(
         # (At head dim 128 on parts with 99 KiB per block, sm_86 / sm_89, the split kernels run.)
         dqacc = torch.zeros((req.batch, req.heads_q, req.nq, req.dim_qk), dtype=torch.float32, device=dev)
         kern = compiler.load_kernel(var, "attn_bwd_fused_mma", idx, arch, smem)
+        grid, major = _key_tile_grid(req, block_keys, MMA_BWD_ORDER)
         launch(
-            kern, dev, _grid(req, ceil_div(req.nk, block_keys), req.heads_kv), threads, smem, *common, ptr(dk),
+            kern, dev, grid, threads, smem, *common, ptr(dk),
             ptr(dv), ptr(dqacc), _i32(req.heads_q), _i32(req.heads_kv), _i32(req.nq), _i32(req.nk), *scales,
-            _i32(_tile_major(req)), *mask_args(req),
+            _i32(major), *mask_args(req),
         )  # fmt: skip
         n = dqacc.numel()
         kern = compiler.load_kernel(var, "attn_bwd_dq_convert", idx, arch)
         launch(kern, dev, (ceil_div(n, 4 * 256),), 256, 0, ptr(dqacc), ptr(dq), i64(n), scales[0])
         return dq, dk, dv
     kern = compiler.load_kernel(var, "attn_bwd_dkdv_mma", idx, arch, smem_kv)
+    grid, major = _key_tile_grid(req, block_keys, MMA_BWD_ORDER)
     launch(
-        kern, dev, _grid(req, ceil_div(req.nk, block_keys), req.heads_kv), threads, smem_kv, *common, ptr(dk),
+        kern, dev, grid, threads, smem_kv, *common, ptr(dk),
         ptr(dv),
-        _i32(req.heads_q), _i32(req.heads_kv), _i32(req.nq), _i32(req.nk), *scales, _i32(_tile_major(req)),
+        _i32(req.heads_q), _i32(req.heads_kv), _i32(req.nq), _i32(req.nk), *scales, _i32(major),
         *mask_args(req),
     )  # fmt: skip
     kern = compiler.load_kernel(var, "attn_bwd_dq_mma", idx, arch, smem_q)
