@@ -330,7 +330,7 @@ def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> No
 
 
 #: Default grid order of the mma.sync backward's key-tile kernels (dK/dV, fused): ``rule`` (the
-#: forward's); ATTNHUB_CUDA_BWD_ORDER overrides it. ``tiles`` measured mixed on the H100 (02:25 UTC,
+#: forward's); ATTNHUB_CUDA_BWD_ORDER overrides it. ``tiles`` measured mixed on the H100 (02:20 UTC,
 #: 2026-11-23, docs/benchmarks.md): causal L = 2k / 4k faster (fused D = 64 0.57 -> 0.87x flash at 2k),
 #: L = 16k slower (split D = 64 0.65 -> 0.58x), where its 64-key blocks leave a tail of heavy blocks.
 MMA_BWD_ORDER = "rule"
