@@ -34,6 +34,7 @@ TF32_CONFIGS = {(64, 64): (4, 64, 2), (64, 128): (8, 64, 1), (128, 64): (8, 64, 
 TF32_PVC = {(64, 64): 8, (128, 128): 4}
 _STD = "c++17"
 _MMA_HEADERS = ("common.cuh", "mma.cuh", "frag.cuh")
+_MMA_BWD_HEADERS = (*_MMA_HEADERS, "bwd.cuh")
 
 #: Number of NVRTC compilations this process ran (tests read it to prove cache hits).
 COMPILES = 0
@@ -112,6 +113,7 @@ WGMMA_CONFIGS = {(64, 64): (2, 64), (64, 128): (2, 64), (128, 64): (2, 128), (12
 #: The architecture the wgmma kernels are built for (sm_90a code runs on compute capability 9.0 only).
 WGMMA_ARCH = "sm_90a"
 _WGMMA_HEADERS = ("common.cuh", "mma.cuh", "frag.cuh", "wgmma.cuh")
+_WGMMA_BWD_HEADERS = (*_WGMMA_HEADERS, "bwd.cuh")
 
 
 def wgmma_config(dqk: int, dv: int) -> tuple[int, int]:
@@ -264,7 +266,7 @@ def bwd_mma_variant(dtype: str, dqk: int, dv: int) -> Variant:
     names = ("attn_bwd_dkdv_mma", "attn_bwd_dq_mma", "attn_bwd_dq_convert")
     if kb_q == 64:  # the fused kernel's dQ step gives each of the 4 warps 16 of the KB_Q queries
         names += ("attn_bwd_fused_mma",)
-    return Variant("bwd_mma.cu", defines, names, _MMA_HEADERS)
+    return Variant("bwd_mma.cu", defines, names, _MMA_BWD_HEADERS)
 
 
 def simt_variant(dtype: str, o_f32: bool = False) -> Variant:
@@ -345,7 +347,9 @@ def bwd_wgmma_variant(dtype: str, dqk: int, dv: int, nwg: int | None = None) -> 
             if env not in allowed:
                 raise AttnhubError(f"{var} takes one of {', '.join(allowed)}, got {env!r}")
             defines += ((name, int(env)),)
-    return Variant("bwd_wgmma.cu", defines, ("attn_bwd_fused_wgmma", "attn_bwd_dq_convert"), _WGMMA_HEADERS)
+    return Variant(
+        "bwd_wgmma.cu", defines, ("attn_bwd_fused_wgmma", "attn_bwd_dq_convert"), _WGMMA_BWD_HEADERS
+    )
 
 
 def bwd_wgmma_smem_bytes(dqk: int, dv: int, nwg: int) -> int:

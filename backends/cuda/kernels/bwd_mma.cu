@@ -46,8 +46,8 @@ __device__ __forceinline__ void dkdv_body(
 
   // Grid as the forward's: (kv heads, batch, key tiles) when tile_major (the first key tiles, under
   // causal rules the heaviest, start first), else (key tiles, kv heads, batch).
-  const int kt = tile_major ? blockIdx.z : blockIdx.x;
-  const int hk = tile_major ? blockIdx.x : blockIdx.y, b = tile_major ? blockIdx.y : blockIdx.z;
+  const GridPos pos(tile_major);
+  const int kt = pos.tile, hk = pos.head, b = pos.batch;
   const int group = Hq / Hkv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
@@ -306,20 +306,6 @@ extern "C" __global__ void __launch_bounds__(BW_NT) attn_bwd_fused_mma(
 }
 #endif
 
-// dq = scale * dqacc, rounded to T; n elements (a multiple of 4: rows of Dqk = 64 or 128), four per
-// thread.
-extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq_convert(const float* __restrict__ acc,
-                                                                      T* __restrict__ dq, i64 n, float scale) {
-  const i64 i = 4 * ((i64)blockIdx.x * blockDim.x + threadIdx.x);
-  if (i < n) {
-    const float4 a = *reinterpret_cast<const float4*>(acc + i);
-    uint2 packed;
-    packed.x = pack2(a.x * scale, a.y * scale);
-    packed.y = pack2(a.z * scale, a.w * scale);
-    *reinterpret_cast<uint2*>(dq + i) = packed;
-  }
-}
-
 extern "C" __global__ void __launch_bounds__(DQ_NT) attn_bwd_dq_mma(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
@@ -334,8 +320,8 @@ extern "C" __global__ void __launch_bounds__(DQ_NT) attn_bwd_dq_mma(
   const float INF = __int_as_float(0x7f800000);
 
   const int ntq = (Nq + QB_M - 1) / QB_M;
-  const int qi = tile_major ? blockIdx.z : blockIdx.x;  // grid as the forward's
-  const int h = tile_major ? blockIdx.x : blockIdx.y, b = tile_major ? blockIdx.y : blockIdx.z;
+  const GridPos pos(tile_major);  // grid as the forward's
+  const int qi = pos.tile, h = pos.head, b = pos.batch;
   const int qt = ntq - 1 - qi, hk = h / group, Hkv = Hq / group;
   const i64 qbase = ((i64)b * Hq + h) * Nq;
   const i64 kvbase = ((i64)b * Hkv + hk) * Nk;

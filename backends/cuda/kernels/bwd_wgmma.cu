@@ -42,8 +42,8 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) attn_bwd_fused_wgmma(
   const Mask m = MASK_INIT;
 
   // Grid as the forward's: (kv heads, batch, key tiles) when tile_major, else (key tiles, kv heads, batch).
-  const int kt = tile_major ? blockIdx.z : blockIdx.x;
-  const int hk = tile_major ? blockIdx.x : blockIdx.y, b = tile_major ? blockIdx.y : blockIdx.z;
+  const GridPos pos(tile_major);
+  const int kt = pos.tile, hk = pos.head, b = pos.batch;
   const int group = Hq / Hkv;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const int g = lane >> 2, t4 = lane & 3;
@@ -207,18 +207,5 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) attn_bwd_fused_wgmma(
 #pragma unroll
     for (int dt = 0; dt < DV / 8; ++dt)
       *reinterpret_cast<u32*>(dvr + dt * 8 + 2 * t4) = pack2(dva[dt][2 * r], dva[dt][2 * r + 1]);
-  }
-}
-
-// dq = scale * dqacc, rounded to T; n elements (a multiple of 4), four per thread.
-extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq_convert(const float* __restrict__ acc,
-                                                                      T* __restrict__ dq, i64 n, float scale) {
-  const i64 i = 4 * ((i64)blockIdx.x * blockDim.x + threadIdx.x);
-  if (i < n) {
-    const float4 a = *reinterpret_cast<const float4*>(acc + i);
-    uint2 packed;
-    packed.x = pack2(a.x * scale, a.y * scale);
-    packed.y = pack2(a.z * scale, a.w * scale);
-    *reinterpret_cast<uint2*>(dq + i) = packed;
   }
 }

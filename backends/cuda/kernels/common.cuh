@@ -168,6 +168,17 @@ struct TileClasses {
   }
 };
 
+// The tensor-core kernels' block position: (tile, head, batch) from a grid laid out (heads, batch,
+// tiles) when tile_major (the host's choice, launch order: every head's first tile first), else
+// (tiles, heads, batch) (one head's tiles next to each other).
+struct GridPos {
+  int tile, head, batch;
+  __device__ __forceinline__ explicit GridPos(int tile_major)
+      : tile(tile_major ? blockIdx.z : blockIdx.x),
+        head(tile_major ? blockIdx.x : blockIdx.y),
+        batch(tile_major ? blockIdx.y : blockIdx.z) {}
+};
+
 #define MASK_PARAMS                                                                                    \
   int lqx, int lkx, int aqy, int bqy, int aqx, int bqx, int aky, int bky, int akx, int bkx, int mx,   \
       int rule, int wy, int wx, int log2s, int lcausal

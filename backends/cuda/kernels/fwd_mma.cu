@@ -25,8 +25,8 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
   // grid (heads, batch, query tiles), so the heaviest tiles of every head start first and the light
   // ones fill the tail. Otherwise grid (query tiles, heads, batch): the blocks running together share
   // their head's K and V in L2.
-  const int qi = tile_major ? blockIdx.z : blockIdx.x;
-  const int h = tile_major ? blockIdx.x : blockIdx.y, b = tile_major ? blockIdx.y : blockIdx.z;
+  const GridPos pos(tile_major);
+  const int qi = pos.tile, h = pos.head, b = pos.batch;
   const int qt = ntq - 1 - qi, hk = h / group;
   const T* qp = q + b * qsb + h * qsh;
   const T* kp = k + b * ksb + hk * ksh;

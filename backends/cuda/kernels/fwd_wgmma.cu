@@ -28,8 +28,8 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_wgmma(
 
   const int ntq = (Nq + BM - 1) / BM;
   // Grid order as in fwd_mma.cu: tile_major puts the heaviest causal tiles of every head first.
-  const int qi = tile_major ? blockIdx.z : blockIdx.x;
-  const int h = tile_major ? blockIdx.x : blockIdx.y, b = tile_major ? blockIdx.y : blockIdx.z;
+  const GridPos pos(tile_major);
+  const int qi = pos.tile, h = pos.head, b = pos.batch;
   const int qt = ntq - 1 - qi, hk = h / group;
   const T* qp = q + b * qsb + h * qsh;
   const T* kp = k + b * ksb + hk * ksh;

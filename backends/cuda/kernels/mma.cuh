@@ -89,20 +89,3 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, i64 ld, int row0, in
     }
   }
 }
-
-// Backward helpers (bwd_mma.cu, bwd_wgmma.cu).
-// p[0] += a, p[1] += b in global memory (8-byte aligned): one vector reduction on sm_90 (the four
-// lanes of a fragment row then cover one 32-byte sector per instruction), two atomics before.
-__device__ __forceinline__ void red_add2(float* p, float a, float b) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(a), "f"(b) : "memory");
-#else
-  atomicAdd(p, a);
-  atomicAdd(p + 1, b);
-#endif
-}
-
-// Natural-log lse to the log2 domain; +inf for fully masked rows so that every p = exp2(s - lse) is 0.
-__device__ __forceinline__ float lse2_of(float l) {
-  return (l == ATT_NEG_INF) ? __int_as_float(0x7f800000) : l * 1.4426950408889634f;
-}
