@@ -1,9 +1,9 @@
 """float32 forward of the cuda backend: accuracy against float64 and speed against torch's math SDPA.
 
-    python benchmarks/cuda_f32.py [--configs 4,64,2 8,64,1 ...]
+    python benchmarks/cuda_f32.py [--configs f16x3:4,64,1 tf32:4,64,2/8 ...]
 
 Accuracy: ||out - ref|| / ||ref|| and max |out - ref| / max |ref| against SDPA (math) in float64 on
-the same float32 inputs, for the 3xTF32 tensor-core kernel, the SIMT kernel (ATTNHUB_CUDA_F32=simt),
+the same float32 inputs, for the default (3xFP16) and 3xTF32 tensor-core kernels, the SIMT kernel (ATTNHUB_CUDA_F32=simt),
 torch's math SDPA in float32 and, for contrast, math SDPA with TF32 matmuls (plain TF32). Fresh
 random inputs, q scaled by 1 and by 8 (large logits). Speed: median of triton's do_bench, B = 1,
 H = 8 and the ``attnhub bench`` grid's B = 4, H = 2048 / D, L = 4096.
@@ -34,9 +34,14 @@ def _math(q, k, v, causal):
 
 
 def _cuda(q, k, v, causal, f32=None, cfg=None):
-    """cfg: "warps,bn,rb[/pvc]" (ATTNHUB_CUDA_TF32 and ATTNHUB_CUDA_TF32_PVC) or None (defaults)."""
-    tile, _, pvc = (cfg or "").partition("/")
-    with env_set(ATTNHUB_CUDA_F32=f32, ATTNHUB_CUDA_TF32=tile or None, ATTNHUB_CUDA_TF32_PVC=pvc or None):
+    """f32: the kernel (ATTNHUB_CUDA_F32: f16x3, tf32, simt; None: the default); cfg: "[kernel:]warps,bn,rb"
+    with "/pvc" for tf32 (ATTNHUB_CUDA_F16X3, or ATTNHUB_CUDA_TF32 and ATTNHUB_CUDA_TF32_PVC) or None."""
+    kern, _, spec = (cfg or "").rpartition(":")
+    f32 = kern or f32
+    tile, _, pvc = spec.partition("/")
+    env = {"ATTNHUB_CUDA_F32": f32, "ATTNHUB_CUDA_TF32_PVC": pvc or None}
+    env["ATTNHUB_CUDA_TF32" if f32 == "tf32" else "ATTNHUB_CUDA_F16X3"] = tile or None
+    with env_set(**env):
         return attnhub.attention(q, k, v, mask="causal" if causal else None, backend="cuda")
 
 
@@ -46,7 +51,7 @@ def _err(got, ref):
 
 
 def accuracy(configs: list[str]) -> None:
-    names = ("3xTF32", *configs, "SIMT", "math f32", "math TF32")
+    names = ("default", "3xTF32", *configs, "SIMT", "math f32", "math TF32")
     print(f"{'D':>4} {'causal':6} {'qscale':6} " + "".join(f"{n:>20}" for n in names))
     for d in (64, 128):
         for causal in (False, True):
@@ -55,7 +60,7 @@ def accuracy(configs: list[str]) -> None:
                 q, k, v = (torch.randn(1, 8, 4096, d, device="cuda", generator=g) for _ in range(3))
                 q = q * qs
                 ref = _math(q.double(), k.double(), v.double(), causal)
-                cells = [_err(_cuda(q, k, v, causal), ref)]
+                cells = [_err(_cuda(q, k, v, causal), ref), _err(_cuda(q, k, v, causal, "tf32"), ref)]
                 cells += [_err(_cuda(q, k, v, causal, None, c), ref) for c in configs]
                 cells.append(_err(_cuda(q, k, v, causal, "simt"), ref))
                 cells.append(_err(_math(q, k, v, causal), ref))
@@ -70,7 +75,7 @@ def accuracy(configs: list[str]) -> None:
 
 
 def speed(configs: list[str]) -> None:
-    names = ["math", "simt", "default", *configs]
+    names = ["math", "simt", "3xTF32", "default", *configs]
     print(f"\n{'B':>2} {'H':>3} {'D':>4} {'causal':6} " + "".join(f"{n:>10}" for n in names) + "  (TFLOP/s)")
     for d in (64, 128):
         for b, h in ((1, 8), (4, 2048 // d)):
@@ -78,7 +83,12 @@ def speed(configs: list[str]) -> None:
             for causal in (False, True):
                 flops = 4 * b * h * 4096 * 4096 * d * (0.5 if causal else 1.0)
                 args = (q, k, v, causal)
-                fns = [lambda a=args: _math(*a), lambda a=args: _cuda(*a, "simt"), lambda a=args: _cuda(*a)]
+                fns = [
+                    lambda a=args: _math(*a),
+                    lambda a=args: _cuda(*a, "simt"),
+                    lambda a=args: _cuda(*a, "tf32"),
+                ]
+                fns += [lambda a=args: _cuda(*a)]
                 fns += [lambda a=args, c=c: _cuda(*a, None, c) for c in configs]
                 cells = []
                 for fn in fns:
@@ -91,7 +101,7 @@ def speed(configs: list[str]) -> None:
             del q, k, v, args, fns
             torch.cuda.empty_cache()
     for key, kern in compiler._kernels.items():
-        if key[0].startswith("fwd_tf32") and not key[0].endswith(":obj"):
+        if key[0].startswith(("fwd_tf32", "fwd_f16x3")) and not key[0].endswith(":obj"):
             a = kern.attributes
             print(key[0], "regs", a.num_regs, "local bytes", a.local_size_bytes)
 
@@ -101,7 +111,7 @@ def main() -> None:
     ap.add_argument(
         "--configs",
         nargs="*",
-        default=["4,64,2", "4,64,2/8", "4,32,2/4", "8,32,2/4", "8,64,1", "4,64,1", "8,64,1/8"],
+        default=["f16x3:4,64,1", "f16x3:4,32,1", "f16x3:8,64,1", "f16x3:4,32,2", "f16x3:8,32,1"],
     )
     args = ap.parse_args()
     print(

@@ -112,27 +112,75 @@ def test_forward_simt_dims(rng, dtype, dims):
     _check(rng, dtype, (70,), (45,), Causal(), "none_front", dqk=dims[0], dv=dims[1], qscale=8.0)
 
 
-@pytest.mark.parametrize("config", ["4,64,2", "8,64,1", "4,32,1", "8,32,2", "4,64,1/2"])
-@pytest.mark.parametrize("dims", [(64, 64), (128, 128)], ids=str)
-def test_forward_float32_tensor_core_tiles(rng, monkeypatch, config, dims):
-    # 3xTF32 float32 forward at float32 tolerance (plain TF32 misses it ~10x) for every tile shape,
-    # with long rows (many key tiles), large logits, GQA and lengths off the tiles.
-    # "tile/pvc": also P V summed in several chunks per key tile (ATTNHUB_CUDA_TF32_PVC).
-    tile, _, pvc = config.partition("/")
-    monkeypatch.setenv("ATTNHUB_CUDA_TF32", tile)
+F32_TILES = [
+    "tf32:4,64,2", "tf32:8,64,1", "tf32:4,32,1", "tf32:8,32,2", "tf32:4,64,1/2",
+    "f16x3:4,64,1", "f16x3:4,32,1", "f16x3:8,64,1", "f16x3:4,32,2", "f16x3:8,32,1",
+]  # fmt: skip
+
+
+def _f32_env(monkeypatch, config: str) -> None:
+    """ATTNHUB_CUDA_F32 and the tile variables of "kernel:warps,bn,rb[/pvc]"."""
+    kern, _, spec = config.partition(":")
+    tile, _, pvc = spec.partition("/")
+    monkeypatch.setenv("ATTNHUB_CUDA_F32", kern)
+    monkeypatch.setenv("ATTNHUB_CUDA_TF32" if kern == "tf32" else "ATTNHUB_CUDA_F16X3", tile)
     if pvc:
         monkeypatch.setenv("ATTNHUB_CUDA_TF32_PVC", pvc)
+
+
+@pytest.mark.parametrize("config", F32_TILES)
+@pytest.mark.parametrize("dims", [(64, 64), (128, 128)], ids=str)
+def test_forward_float32_tensor_core_tiles(rng, monkeypatch, config, dims):
+    # 3xTF32 and 3xFP16 float32 forwards at float32 tolerance (plain TF32 misses it ~10x) for every
+    # tile shape, with long rows (many key tiles), large logits, GQA and lengths off the tiles.
+    # "tile/pvc": also P V summed in several chunks per key tile (ATTNHUB_CUDA_TF32_PVC).
+    _f32_env(monkeypatch, config)
     _check(rng, "float32", (700,), (1500,), Full(), "none_end", dqk=dims[0], dv=dims[1], qscale=8.0)
     _check(rng, "float32", (333,), (333,), Causal(), "none_front", dqk=dims[0], dv=dims[1], qscale=8.0)
 
 
+@pytest.mark.parametrize("kern", ["f16x3", "tf32"])
 @pytest.mark.parametrize("dims", [(64, 64), (128, 128)], ids=str)
-def test_forward_float32_long_flat_rows(rng, dims):
+def test_forward_float32_long_flat_rows(rng, monkeypatch, kern, dims):
     # Flat softmax over 4096 keys: the output is a small average of many terms, so float32 errors
     # of the P V sums show at full size. Summing whole rows in the tensor core's (truncating) float32
     # accumulator gave 2.9e-5 on such rows (benchmarks/cuda_f32.py, L = 4096), over the 2e-5
     # tolerance; chunked sums gave ~1e-6.
+    monkeypatch.setenv("ATTNHUB_CUDA_F32", kern)
     _check(rng, "float32", (256,), (4096,), Full(), "none_front", dqk=dims[0], dv=dims[1], hq=2, hkv=1, b=1)
+
+
+@pytest.mark.parametrize("dims", [(64, 64), (128, 128), (64, 128)], ids=str)
+@pytest.mark.parametrize("rule", [Full(), Causal()], ids=lambda r: r.describe())
+def test_forward_float32_f16x3_magnitudes(rng, dims, rule):
+    # 3xFP16 scales each (batch, head) of q, k, v by its own power of two into float16's range: heads
+    # of very different magnitudes (1e-30 .. 1e30; float16 overflows at 65504 and underflows below
+    # 6e-8), each at float32 tolerance on its own. Logits stay moderate (q and k scales multiply to
+    # 1e-19 .. 8): larger ones put every float32 kernel outside the tolerance.
+    b, hq, hkv, n = 2, 4, 2, 300
+    q, k, v = _inputs(rng, "float32", b, hq, hkv, (n,), (n,), dims[0], dims[1])
+    q = q * torch.tensor([1e-3, 5e2, 3e-9, 4e-4, 1e-12, 7e7, 5.0, 1e-5]).reshape(b, hq, 1, 1)
+    k = k * torch.tensor([1e-2, 2e4, 1e-7, 1.0]).reshape(b, hkv, 1, 1)
+    v = v * torch.tensor([1e30, 1e-30, 1e5, 1e-6]).reshape(b, hkv, 1, 1)
+    ref = attnhub.attention(q, k, v, mask=rule, backend="reference")
+    out = attnhub.attention(q.cuda(), k.cuda(), v.cuda(), mask=rule, backend="cuda").cpu()
+    for bi in range(b):
+        for h in range(hq):
+            _close(f"out[{bi}, {h}]", out[bi, h], ref[bi, h], FWD_TOL["float32"])
+
+
+def test_forward_float32_f16x3_non_finite(rng):
+    # An infinite or NaN value reaches every row that attends it (as inf or NaN: inf times a zero
+    # low part is NaN); the rest of its head keeps its scale (the maximum is over finite elements).
+    q, k, v = _inputs(rng, "float32", 1, 2, 2, (64,), (64,), 64, 64)
+    v[0, 0, 10, 3] = float("inf")
+    v[0, 1, 20, 5] = float("nan")
+    out = attnhub.attention(q.cuda(), k.cuda(), v.cuda(), backend="cuda").cpu()
+    ref = attnhub.attention(q, k, v, backend="reference")
+    fin = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(out), fin) and not fin.all()
+    rel, mx = _err(out[fin], ref[fin])
+    assert rel < FWD_TOL["float32"] and mx < FWD_TOL["float32"], (rel, mx)
 
 
 @pytest.mark.parametrize(

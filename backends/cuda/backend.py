@@ -52,7 +52,7 @@ class CudaBackend(Backend):
             return None
 
     def extra_reasons(self, req: Request) -> list[str]:
-        reasons = grid_ok(req, tiles_on_z=use_mma(req))
+        reasons = grid_ok(req, tiles_on_z=use_mma(req) or use_f16x3(req))
         if req.symbolic:
             reasons.append("needs concrete torch tensors")
         if req.device_type == "cuda":
@@ -162,6 +162,9 @@ def _smem_reasons(req: Request) -> list[str]:
     elif use_tf32(req):
         if _tf32_config_for(req, limit) is None:
             need.append(("forward", compiler.tf32_smem_bytes(req.dim_qk, req.dim_v, _TF32_FALLBACKS[-1])))
+    elif use_f16x3(req):
+        if _f16x3_config_for(req, limit) is None:
+            need.append(("forward", compiler.f16x3_smem_bytes(req.dim_qk, req.dim_v, _F16X3_FALLBACKS[-1])))
     else:
         need.append(("forward", _simt_fwd_smem(req)))
     if req.needs_grad and (not use_mma(req) or _simt_backward_forced()):
@@ -232,16 +235,42 @@ def _tf32_config_for(req: Request, limit: int) -> tuple[int, int, int] | None:
     return None
 
 
-def use_tf32(req: Request) -> bool:
-    """True when the 3xTF32 tensor-core forward serves ``req`` (float32, head dims 64/128).
+#: Float32 tensor-core forwards, ATTNHUB_CUDA_F32's values besides ``simt``.
+F32_KERNELS = ("f16x3", "tf32")
 
-    ``ATTNHUB_CUDA_F32=simt`` forces the SIMT kernel instead (for comparisons)."""
-    return (
-        req.dtype == "float32"
-        and req.dim_qk in compiler.MMA_DIMS
-        and req.dim_v in compiler.MMA_DIMS
-        and os.environ.get("ATTNHUB_CUDA_F32") != "simt"
-    )
+
+def f32_kernel(req: Request) -> str | None:
+    """The tensor-core forward serving a float32 request with head dims 64 / 128: ``f16x3`` (3xFP16,
+    the default) or ``tf32`` (3xTF32); None for other requests or where ``ATTNHUB_CUDA_F32=simt``
+    forces the SIMT kernel (comparisons)."""
+    mode = os.environ.get("ATTNHUB_CUDA_F32", "") or F32_KERNELS[0]
+    if mode not in (*F32_KERNELS, "simt"):
+        raise AttnhubError(f"ATTNHUB_CUDA_F32 takes f16x3, tf32 or simt, got {mode!r}")
+    if req.dtype != "float32" or req.dim_qk not in compiler.MMA_DIMS or req.dim_v not in compiler.MMA_DIMS:
+        return None
+    return None if mode == "simt" else mode
+
+
+def use_tf32(req: Request) -> bool:
+    """True when the 3xTF32 tensor-core forward serves ``req`` (``ATTNHUB_CUDA_F32=tf32``)."""
+    return f32_kernel(req) == "tf32"
+
+
+def use_f16x3(req: Request) -> bool:
+    """True when the 3xFP16 tensor-core forward serves ``req`` (float32, head dims 64 / 128)."""
+    return f32_kernel(req) == "f16x3"
+
+
+#: Smaller 3xFP16 forward tiles tried, in order, when the default does not fit.
+_F16X3_FALLBACKS = ((4, 32, 1),)
+
+
+def _f16x3_config_for(req: Request, limit: int) -> tuple[int, int, int] | None:
+    cfg = compiler.f16x3_config(req.dim_qk, req.dim_v)
+    for c in (cfg, *_F16X3_FALLBACKS):
+        if compiler.f16x3_smem_bytes(req.dim_qk, req.dim_v, c) <= limit:
+            return c
+    return None
 
 
 def use_mma(req: Request) -> bool:
@@ -282,6 +311,8 @@ def _forward(q: Any, k: Any, v: Any, req: Request, out_dtype: Any) -> tuple[Any,
         lse = torch.empty((req.batch, req.heads_q, req.nq), dtype=lse_dtype, device=dev)
         if use_mma(req):
             _forward_mma(q, k, v, out, lse, req)
+        elif use_f16x3(req):
+            _forward_f16x3(q, k, v, out, lse, req)
         elif use_tf32(req):
             _forward_tf32(q, k, v, out, lse, req)
         else:
@@ -431,6 +462,54 @@ def _forward_tf32(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> N
         *_tiled_forward_args(q, k, v, out, lse, req),
         *mask_args(req),
     )
+
+
+def _forward_f16x3(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> None:
+    """3xFP16: each of q, k, v split into scaled float16 hi / lo arrays (attn_absmax, attn_split;
+    4 bytes per element in all), then attn_fwd_f16x3 on them."""
+    import numpy as np
+    import torch
+
+    q, k, v = (_strided(x, 4) for x in (q, k, v))  # 16-byte rows for the float4 reads
+    dev = q.device
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    arch = arch_of(dev)
+    cfg = _f16x3_config_for(req, _smem_limit(dev)) or compiler.f16x3_config(req.dim_qk, req.dim_v)
+    var = compiler.f16x3_variant(req.dim_qk, req.dim_v, cfg, scale_pos=req.scale > 0)
+    smem = compiler.f16x3_smem_bytes(req.dim_qk, req.dim_v, cfg)
+    absmax = compiler.load_kernel(var, "attn_absmax", idx, arch)
+    split = compiler.load_kernel(var, "attn_split", idx, arch)
+    kern = compiler.load_kernel(var, "attn_fwd_f16x3", idx, arch, smem)
+    heads = (req.heads_q, req.heads_kv, req.heads_kv)
+    amax = torch.zeros((3, req.batch, req.heads_q), dtype=torch.float32, device=dev)
+    parts = []
+    for i, (x, h) in enumerate(zip((q, k, v), heads)):
+        n, d = x.shape[2], x.shape[3]
+        hilo = torch.empty((2, req.batch, h, n, d), dtype=torch.float16, device=dev)
+        parts.append(hilo)
+        if n == 0:
+            continue
+        grid = (ceil_div(n, _SPLIT_ROWS), h, req.batch)
+        args = (ptr(x), *(i64(st) for st in x.stride()[:3]), _i32(h), _i32(n), _i32(d))
+        launch(absmax, dev, grid, 256, 0, *args, ptr(amax[i]))
+        launch(split, dev, grid, 256, 0, *args, ptr(amax[i]), ptr(hilo[0]), ptr(hilo[1]))
+    launch(
+        kern,
+        dev,
+        _grid(req, ceil_div(req.nq, 16 * cfg[0] * cfg[2]), req.heads_q),
+        32 * cfg[0],
+        smem,
+        *(ptr(t) for hilo in parts for t in (hilo[0], hilo[1])),
+        ptr(out), ptr(lse), ptr(amax[0]), ptr(amax[1]), ptr(amax[2]),
+        _i32(req.heads_q), _i32(req.group), _i32(req.nq), _i32(req.nk),
+        np.float32(req.scale * math.log2(math.e)),
+        _i32(_tile_major(req)),
+        *mask_args(req),
+    )  # fmt: skip
+
+
+#: Rows per block of attn_absmax / attn_split (fwd_f16x3.cu's SPLIT_ROWS).
+_SPLIT_ROWS = 32
 
 
 def _forward_simt(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> None:

@@ -210,6 +210,40 @@ def tf32_smem_bytes(dqk: int, dv: int, config: tuple[int, int, int]) -> int:
     return 4 * (16 * rb * warps * (dqk + 4) + 2 * bn * (dqk + 4 + dv + 4))
 
 
+#: float32 forward on float16 tensor cores (3xFP16, fwd_f16x3.cu): (warps, keys per tile, 16-row blocks
+#: per warp) per (Dqk, Dv).
+F16X3_CONFIGS = {(64, 64): (4, 64, 2), (64, 128): (4, 64, 1), (128, 64): (4, 64, 1), (128, 128): (4, 64, 1)}
+
+
+def f16x3_config(dqk: int, dv: int) -> tuple[int, int, int]:
+    """(warps, keys per tile, row blocks per warp) of the 3xFP16 float32 forward for (Dqk, Dv).
+
+    ``ATTNHUB_CUDA_F16X3=warps,bn[,rb]`` overrides it (tuning)."""
+    return _tile_override("ATTNHUB_CUDA_F16X3") or F16X3_CONFIGS[(dqk, dv)]
+
+
+def f16x3_variant(
+    dqk: int, dv: int, config: tuple[int, int, int] | None = None, scale_pos: bool = True
+) -> Variant:
+    """The 3xFP16 float32 forward and its two preparation kernels (absmax, split); ``scale_pos`` as
+    in ``mma_variant``."""
+    warps, bn, rb = config or f16x3_config(dqk, dv)
+    defines = (
+        ("ATT_DTYPE", DTYPE_CODES["float16"]), ("O_F32", 1), ("DQK", dqk), ("DV", dv),
+        ("NWARPS", warps), ("BN", bn), ("RB", rb),
+    )  # fmt: skip
+    if scale_pos:
+        defines += (("SCALE_POS", 1),)
+    return Variant("fwd_f16x3.cu", defines, ("attn_absmax", "attn_split", "attn_fwd_f16x3"), _MMA_HEADERS)
+
+
+def f16x3_smem_bytes(dqk: int, dv: int, config: tuple[int, int, int]) -> int:
+    """Dynamic shared memory of the 3xFP16 forward: Q hi / lo plus double-buffered K, V hi / lo
+    (float16)."""
+    warps, bn, rb = config
+    return 2 * (2 * 16 * rb * warps * dqk + 2 * 2 * bn * (dqk + dv))
+
+
 #: (query rows per dK/dV step, keys per dQ step) of the tensor-core backward, bwd_mma.cu's KB_Q / QB_N;
 #: (64, 64) was 7-19 % faster than (32, 32) on an H100 (benchmarks/cuda_sweep.py, docs/benchmarks.md).
 BWD_STEPS = (64, 64)
@@ -294,6 +328,8 @@ def all_variants() -> list[Variant]:
         for b in MMA_DIMS
     ]
     out += [tf32_variant(a, b, TF32_CONFIGS[(a, b)]) for a in MMA_DIMS for b in MMA_DIMS]
+    out += [f16x3_variant(a, b, F16X3_CONFIGS[(a, b)]) for a in MMA_DIMS for b in MMA_DIMS]
+    out += [f16x3_variant(64, 64, F16X3_CONFIGS[(64, 64)], scale_pos=False)]
     out += [simt_variant(dt) for dt in DTYPE_CODES]
     out += [bwd_variant(dt) for dt in DTYPE_CODES]
     # half inputs with a gradient to follow: float32 output and the delta kernel that reads it
