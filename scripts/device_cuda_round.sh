@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call for the cuda backend: GPU tests, full certify, `attnhub bench`, an ncu look at the
 # bf16 forward. Usage (device machine, repo root): bash scripts/device_cuda_round.sh [stages...]
-#   stages: tests certify bench ncu ncubwd (default: all but ncubwd); results under $OUT.
+#   stages: tests certify bench bench32 ncu ncubwd (default: tests certify bench ncu); results under $OUT.
 set -u
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-gpu-out}"; mkdir -p "$OUT"
@@ -10,8 +10,8 @@ has() { [[ " $STAGES " == *" $1 "* ]]; }
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 date -u +"start %Y-%m-%d %H:%M:%S UTC"; git log --oneline -1 2>/dev/null
 if has tests; then
-  timeout 200 python3 -m pytest -q -m gpu -n 16 -p no:cacheprovider tests/test_cuda_gpu.py \
-    tests/test_peaked_row_gradients.py > "$OUT/cuda-tests.log" 2>&1
+  timeout 320 python3 -m pytest -q -m gpu -n 16 -p no:cacheprovider tests/test_cuda_gpu.py \
+    tests/test_peaked_row_gradients.py tests/test_conformance_gpu.py > "$OUT/cuda-tests.log" 2>&1
   echo "== tests rc=$?"; tail -2 "$OUT/cuda-tests.log"; grep -E "^FAILED" "$OUT/cuda-tests.log" | head
 fi
 if has certify; then
@@ -23,6 +23,11 @@ if has bench; then
   timeout 200 python3 -m attnhub.cli bench --backends cuda --peers sdpa-flash,sdpa-cudnn --family dense \
     --direction fwd,bwd --lengths 4096,8192 --out "$OUT/cuda-bench" > "$OUT/cuda-bench.log" 2>&1
   echo "== bench rc=$?"; grep -E "^dense|^case" "$OUT/cuda-bench.log"
+fi
+if has bench32; then
+  timeout 150 python3 -m attnhub.cli bench --backends cuda --peers sdpa-math --dtype float32 --family dense \
+    --direction fwd --lengths 4096 --out "$OUT/cuda-bench-f32" > "$OUT/cuda-bench-f32.log" 2>&1
+  echo "== bench32 rc=$?"; grep -E "^dense|^case" "$OUT/cuda-bench-f32.log"
 fi
 if has ncu; then
   CASE='import sys,torch,attnhub; d=int(sys.argv[1]); c=sys.argv[2]=="1"

@@ -316,6 +316,31 @@ def test_tile_overrides_from_the_environment(monkeypatch):
     monkeypatch.setenv("ATTNHUB_CUDA_TF32", "four")
     with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_TF32"):
         compiler.tf32_config(64, 64)
+    monkeypatch.setenv("ATTNHUB_CUDA_F16X3", "4,32")
+    assert compiler.f16x3_config(128, 128) == (4, 32, 1)
+    assert ("BN", 32) in compiler.f16x3_variant(128, 128).defines
+
+
+def test_float32_kernel_choice(monkeypatch):
+    """float32 at head dims 64 / 128 runs 3xFP16 by default; ATTNHUB_CUDA_F32 picks tf32 or simt; other
+    requests have no tensor-core float32 kernel; a bad value is a clear error."""
+    from attnhub.errors import AttnhubError
+    from attnhub_backends.cuda import backend as be
+
+    def req(dtype, d):
+        return Request(
+            "torch", "cuda:0", dtype, "bhsd", 1, 1, 1, (8,), (8,), d, d, Full(), "none_front", 0.1, False
+        )
+
+    assert be.f32_kernel(req("float32", 128)) == "f16x3" and be.use_f16x3(req("float32", 64))
+    assert be.f32_kernel(req("float32", 32)) is None and be.f32_kernel(req("bfloat16", 64)) is None
+    monkeypatch.setenv("ATTNHUB_CUDA_F32", "tf32")
+    assert be.use_tf32(req("float32", 64)) and not be.use_f16x3(req("float32", 64))
+    monkeypatch.setenv("ATTNHUB_CUDA_F32", "simt")
+    assert be.f32_kernel(req("float32", 64)) is None
+    monkeypatch.setenv("ATTNHUB_CUDA_F32", "fp16")
+    with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_F32"):
+        be.f32_kernel(req("float32", 64))
 
 
 def test_backward_steps_from_the_environment(monkeypatch):
