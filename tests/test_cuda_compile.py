@@ -295,10 +295,16 @@ def test_shared_memory_limits_pick_smaller_tiles_or_decline(monkeypatch):
             "torch", "cuda:0", dtype, "bhsd", 1, 1, 1, (8,), (8,), d, d, Full(), "none_front", 0.1, grad
         )
 
-    cfg = be._mma_config_for(req("bfloat16", 128, True), 101376)
+    cfg = be._tile_for("mma", req("bfloat16", 128, True), 101376)
     assert cfg is not None and compiler.mma_smem_bytes(128, 128, cfg) <= 101376
     assert be._smem_reasons(req("bfloat16", 128, True)) == []
     assert be._smem_reasons(req("float64", 64, True)) == []
+    for kern in ("tf32", "f16x3"):  # the float32 forwards fall back to smaller tiles too
+        monkeypatch.setenv("ATTNHUB_CUDA_F32", kern)
+        cfg = be._tile_for(kern, req("float32", 128, False), 101376)
+        assert cfg is not None and be._TILES[kern][2](128, 128, cfg) <= 101376
+        assert be._smem_reasons(req("float32", 128, False)) == []
+    monkeypatch.delenv("ATTNHUB_CUDA_F32")
     (reason,) = be._smem_reasons(req("float64", 128, True))
     assert "backward kernel needs" in reason and "101376" in reason
 

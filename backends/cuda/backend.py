@@ -154,16 +154,16 @@ def _smem_reasons(req: Request) -> list[str]:
     limit = _smem_limit(req.device)
     need = []
     if use_mma(req):
-        if _mma_config_for(req, limit) is None:
+        if _tile_for("mma", req, limit) is None:
             need.append(("forward", compiler.mma_smem_bytes(req.dim_qk, req.dim_v, _MMA_FALLBACKS[-1])))
         if req.needs_grad and not _simt_backward_forced():
             # the split kernels (the fused one, larger, is used only where it fits)
             need.append(("backward", max(compiler.bwd_mma_smem_bytes(req.dim_qk, req.dim_v))))
     elif use_tf32(req):
-        if _tf32_config_for(req, limit) is None:
+        if _tile_for("tf32", req, limit) is None:
             need.append(("forward", compiler.tf32_smem_bytes(req.dim_qk, req.dim_v, _TF32_FALLBACKS[-1])))
     elif use_f16x3(req):
-        if _f16x3_config_for(req, limit) is None:
+        if _tile_for("f16x3", req, limit) is None:
             need.append(("forward", compiler.f16x3_smem_bytes(req.dim_qk, req.dim_v, _F16X3_FALLBACKS[-1])))
     else:
         need.append(("forward", _simt_fwd_smem(req)))
@@ -211,26 +211,25 @@ def _simt_bwd_smem(req: Request) -> int:
     return el * (32 * (req.dim_qk + 1) * 2 + 32 * (req.dim_v + 1) * 2 + 2 * 32 * 33 + 64)
 
 
-#: Smaller forward tiles tried, in order, when the default does not fit the GPU's shared memory.
+#: Smaller forward tiles tried, in order, when the default does not fit the GPU's shared memory:
+#: per kernel (mma.sync half types, 3xTF32, 3xFP16), its default tile, the smaller ones and the
+#: function giving a tile's dynamic shared memory for (Dqk, Dv).
 _MMA_FALLBACKS = ((8, 64, 1), (4, 64, 1), (4, 32, 1))
-
-
-def _mma_config_for(req: Request, limit: int) -> tuple[int, int, int] | None:
-    cfg = compiler.mma_config(req.dim_qk, req.dim_v)
-    for c in (cfg, *_MMA_FALLBACKS):
-        if compiler.mma_smem_bytes(req.dim_qk, req.dim_v, c) <= limit:
-            return c
-    return None
-
-
-#: Smaller 3xTF32 forward tiles tried, in order, when the default does not fit.
 _TF32_FALLBACKS = ((4, 64, 1), (4, 32, 1))
+_F16X3_FALLBACKS = ((4, 32, 1),)
+_TILES = {
+    "mma": (compiler.mma_config, _MMA_FALLBACKS, compiler.mma_smem_bytes),
+    "tf32": (compiler.tf32_config, _TF32_FALLBACKS, compiler.tf32_smem_bytes),
+    "f16x3": (compiler.f16x3_config, _F16X3_FALLBACKS, compiler.f16x3_smem_bytes),
+}
 
 
-def _tf32_config_for(req: Request, limit: int) -> tuple[int, int, int] | None:
-    cfg = compiler.tf32_config(req.dim_qk, req.dim_v)
-    for c in (cfg, *_TF32_FALLBACKS):
-        if compiler.tf32_smem_bytes(req.dim_qk, req.dim_v, c) <= limit:
+def _tile_for(kernel: str, req: Request, limit: int) -> tuple[int, int, int] | None:
+    """The first of ``kernel``'s tiles (its default, then the fallbacks) that fits in ``limit`` bytes of
+    shared memory, or None."""
+    config, fallbacks, smem = _TILES[kernel]
+    for c in (config(req.dim_qk, req.dim_v), *fallbacks):
+        if smem(req.dim_qk, req.dim_v, c) <= limit:
             return c
     return None
 
@@ -259,18 +258,6 @@ def use_tf32(req: Request) -> bool:
 def use_f16x3(req: Request) -> bool:
     """True when the 3xFP16 tensor-core forward serves ``req`` (float32, head dims 64 / 128)."""
     return f32_kernel(req) == "f16x3"
-
-
-#: Smaller 3xFP16 forward tiles tried, in order, when the default does not fit.
-_F16X3_FALLBACKS = ((4, 32, 1),)
-
-
-def _f16x3_config_for(req: Request, limit: int) -> tuple[int, int, int] | None:
-    cfg = compiler.f16x3_config(req.dim_qk, req.dim_v)
-    for c in (cfg, *_F16X3_FALLBACKS):
-        if compiler.f16x3_smem_bytes(req.dim_qk, req.dim_v, c) <= limit:
-            return c
-    return None
 
 
 def use_mma(req: Request) -> bool:
@@ -342,7 +329,7 @@ def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> No
     if _use_wgmma(req, arch_of(dev)):
         _forward_wgmma(q, k, v, out, lse, req, idx)
         return
-    cfg = _mma_config_for(req, _smem_limit(dev)) or compiler.mma_config(req.dim_qk, req.dim_v)
+    cfg = _tile_for("mma", req, _smem_limit(dev)) or compiler.mma_config(req.dim_qk, req.dim_v)
     var = compiler.mma_variant(
         req.dtype, req.dim_qk, req.dim_v, cfg, o_f32=out.dtype != q.dtype, scale_pos=req.scale > 0
     )
@@ -395,7 +382,7 @@ def _bwd_tile_major(req: Request, default: str = "tiles") -> bool:
 def _key_tile_grid(req: Request, block_keys: int, default: str) -> tuple[tuple[int, int, int], bool]:
     """(grid, tile_major) of a backward kernel with one block per key tile of a kv head."""
     tiles, major = ceil_div(req.nk, block_keys), _bwd_tile_major(req, default)
-    return ((req.heads_kv, req.batch, tiles) if major else (tiles, req.heads_kv, req.batch)), major
+    return _grid_order(tiles, req.heads_kv, req.batch, major), major
 
 
 def _forward_wgmma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request, idx: int) -> None:
@@ -409,7 +396,7 @@ def _forward_wgmma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request, idx
     launch(
         kern,
         q.device,
-        (req.heads_q, req.batch, tiles) if major else (tiles, req.heads_q, req.batch),
+        _grid_order(tiles, req.heads_q, req.batch, major),
         128 * cfg[0],
         smem,
         *_tiled_forward_args(q, k, v, out, lse, req),
@@ -440,7 +427,13 @@ def _tile_major(req: Request) -> bool:
 
 def _grid(req: Request, tiles: int, heads: int) -> tuple[int, int, int]:
     """The (x, y, z) grid of the tensor-core kernels, as ``_tile_major`` orders it."""
-    return (heads, req.batch, tiles) if _tile_major(req) else (tiles, heads, req.batch)
+    return _grid_order(tiles, heads, req.batch, _tile_major(req))
+
+
+def _grid_order(tiles: int, heads: int, batch: int, tile_major: bool) -> tuple[int, int, int]:
+    """(heads, batch, tiles) when ``tile_major``, else (tiles, heads, batch): the layouts the kernels'
+    GridPos decodes."""
+    return (heads, batch, tiles) if tile_major else (tiles, heads, batch)
 
 
 def _forward_tf32(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> None:
@@ -449,7 +442,7 @@ def _forward_tf32(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> N
     q, k, v = (_strided(x, 4) for x in (q, k, v))  # 16-byte rows for cp.async
     dev = q.device
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    cfg = _tf32_config_for(req, _smem_limit(dev)) or compiler.tf32_config(req.dim_qk, req.dim_v)
+    cfg = _tile_for("tf32", req, _smem_limit(dev)) or compiler.tf32_config(req.dim_qk, req.dim_v)
     var = compiler.tf32_variant(req.dim_qk, req.dim_v, cfg)
     smem = compiler.tf32_smem_bytes(req.dim_qk, req.dim_v, cfg)
     kern = compiler.load_kernel(var, "attn_fwd_tf32", idx, arch_of(dev), smem)
@@ -474,7 +467,7 @@ def _forward_f16x3(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> 
     dev = q.device
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
     arch = arch_of(dev)
-    cfg = _f16x3_config_for(req, _smem_limit(dev)) or compiler.f16x3_config(req.dim_qk, req.dim_v)
+    cfg = _tile_for("f16x3", req, _smem_limit(dev)) or compiler.f16x3_config(req.dim_qk, req.dim_v)
     var = compiler.f16x3_variant(req.dim_qk, req.dim_v, cfg, scale_pos=req.scale > 0)
     smem = compiler.f16x3_smem_bytes(req.dim_qk, req.dim_v, cfg)
     absmax = compiler.load_kernel(var, "attn_absmax", idx, arch)
@@ -571,19 +564,12 @@ def _backward_mma(
     nwg = compiler.bwd_wgmma_warpgroups(req.dim_qk, req.dim_v)
     smem = compiler.bwd_wgmma_smem_bytes(req.dim_qk, req.dim_v, nwg)
     if _use_wgmma_backward(arch) and smem <= _smem_limit(dev):
-        # Hopper: one wgmma kernel over the (key tile, query tile) pairs; dQ's shares meet in float32.
+        # Hopper: one wgmma kernel over the (key tile, query tile) pairs.
         var = compiler.bwd_wgmma_variant(req.dtype, req.dim_qk, req.dim_v, nwg)
-        dqacc = torch.zeros((req.batch, req.heads_q, req.nq, req.dim_qk), dtype=torch.float32, device=dev)
-        kern = compiler.load_kernel(var, "attn_bwd_fused_wgmma", idx, compiler.WGMMA_ARCH, smem)
         grid, major = _key_tile_grid(req, 64 * nwg, "tiles")
-        launch(
-            kern, dev, grid, 128 * nwg, smem, *common, ptr(dk),
-            ptr(dv), ptr(dqacc), _i32(req.heads_q), _i32(req.heads_kv), _i32(req.nq), _i32(req.nk), *scales,
-            _i32(major), *mask_args(req),
-        )  # fmt: skip
-        n = dqacc.numel()
-        kern = compiler.load_kernel(var, "attn_bwd_dq_convert", idx, compiler.WGMMA_ARCH)
-        launch(kern, dev, (ceil_div(n, 4 * 256),), 256, 0, ptr(dqacc), ptr(dq), i64(n), scales[0])
+        fused = compiler.load_kernel(var, "attn_bwd_fused_wgmma", idx, compiler.WGMMA_ARCH, smem)
+        convert = compiler.load_kernel(var, "attn_bwd_dq_convert", idx, compiler.WGMMA_ARCH)
+        _backward_fused(fused, convert, grid, major, 128 * nwg, smem, common, dq, dk, dv, scales, req)
         return dq, dk, dv
     var = compiler.bwd_mma_variant(req.dtype, req.dim_qk, req.dim_v)
     smem_kv, smem_q = compiler.bwd_mma_smem_bytes(req.dim_qk, req.dim_v)
@@ -591,19 +577,12 @@ def _backward_mma(
     threads = 32 * compiler.bwd_warps(req.dim_qk, req.dim_v)
     smem = compiler.bwd_fused_smem_bytes(req.dim_qk, req.dim_v)
     if compiler.bwd_fused(req.dim_qk, req.dim_v, arch) and smem <= _smem_limit(dev):
-        # One pass over the (key tile, query tile) pairs; dQ's shares meet in a float32 buffer.
+        # One pass over the (key tile, query tile) pairs.
         # (At head dim 128 on parts with 99 KiB per block, sm_86 / sm_89, the split kernels run.)
-        dqacc = torch.zeros((req.batch, req.heads_q, req.nq, req.dim_qk), dtype=torch.float32, device=dev)
-        kern = compiler.load_kernel(var, "attn_bwd_fused_mma", idx, arch, smem)
         grid, major = _key_tile_grid(req, block_keys, MMA_BWD_ORDER)
-        launch(
-            kern, dev, grid, threads, smem, *common, ptr(dk),
-            ptr(dv), ptr(dqacc), _i32(req.heads_q), _i32(req.heads_kv), _i32(req.nq), _i32(req.nk), *scales,
-            _i32(major), *mask_args(req),
-        )  # fmt: skip
-        n = dqacc.numel()
-        kern = compiler.load_kernel(var, "attn_bwd_dq_convert", idx, arch)
-        launch(kern, dev, (ceil_div(n, 4 * 256),), 256, 0, ptr(dqacc), ptr(dq), i64(n), scales[0])
+        fused = compiler.load_kernel(var, "attn_bwd_fused_mma", idx, arch, smem)
+        convert = compiler.load_kernel(var, "attn_bwd_dq_convert", idx, arch)
+        _backward_fused(fused, convert, grid, major, threads, smem, common, dq, dk, dv, scales, req)
         return dq, dk, dv
     kern = compiler.load_kernel(var, "attn_bwd_dkdv_mma", idx, arch, smem_kv)
     grid, major = _key_tile_grid(req, block_keys, MMA_BWD_ORDER)
@@ -620,6 +599,25 @@ def _backward_mma(
         *mask_args(req),
     )  # fmt: skip
     return dq, dk, dv
+
+
+def _backward_fused(
+    fused: Any, convert: Any, grid: tuple[int, int, int], major: bool, threads: int, smem: int,
+    common: tuple[Any, ...], dq: Any, dk: Any, dv: Any, scales: tuple[Any, Any], req: Request,
+) -> None:  # fmt: skip
+    """A fused backward kernel (wgmma or mma.sync) writing dK, dV and adding dQ's shares into a zeroed
+    float32 buffer, then attn_bwd_dq_convert scaling and rounding that buffer into ``dq``."""
+    import torch
+
+    dev = dq.device
+    dqacc = torch.zeros((req.batch, req.heads_q, req.nq, req.dim_qk), dtype=torch.float32, device=dev)
+    launch(
+        fused, dev, grid, threads, smem, *common, ptr(dk),
+        ptr(dv), ptr(dqacc), _i32(req.heads_q), _i32(req.heads_kv), _i32(req.nq), _i32(req.nk), *scales,
+        _i32(major), *mask_args(req),
+    )  # fmt: skip
+    n = dqacc.numel()
+    launch(convert, dev, (ceil_div(n, 4 * 256),), 256, 0, ptr(dqacc), ptr(dq), i64(n), scales[0])
 
 
 def _driver_reason() -> str | None:

@@ -200,7 +200,7 @@ def tf32_variant(dqk: int, dv: int, config: tuple[int, int, int] | None = None) 
         pvc = TF32_PVC.get((dqk, dv), 0)
     if pvc:
         defines += (("PVC", pvc),)
-    return Variant("fwd_tf32.cu", defines, ("attn_fwd_tf32",))
+    return Variant("fwd_tf32.cu", defines, ("attn_fwd_tf32",), _MMA_HEADERS)
 
 
 def tf32_smem_bytes(dqk: int, dv: int, config: tuple[int, int, int]) -> int:

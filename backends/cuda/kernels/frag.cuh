@@ -98,6 +98,38 @@ __device__ __forceinline__ void fwd_softmax_step(const Mask& m, float (*s)[4], i
   }
 }
 
+// Stores a pair of adjacent output values: float32, or packed in the 16-bit input type (pack2).
+__device__ __forceinline__ void store_pair(float* p, float a, float b) {
+  *reinterpret_cast<float2*>(p) = make_float2(a, b);
+}
+template <typename H>
+__device__ __forceinline__ void store_pair(H* p, float a, float b) {
+  *reinterpret_cast<u32*>(p) = pack2(a, b);
+}
+
+// Forward epilogue, one warp's rows row0 and row0 + 8 of NB 8-column blocks: the row sums l are
+// completed across the quad, the accumulators scaled by post / l and stored with the natural-log
+// lse (mrow is in the log2 domain); a row with no attended key gets out = 0 and lse = -inf. Rows
+// past Nq are not stored. op and lp point at the (batch, head)'s first row.
+template <int NB, typename OutT>
+__device__ __forceinline__ void fwd_store_rows(const float (*acc)[4], const float* lrow, const float* mrow, OutT* op,
+                                               float* lp, int row0, int Nq, int t4, float post = 1.f) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = lrow[r];
+    l += __shfl_xor_sync(0xffffffff, l, 1);
+    l += __shfl_xor_sync(0xffffffff, l, 2);
+    const float inv = (l == 0.f) ? 0.f : post / l;
+    const int row = row0 + 8 * r;
+    if (row < Nq) {
+      OutT* orow = op + (i64)row * (NB * 8);
+#pragma unroll
+      for (int dt = 0; dt < NB; ++dt) store_pair(orow + dt * 8 + 2 * t4, acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv);
+      if (t4 == 0) lp[row] = (l == 0.f) ? ATT_NEG_INF : (mrow[r] + log2f(l)) * 0.6931471805599453f;
+    }
+  }
+}
+
 // Backward, one warp's key rows kr0 and kr0 + 8 (rows of S^T, dP^T) against queries q0 ..: st
 // becomes P = exp2(S scale_log2 - lse) where the rule attends the pair (else 0) and dpt becomes
 // dS = P (dP - delta); lse (log2 domain) and delta of the step's queries are read from sL, sD.

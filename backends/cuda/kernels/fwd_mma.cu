@@ -185,30 +185,8 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
   }
   cp_async_wait<0>();
 
-  // Normalise and store; a row with no attended key gets out = 0 and lse = -inf.
+  // Normalise and store.
 #pragma unroll
   for (int rb = 0; rb < RB; ++rb)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int ri = 2 * rb + r;
-      float l = lrow[ri];
-      l += __shfl_xor_sync(0xffffffff, l, 1);
-      l += __shfl_xor_sync(0xffffffff, l, 2);
-      const float inv = (l == 0.f) ? 0.f : 1.f / l;
-      const int row = q0 + (warp * RB + rb) * 16 + g + 8 * r;
-      if (row < Nq) {
-        OT* orow = op + (i64)row * DV;
-#pragma unroll
-        for (int dt = 0; dt < DV / 8; ++dt) {
-#if O_F32
-          *reinterpret_cast<float2*>(orow + dt * 8 + 2 * t4) =
-              make_float2(oacc[rb][dt][2 * r] * inv, oacc[rb][dt][2 * r + 1] * inv);
-#else
-          u32 pk = pack2(oacc[rb][dt][2 * r] * inv, oacc[rb][dt][2 * r + 1] * inv);
-          *reinterpret_cast<u32*>(orow + dt * 8 + 2 * t4) = pk;
-#endif
-        }
-        if (t4 == 0) lp[row] = (l == 0.f) ? ATT_NEG_INF : (mrow[ri] + log2f(l)) * 0.6931471805599453f;
-      }
-    }
+    fwd_store_rows<DV / 8>(oacc[rb], &lrow[2 * rb], &mrow[2 * rb], op, lp, q0 + (warp * RB + rb) * 16 + g, Nq, t4);
 }

@@ -204,25 +204,6 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_wgmma(
 #endif
   cp_async_wait<0>();
 
-  // Normalise and store; a row with no attended key gets out = 0 and lse = -inf.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = lrow[r];
-    l += __shfl_xor_sync(0xffffffff, l, 1);
-    l += __shfl_xor_sync(0xffffffff, l, 2);
-    const float inv = (l == 0.f) ? 0.f : 1.f / l;
-    const int row = q0 + warp * 16 + g + 8 * r;
-    if (row < Nq) {
-      OT* orow = op + (i64)row * DV;
-#pragma unroll
-      for (int dt = 0; dt < DV / 8; ++dt) {
-#if O_F32
-        *reinterpret_cast<float2*>(orow + dt * 8 + 2 * t4) = make_float2(oacc[dt][2 * r] * inv, oacc[dt][2 * r + 1] * inv);
-#else
-        *reinterpret_cast<u32*>(orow + dt * 8 + 2 * t4) = pack2(oacc[dt][2 * r] * inv, oacc[dt][2 * r + 1] * inv);
-#endif
-      }
-      if (t4 == 0) lp[row] = (l == 0.f) ? ATT_NEG_INF : (mrow[r] + log2f(l)) * 0.6931471805599453f;
-    }
-  }
+  // Normalise and store.
+  fwd_store_rows<DV / 8>(oacc, lrow, mrow, op, lp, q0 + warp * 16 + g, Nq, t4);
 }
