@@ -2,6 +2,7 @@
 # One device call for the cuda backend: GPU tests, full certify, `attnhub bench`, an ncu look at the
 # bf16 forward. Usage (device machine, repo root): bash scripts/device_cuda_round.sh [stages...]
 #   stages: tests certify bench bench32 ncu ncubwd (default: tests certify bench ncu); results under $OUT.
+#   CERTIFY_SEED=n: the certify stage's seed (the same cases as an earlier report).
 set -u
 export PYTHONUNBUFFERED=1
 OUT="${OUT:-gpu-out}"; mkdir -p "$OUT"
@@ -15,7 +16,7 @@ if has tests; then
   echo "== tests rc=$?"; tail -2 "$OUT/cuda-tests.log"; grep -E "^FAILED" "$OUT/cuda-tests.log" | head
 fi
 if has certify; then
-  timeout 200 python3 -m attnhub.cli certify cuda --device cuda --report "$OUT/cuda-gpu-full" \
+  timeout 200 python3 -m attnhub.cli certify cuda --device cuda ${CERTIFY_SEED:+--seed $CERTIFY_SEED} --report "$OUT/cuda-gpu-full" \
     > "$OUT/cuda-certify.log" 2>&1
   echo "== certify rc=$?"; grep -E "cases:|certified|FAIL" "$OUT/cuda-certify.log" | tail -4
 fi
