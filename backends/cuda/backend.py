@@ -216,7 +216,7 @@ def _simt_bwd_smem(req: Request) -> int:
 #: function giving a tile's dynamic shared memory for (Dqk, Dv).
 _MMA_FALLBACKS = ((8, 64, 1), (4, 64, 1), (4, 32, 1))
 _TF32_FALLBACKS = ((4, 64, 1), (4, 32, 1))
-_F16X3_FALLBACKS = ((4, 32, 1),)
+_F16X3_FALLBACKS = ((8, 32, 1), (4, 32, 1))
 _TILES = {
     "mma": (compiler.mma_config, _MMA_FALLBACKS, compiler.mma_smem_bytes),
     "tf32": (compiler.tf32_config, _TF32_FALLBACKS, compiler.tf32_smem_bytes),

@@ -213,8 +213,9 @@ def tf32_smem_bytes(dqk: int, dv: int, config: tuple[int, int, int]) -> int:
 #: float32 forward on float16 tensor cores (3xFP16, fwd_f16x3.cu): (warps, keys per tile, 16-row blocks
 #: per warp) per (Dqk, Dv). H100, L = 4096, B x H = 4 x 2048 / D (benchmarks/cuda_f32.py, 2026-11-23
 #: 03:04 UTC, docs/benchmarks.md): D = 64 (4, 64, 2) 117.7 TFLOP/s against 98-108 for the other tiles;
-#: D = 128 (8, 32, 1) 112.0 against 79-105. The mixed head dims take D = 128's tile (not measured).
-F16X3_CONFIGS = {(64, 64): (4, 64, 2), (64, 128): (8, 32, 1), (128, 64): (8, 32, 1), (128, 128): (8, 32, 1)}
+#: D = 128 (8, 64, 1) 112.0 against 79-105 (192 KB of shared memory: smaller GPUs fall back). The
+#: mixed head dims take D = 128's tile (not measured).
+F16X3_CONFIGS = {(64, 64): (4, 64, 2), (64, 128): (8, 64, 1), (128, 64): (8, 64, 1), (128, 128): (8, 64, 1)}
 
 
 def f16x3_config(dqk: int, dv: int) -> tuple[int, int, int]:
