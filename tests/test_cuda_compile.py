@@ -322,6 +322,14 @@ def test_tile_overrides_from_the_environment(monkeypatch):
     monkeypatch.setenv("ATTNHUB_CUDA_TF32", "four")
     with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_TF32"):
         compiler.tf32_config(64, 64)
+    monkeypatch.setenv("ATTNHUB_CUDA_TF32", "4,64,2")
+    for bad in ("two", "3"):  # not a number; not a divisor of the 8 blocks of a 64-key tile
+        monkeypatch.setenv("ATTNHUB_CUDA_TF32_PVC", bad)
+        with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_TF32_PVC"):
+            compiler.tf32_variant(64, 64)
+    monkeypatch.setenv("ATTNHUB_CUDA_TF32_PVC", "4")
+    assert ("PVC", 4) in compiler.tf32_variant(64, 64).defines
+    monkeypatch.delenv("ATTNHUB_CUDA_TF32_PVC")
     monkeypatch.setenv("ATTNHUB_CUDA_F16X3", "4,32")
     assert compiler.f16x3_config(128, 128) == (4, 32, 1)
     assert ("BN", 32) in compiler.f16x3_variant(128, 128).defines

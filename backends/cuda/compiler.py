@@ -195,7 +195,12 @@ def tf32_variant(dqk: int, dv: int, config: tuple[int, int, int] | None = None) 
     )
     # 8-key blocks per P V chunk: the environment (tuning), else TF32_PVC for the default tile, else
     # the kernel's default (4 with one row block per warp, else 2)
-    pvc = int(os.environ.get("ATTNHUB_CUDA_TF32_PVC", "0"))
+    env = os.environ.get("ATTNHUB_CUDA_TF32_PVC", "") or "0"
+    if not env.isdigit() or (int(env) and (bn // 8) % int(env)):
+        raise AttnhubError(
+            f"ATTNHUB_CUDA_TF32_PVC takes a divisor of the tile's {bn // 8} 8-key blocks, got {env!r}"
+        )
+    pvc = int(env)
     if not pvc and (warps, bn, rb) == TF32_CONFIGS.get((dqk, dv)):
         pvc = TF32_PVC.get((dqk, dv), 0)
     if pvc:
