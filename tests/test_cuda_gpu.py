@@ -49,12 +49,15 @@ def _inputs(rng, dtype, b, hq, hkv, sq, sk, dqk, dv, qscale=1.0):
     return q, k, v
 
 
-def _check(rng, dtype, sq, sk, rule, sync, dqk=64, dv=64, hq=4, hkv=2, b=2, qscale=1.0, grad=False):
+def _check(
+    rng, dtype, sq, sk, rule, sync, dqk=64, dv=64, hq=4, hkv=2, b=2, qscale=1.0, grad=False, scale=None
+):
     q, k, v = _inputs(rng, dtype, b, hq, hkv, sq, sk, dqk, dv, qscale)
     cpu = [x.clone().requires_grad_(grad) for x in (q, k, v)]
-    ref_out, ref_lse = attnhub.attention(*cpu, mask=rule, sync=sync, backend="reference", return_lse=True)
+    kw = {"mask": rule, "sync": sync, "scale": scale, "return_lse": True}
+    ref_out, ref_lse = attnhub.attention(*cpu, backend="reference", **kw)
     gpu = [x.cuda().requires_grad_(grad) for x in (q, k, v)]
-    out, lse = attnhub.attention(*gpu, mask=rule, sync=sync, backend="cuda", return_lse=True)
+    out, lse = attnhub.attention(*gpu, backend="cuda", **kw)
     torch.cuda.synchronize()
     _close("out", out, ref_out, FWD_TOL[dtype])
     finite = torch.isfinite(ref_lse)
@@ -148,6 +151,29 @@ def test_forward_float32_long_flat_rows(rng, monkeypatch, kern, dims):
     # tolerance; chunked sums gave ~1e-6.
     monkeypatch.setenv("ATTNHUB_CUDA_F32", kern)
     _check(rng, "float32", (256,), (4096,), Full(), "none_front", dqk=dims[0], dv=dims[1], hq=2, hkv=1, b=1)
+
+
+@pytest.mark.parametrize("scale", [-0.4, 0.0, 0.3])
+@pytest.mark.parametrize(
+    "dtype,mode",
+    [
+        ("float32", "f16x3"),
+        ("float32", "tf32"),
+        ("bfloat16", "wgmma"),
+        ("bfloat16", "mma"),
+        ("float16", "mma"),
+    ],
+)
+def test_tensor_core_kernels_with_custom_scales(rng, monkeypatch, dtype, mode, scale):
+    # A scale <= 0 (SPEC allows any finite one) reverses or flattens the logits' order: the kernels
+    # built for it scale before the row max (SCALE_POS = 0). Forward, and for the half types backward.
+    if dtype == "float32":
+        monkeypatch.setenv("ATTNHUB_CUDA_F32", mode)
+    else:
+        monkeypatch.setenv("ATTNHUB_CUDA_FWD", mode)
+    grad = dtype != "float32"
+    _check(rng, dtype, (150,), (200,), Causal(), "none_end", qscale=3.0, scale=scale, grad=grad)
+    _check(rng, dtype, (70,), (333,), Full(), "none_front", dqk=128, dv=128, scale=scale, grad=grad)
 
 
 @pytest.mark.parametrize("dims", [(64, 64), (128, 128), (64, 128)], ids=str)
