@@ -219,13 +219,23 @@ def test_forward_float32_simt_forced(rng, monkeypatch, rule):
     _check(rng, "float32", (6, 10), (12, 20), rule, "none_front", dqk=128, dv=128)
 
 
-def test_mqa_and_noncontiguous(rng):
-    q, k, v = _inputs(rng, "bfloat16", 2, 6, 1, (150,), (150,), 64, 64)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_mqa_and_noncontiguous(rng, dtype):
+    q, k, v = _inputs(rng, dtype, 2, 6, 1, (150,), (150,), 64, 64)
     ref = attnhub.attention(q, k, v, mask=Causal(), backend="reference")
     # bshd layout: the canonical views are strided, not contiguous.
     qg, kg, vg = (x.cuda().transpose(1, 2).contiguous() for x in (q, k, v))
     out = attnhub.attention(qg, kg, vg, mask=Causal(), layout="bshd", backend="cuda")
-    _close("out", out.transpose(1, 2), ref, FWD_TOL["bfloat16"])
+    _close("out", out.transpose(1, 2), ref, FWD_TOL[dtype])
+    # Slices of wider rows: 16-byte aligned (read in place) and offset by 3 elements (copied first).
+    for off in (0, 3):
+        wide = [torch.zeros(*x.shape[:-1], 80, dtype=x.dtype, device="cuda") for x in (q, k, v)]
+        views = []
+        for w, x in zip(wide, (q, k, v)):
+            w[..., off : off + 64] = x.cuda()
+            views.append(w[..., off : off + 64])
+        out = attnhub.attention(*views, mask=Causal(), backend="cuda")
+        _close(f"out (offset {off})", out, ref, FWD_TOL[dtype])
 
 
 def test_fully_masked_rows(rng):
