@@ -195,6 +195,19 @@ def test_forward_float32_f16x3_magnitudes(rng, dims, rule):
             _close(f"out[{bi}, {h}]", out[bi, h], ref[bi, h], FWD_TOL["float32"])
 
 
+def test_forward_float32_f16x3_range_within_a_head(rng):
+    # Rows of v 1e6 apart inside one head: with each query attending only its own key (Local(1)),
+    # every output row is its key's v row, and each must be within float32 tolerance on its own
+    # (docs/backends/cuda.md: per element down to ~1e-7 of the head's largest |x|).
+    q, k, v = _inputs(rng, "float32", 1, 2, 2, (256,), (256,), 64, 64)
+    v = v * torch.where(torch.arange(256) % 2 == 0, 1.0, 1e-6).reshape(1, 1, 256, 1)
+    out = attnhub.attention(q.cuda(), k.cuda(), v.cuda(), mask=Local(1), backend="cuda").cpu()
+    ref = attnhub.attention(q, k, v, mask=Local(1), backend="reference")
+    for h in range(2):
+        for i in (0, 1, 2, 3, 254, 255):
+            _close(f"out[0, {h}, {i}]", out[0, h, i], ref[0, h, i], FWD_TOL["float32"])
+
+
 def test_forward_float32_f16x3_non_finite(rng):
     # An infinite or NaN value reaches every row that attends it (as inf or NaN: inf times a zero
     # low part is NaN); the rest of its head keeps its scale (the maximum is over finite elements).
