@@ -204,7 +204,7 @@ def test_forward_float32_f16x3_range_within_a_head(rng):
     out = attnhub.attention(q.cuda(), k.cuda(), v.cuda(), mask=Local(1), backend="cuda").cpu()
     ref = attnhub.attention(q, k, v, mask=Local(1), backend="reference")
     for h in range(2):
-        for i in (0, 1, 2, 3, 254, 255):
+        for i in range(256):
             _close(f"out[0, {h}, {i}]", out[0, h, i], ref[0, h, i], FWD_TOL["float32"])
 
 
