@@ -3,11 +3,15 @@ torch profiler (zeroing, attn_absmax, attn_split, attn_fwd_f16x3) and the whole 
 triton's do_bench, for the ``attnhub bench`` float32 shapes (L = 4096, B = 4, H = 2048 / D).
 
     python benchmarks/cuda_f16x3_prep.py
+
+Then small calls (B = 1, H = 8, L = 128 .. 2048) against the 3xTF32 kernel, where launches count.
 """
 
 from __future__ import annotations
 
 import collections
+import os
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -49,5 +53,32 @@ def main() -> None:
             torch.cuda.empty_cache()
 
 
+def small() -> None:
+    """Small calls, where launches dominate: 3xFP16 (four kernels and a memset) against 3xTF32 (one
+    kernel): do_bench median and host wall time per call over 200 back-to-back calls."""
+    for d in (64, 128):
+        for n in (128, 512, 2048):
+            q, k, v = (torch.randn(1, 8, n, d, device="cuda") for _ in range(3))
+            cells = []
+            for kern in ("f16x3", "tf32"):
+                os.environ["ATTNHUB_CUDA_F32"] = kern
+
+                def call(q=q, k=k, v=v):
+                    return attnhub.attention(q, k, v, backend="cuda")
+
+                call()
+                torch.cuda.synchronize()
+                ms = do_bench(call, warmup=10, rep=50, return_mode="median")
+                t0 = time.perf_counter()
+                for _ in range(200):
+                    call()
+                torch.cuda.synchronize()
+                wall = (time.perf_counter() - t0) / 200 * 1e3
+                cells.append(f"{kern} {ms * 1e3:.0f} us (wall {wall * 1e3:.0f} us)")
+            os.environ.pop("ATTNHUB_CUDA_F32")
+            print(f"small D={d} B=1 H=8 L={n}: " + ", ".join(cells), flush=True)
+
+
 if __name__ == "__main__":
     main()
+    small()
