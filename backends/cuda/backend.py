@@ -13,7 +13,16 @@ from attnhub.errors import AttnhubError
 from attnhub.request import Request
 from attnhub.rules import Causal, Local
 from attnhub_backends.cuda import compiler
-from attnhub_backends.cuda.launch import arch_of, ceil_div, grid_ok, i64, launch, mask_args, ptr
+from attnhub_backends.cuda.launch import (
+    arch_of,
+    ceil_div,
+    current_stream,
+    grid_ok,
+    i64,
+    launch,
+    mask_args,
+    ptr,
+)
 
 _HALF = ("float16", "bfloat16")
 
@@ -458,8 +467,8 @@ def _forward_tf32(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> N
 
 
 def _forward_f16x3(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> None:
-    """3xFP16: each of q, k, v split into scaled float16 hi / lo arrays (attn_absmax, attn_split;
-    4 bytes per element in all), then attn_fwd_f16x3 on them."""
+    """3xFP16: q, k and v split into scaled float16 hi / lo arrays (attn_absmax, then attn_split, one
+    launch each for the three; 4 bytes per element in all), then attn_fwd_f16x3 on them."""
     import numpy as np
     import torch
 
@@ -467,37 +476,50 @@ def _forward_f16x3(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> 
     dev = q.device
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
     arch = arch_of(dev)
+    stream = current_stream(dev)
     cfg = _tile_for("f16x3", req, _smem_limit(dev)) or compiler.f16x3_config(req.dim_qk, req.dim_v)
     var = compiler.f16x3_variant(req.dim_qk, req.dim_v, cfg, scale_pos=req.scale > 0)
     smem = compiler.f16x3_smem_bytes(req.dim_qk, req.dim_v, cfg)
     absmax = compiler.load_kernel(var, "attn_absmax", idx, arch)
     split = compiler.load_kernel(var, "attn_split", idx, arch)
     kern = compiler.load_kernel(var, "attn_fwd_f16x3", idx, arch, smem)
-    heads = (req.heads_q, req.heads_kv, req.heads_kv)
-    amax = torch.zeros((3, req.batch, req.heads_q), dtype=torch.float32, device=dev)
-    parts = []
-    for i, (x, h) in enumerate(zip((q, k, v), heads)):
-        n, d = x.shape[2], x.shape[3]
-        hilo = torch.empty((2, req.batch, h, n, d), dtype=torch.float16, device=dev)
-        parts.append(hilo)
-        if n == 0:
-            continue
-        grid = (ceil_div(n, _SPLIT_ROWS), h, req.batch)
-        args = (ptr(x), *(i64(st) for st in x.stride()[:3]), _i32(h), _i32(n), _i32(d))
-        launch(absmax, dev, grid, 256, 0, *args, ptr(amax[i]))
-        launch(split, dev, grid, 256, 0, *args, ptr(amax[i]), ptr(hilo[0]), ptr(hilo[1]))
+    # One float16 buffer holds hi and lo of q, k and v (each part's length a multiple of 8 elements,
+    # so every part starts 16-byte aligned), one float32 buffer their (batch, head) maxima.
+    shapes = [
+        (req.heads_q, req.nq, req.dim_qk),
+        (req.heads_kv, req.nk, req.dim_qk),
+        (req.heads_kv, req.nk, req.dim_v),
+    ]
+    sizes = [req.batch * h * n * d for h, n, d in shapes]
+    hilo = torch.empty(2 * sum(sizes), dtype=torch.float16, device=dev)
+    amax = torch.zeros(sum(req.batch * h for h, _, _ in shapes), dtype=torch.float32, device=dev)
+    base, am = hilo.data_ptr(), amax.data_ptr()
+    args, parts, amaxes, ends, blocks = [], [], [], [], 0
+    for x, (h, n, d), size in zip((q, k, v), shapes, sizes):
+        hi, lo = base, base + 2 * size
+        base += 4 * size
+        args += [ptr(x), *(i64(st) for st in x.stride()[:3]), _i32(h), _i32(n), _i32(d), np.uint64(am)]
+        args += [np.uint64(hi), np.uint64(lo)]
+        parts += [np.uint64(hi), np.uint64(lo)]
+        amaxes.append(np.uint64(am))
+        am += 4 * req.batch * h
+        blocks += req.batch * h * ceil_div(n, _SPLIT_ROWS)
+        ends.append(blocks)
+    args += [i64(ends[0]), i64(ends[1])]
+    launch(absmax, dev, (blocks,), 256, 0, *args, stream=stream)
+    launch(split, dev, (blocks,), 256, 0, *args, stream=stream)
     launch(
         kern,
         dev,
         _grid(req, ceil_div(req.nq, 16 * cfg[0] * cfg[2]), req.heads_q),
         32 * cfg[0],
         smem,
-        *(ptr(t) for hilo in parts for t in (hilo[0], hilo[1])),
-        ptr(out), ptr(lse), ptr(amax[0]), ptr(amax[1]), ptr(amax[2]),
+        *parts, ptr(out), ptr(lse), *amaxes,
         _i32(req.heads_q), _i32(req.group), _i32(req.nq), _i32(req.nk),
         np.float32(req.scale * math.log2(math.e)),
         _i32(_tile_major(req)),
         *mask_args(req),
+        stream=stream,
     )  # fmt: skip
 
 

@@ -78,10 +78,13 @@ def arch_of(device: Any) -> str:
     return f"sm_{major}{minor}"
 
 
-def launch(kernel: Any, device: Any, grid: tuple[int, ...], block: int, smem: int, *args: Any) -> None:
+def launch(
+    kernel: Any, device: Any, grid: tuple[int, ...], block: int, smem: int, *args: Any, stream: Any = None
+) -> None:
+    """Launch ``kernel`` on ``stream`` (a ``current_stream`` result, looked up when None)."""
     (LaunchConfig, launch_fn) = compiler._core("LaunchConfig", "launch")
     cfg = LaunchConfig(grid=grid, block=block, shmem_size=smem)
-    launch_fn(current_stream(device), cfg, kernel, *args)
+    launch_fn(stream if stream is not None else current_stream(device), cfg, kernel, *args)
 
 
 def ptr(t: Any) -> np.uint64:

@@ -10,7 +10,8 @@
 // 2^-(eq + ek) in the softmax scale, 2^-(ev + PSH) at the output.
 //
 // Three kernels: attn_absmax (the largest finite |x| of each (batch, head), atomicMax on the float's
-// bits), attn_split (hi and lo as two contiguous (B, H, N, D) float16 arrays), attn_fwd_f16x3 (the
+// bits), attn_split (hi and lo as two contiguous (B, H, N, D) float16 arrays), each over q, k and v
+// in one launch, and attn_fwd_f16x3 (the
 // attention, structured as fwd_mma.cu: XOR-swizzled tiles filled with cp.async, K/V double-buffered,
 // online softmax in registers with frag.cuh, fully masked tiles skipped). P is split in registers
 // after scaling by 2^PSH (P <= 1, so its lo stays normal down to P = 2^-(3 + PSH)). P V is summed per
@@ -42,17 +43,53 @@ __device__ __forceinline__ void split_h(float xs, __half& hi, __half& lo) {
   lo = __float2half_rn(r);
 }
 
-// Largest finite |x| over rows [blockIdx.x * SPLIT_ROWS, +SPLIT_ROWS) of head (b, h), into amax[b H + h].
+// The preparation kernels cover q, k and v in one launch each: a 1-d grid whose blocks are, per
+// tensor t, (batch, head, 32-row chunk) in that order, tensor t's blocks ending at block end_t.
+// SPLIT_ARGS: per tensor its base, (batch, head, row) strides, heads, rows, head dim, maximum slot
+// (amax + b H + h), hi and lo arrays (contiguous (B, H, N, D) float16).
 constexpr int SPLIT_ROWS = 32;
-extern "C" __global__ void __launch_bounds__(256) attn_absmax(const float* __restrict__ x, i64 sb, i64 sh,
-                                                               i64 sn, int H, int N, int D,
-                                                               float* __restrict__ amax) {
-  const int h = blockIdx.y, b = blockIdx.z, r0 = blockIdx.x * SPLIT_ROWS;
-  const float* p = x + b * sb + h * sh;
-  const int ch = D / 4, rows = min(SPLIT_ROWS, N - r0);
+#define SPLIT_TENSOR(t)                                                                             \
+  const float *x##t, i64 sb##t, i64 sh##t, i64 sn##t, int H##t, int N##t, int D##t, float *am##t, \
+      __half *hi##t, __half *lo##t
+#define SPLIT_ARGS SPLIT_TENSOR(0), SPLIT_TENSOR(1), SPLIT_TENSOR(2), i64 end0, i64 end1
+
+// One tensor's share of the work of a preparation block: which rows of which head.
+struct SplitPart {
+  const float* x;  // the head's first row
+  i64 sn;
+  int rows, D, r0;
+  float* amax;  // the head's maximum slot
+  __half *hi, *lo;  // the head's first row of each
+  __device__ __forceinline__ SplitPart(const float* base, i64 sb, i64 sh, i64 sn_, int H, int N, int D_,
+                                       float* am, __half* hi_, __half* lo_, i64 local) {
+    const i64 chunks = (N + SPLIT_ROWS - 1) / SPLIT_ROWS;
+    const i64 bh = local / chunks;
+    const int b = (int)(bh / H), h = (int)(bh % H);
+    r0 = (int)(local % chunks) * SPLIT_ROWS;
+    rows = min(SPLIT_ROWS, N - r0);
+    x = base + b * sb + h * sh;
+    sn = sn_;
+    D = D_;
+    amax = am + bh;
+    hi = hi_ + bh * N * D_;
+    lo = lo_ + bh * N * D_;
+  }
+};
+__device__ __forceinline__ SplitPart split_part(SPLIT_ARGS) {
+  const i64 blk = blockIdx.x;
+  if (blk < end0) return SplitPart(x0, sb0, sh0, sn0, H0, N0, D0, am0, hi0, lo0, blk);
+  if (blk < end1) return SplitPart(x1, sb1, sh1, sn1, H1, N1, D1, am1, hi1, lo1, blk - end0);
+  return SplitPart(x2, sb2, sh2, sn2, H2, N2, D2, am2, hi2, lo2, blk - end1);
+}
+
+// Largest finite |x| of the block's rows, into the head's maximum slot (atomicMax on the bits).
+extern "C" __global__ void __launch_bounds__(256) attn_absmax(SPLIT_ARGS) {
+  const SplitPart p = split_part(x0, sb0, sh0, sn0, H0, N0, D0, am0, hi0, lo0, x1, sb1, sh1, sn1, H1, N1, D1, am1,
+                                 hi1, lo1, x2, sb2, sh2, sn2, H2, N2, D2, am2, hi2, lo2, end0, end1);
+  const int ch = p.D / 4;
   float mx = 0.f;
-  for (int c = threadIdx.x; c < rows * ch; c += 256) {
-    const float4 v = *reinterpret_cast<const float4*>(p + (i64)(r0 + c / ch) * sn + (c % ch) * 4);
+  for (int c = threadIdx.x; c < p.rows * ch; c += 256) {
+    const float4 v = *reinterpret_cast<const float4*>(p.x + (i64)(p.r0 + c / ch) * p.sn + (c % ch) * 4);
     const float e4[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -67,31 +104,26 @@ extern "C" __global__ void __launch_bounds__(256) attn_absmax(const float* __res
   if (threadIdx.x == 0) {
     for (int w = 1; w < 8; ++w) mx = fmaxf(mx, part[w]);
     // non-negative floats order as their bit patterns
-    atomicMax(reinterpret_cast<unsigned int*>(amax) + (i64)b * H + h, __float_as_uint(mx));
+    atomicMax(reinterpret_cast<unsigned int*>(p.amax), __float_as_uint(mx));
   }
 }
 
-// hi and lo (contiguous (B, H, N, D) float16) of the same rows, scaled by 2^split_exp(amax[b H + h]).
-extern "C" __global__ void __launch_bounds__(256) attn_split(const float* __restrict__ x, i64 sb, i64 sh,
-                                                              i64 sn, int H, int N, int D,
-                                                              const float* __restrict__ amax,
-                                                              __half* __restrict__ hi, __half* __restrict__ lo) {
-  const int h = blockIdx.y, b = blockIdx.z, r0 = blockIdx.x * SPLIT_ROWS;
-  const i64 bh = (i64)b * H + h;
-  const float* p = x + b * sb + h * sh;
-  const float s = exp2i(split_exp(amax[bh]));
-  const i64 base = bh * N * D;
-  const int ch = D / 4, rows = min(SPLIT_ROWS, N - r0);
-  for (int c = threadIdx.x; c < rows * ch; c += 256) {
-    const int r = r0 + c / ch, col = (c % ch) * 4;
-    const float4 v = *reinterpret_cast<const float4*>(p + (i64)r * sn + col);
+// hi and lo of the block's rows, scaled by 2^split_exp(maximum of the head).
+extern "C" __global__ void __launch_bounds__(256) attn_split(SPLIT_ARGS) {
+  const SplitPart p = split_part(x0, sb0, sh0, sn0, H0, N0, D0, am0, hi0, lo0, x1, sb1, sh1, sn1, H1, N1, D1, am1,
+                                 hi1, lo1, x2, sb2, sh2, sn2, H2, N2, D2, am2, hi2, lo2, end0, end1);
+  const float s = exp2i(split_exp(*p.amax));
+  const int ch = p.D / 4;
+  for (int c = threadIdx.x; c < p.rows * ch; c += 256) {
+    const int r = p.r0 + c / ch, col = (c % ch) * 4;
+    const float4 v = *reinterpret_cast<const float4*>(p.x + (i64)r * p.sn + col);
     __half h4[4], l4[4];
     split_h(v.x * s, h4[0], l4[0]);
     split_h(v.y * s, h4[1], l4[1]);
     split_h(v.z * s, h4[2], l4[2]);
     split_h(v.w * s, h4[3], l4[3]);
-    *reinterpret_cast<uint2*>(hi + base + (i64)r * D + col) = *reinterpret_cast<uint2*>(h4);
-    *reinterpret_cast<uint2*>(lo + base + (i64)r * D + col) = *reinterpret_cast<uint2*>(l4);
+    *reinterpret_cast<uint2*>(p.hi + (i64)r * p.D + col) = *reinterpret_cast<uint2*>(h4);
+    *reinterpret_cast<uint2*>(p.lo + (i64)r * p.D + col) = *reinterpret_cast<uint2*>(l4);
   }
 }
 
