@@ -336,18 +336,23 @@ def test_tile_overrides_from_the_environment(monkeypatch):
 
 
 def test_float32_kernel_choice(monkeypatch):
-    """float32 at head dims 64 / 128 runs 3xFP16 by default; ATTNHUB_CUDA_F32 picks tf32 or simt; other
-    requests have no tensor-core float32 kernel; a bad value is a clear error."""
+    """float32 at head dims 64 / 128 runs 3xFP16 from F16X3_MIN_WORK of work on, 3xTF32 below (fewer
+    launches); ATTNHUB_CUDA_F32 forces f16x3, tf32 or simt; other requests have no tensor-core float32
+    kernel; a bad value is a clear error."""
     from attnhub.errors import AttnhubError
     from attnhub_backends.cuda import backend as be
 
-    def req(dtype, d):
+    def req(dtype, d, n=4096):
         return Request(
-            "torch", "cuda:0", dtype, "bhsd", 1, 1, 1, (8,), (8,), d, d, Full(), "none_front", 0.1, False
+            "torch", "cuda:0", dtype, "bhsd", 1, 8, 8, (n,), (n,), d, d, Full(), "none_front", 0.1, False
         )
 
     assert be.f32_kernel(req("float32", 128)) == "f16x3" and be.use_f16x3(req("float32", 64))
+    assert be.f32_kernel(req("float32", 64, 512)) == "tf32"  # 8 * 512**2 * 128 = 2.7e8 < 4e8
+    assert be.f32_kernel(req("float32", 128, 512)) == "f16x3"  # 5.4e8
     assert be.f32_kernel(req("float32", 32)) is None and be.f32_kernel(req("bfloat16", 64)) is None
+    monkeypatch.setenv("ATTNHUB_CUDA_F32", "f16x3")
+    assert be.f32_kernel(req("float32", 64, 8)) == "f16x3"
     monkeypatch.setenv("ATTNHUB_CUDA_F32", "tf32")
     assert be.use_tf32(req("float32", 64)) and not be.use_f16x3(req("float32", 64))
     monkeypatch.setenv("ATTNHUB_CUDA_F32", "simt")

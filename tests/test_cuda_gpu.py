@@ -24,6 +24,13 @@ TDT = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _float32_on_f16x3(monkeypatch):
+    """float32 tests run the 3xFP16 kernel at every size (by default small calls take 3xTF32, see
+    backend.F16X3_MIN_WORK); tests that name a kernel set ATTNHUB_CUDA_F32 themselves."""
+    monkeypatch.setenv("ATTNHUB_CUDA_F32", "f16x3")
+
+
 def _err(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     g, r = got.detach().double().cpu().numpy(), ref.detach().double().cpu().numpy()
     assert not np.isnan(g).any(), "NaN in the output"
@@ -140,6 +147,15 @@ def test_forward_float32_tensor_core_tiles(rng, monkeypatch, config, dims):
     _f32_env(monkeypatch, config)
     _check(rng, "float32", (700,), (1500,), Full(), "none_end", dqk=dims[0], dv=dims[1], qscale=8.0)
     _check(rng, "float32", (333,), (333,), Causal(), "none_front", dqk=dims[0], dv=dims[1], qscale=8.0)
+
+
+def test_forward_float32_default_choice(rng, monkeypatch):
+    # Without ATTNHUB_CUDA_F32: a small call on 3xTF32, a larger one on 3xFP16 (backend.f32_kernel).
+    monkeypatch.delenv("ATTNHUB_CUDA_F32")
+    _check(rng, "float32", (100,), (100,), Causal(), "none_front", hq=2, hkv=1, b=1)
+    _check(
+        rng, "float32", (1024,), (1024,), Full(), "none_front", dqk=128, dv=128, hq=8, hkv=8, b=1, qscale=8.0
+    )
 
 
 @pytest.mark.parametrize("kern", ["f16x3", "tf32"])

@@ -245,18 +245,26 @@ def _tile_for(kernel: str, req: Request, limit: int) -> tuple[int, int, int] | N
 
 #: Float32 tensor-core forwards, ATTNHUB_CUDA_F32's values besides ``simt``.
 F32_KERNELS = ("f16x3", "tf32")
+#: Below this much work, B * Hq * Nq * Nk * (Dqk + Dv), the float32 default is 3xTF32 (one launch)
+#: rather than 3xFP16 (three): H100, B = 1, H = 8 (benchmarks/cuda_f16x3_prep.py, 2026-11-23 04:03
+#: UTC, docs/benchmarks.md): 3xTF32 65 us against 145 at D = 64, L = 512 (2.7e8); 3xFP16 144 us
+#: against 173 at D = 128, L = 512 (5.4e8) and 154 against 247 at D = 64, L = 2048 (4.3e9).
+F16X3_MIN_WORK = 4e8
 
 
 def f32_kernel(req: Request) -> str | None:
-    """The tensor-core forward serving a float32 request with head dims 64 / 128: ``f16x3`` (3xFP16,
-    the default) or ``tf32`` (3xTF32); None for other requests or where ``ATTNHUB_CUDA_F32=simt``
-    forces the SIMT kernel (comparisons)."""
-    mode = os.environ.get("ATTNHUB_CUDA_F32", "") or F32_KERNELS[0]
-    if mode not in (*F32_KERNELS, "simt"):
+    """The tensor-core forward serving a float32 request with head dims 64 / 128: ``f16x3`` (3xFP16)
+    from F16X3_MIN_WORK of work on, ``tf32`` (3xTF32) below; ``ATTNHUB_CUDA_F32`` forces either, or
+    the SIMT kernel with ``simt`` (then None, as for requests no tensor-core kernel serves)."""
+    mode = os.environ.get("ATTNHUB_CUDA_F32", "")
+    if mode not in ("", *F32_KERNELS, "simt"):
         raise AttnhubError(f"ATTNHUB_CUDA_F32 takes f16x3, tf32 or simt, got {mode!r}")
     if req.dtype != "float32" or req.dim_qk not in compiler.MMA_DIMS or req.dim_v not in compiler.MMA_DIMS:
         return None
-    return None if mode == "simt" else mode
+    if mode:
+        return None if mode == "simt" else mode
+    work = req.batch * req.heads_q * req.nq * req.nk * (req.dim_qk + req.dim_v)
+    return "f16x3" if work >= F16X3_MIN_WORK else "tf32"
 
 
 def use_tf32(req: Request) -> bool:
