@@ -348,8 +348,8 @@ def test_float32_kernel_choice(monkeypatch):
         )
 
     assert be.f32_kernel(req("float32", 128)) == "f16x3" and be.use_f16x3(req("float32", 64))
-    assert be.f32_kernel(req("float32", 64, 512)) == "tf32"  # 8 * 512**2 * 128 = 2.7e8 < 4e8
-    assert be.f32_kernel(req("float32", 128, 512)) == "f16x3"  # 5.4e8
+    assert be.f32_kernel(req("float32", 128, 1024)) == "tf32"  # 8 * 1024**2 * 256 = 2.1e9 < 4e9
+    assert be.f32_kernel(req("float32", 64, 2048)) == "f16x3"  # 4.3e9
     assert be.f32_kernel(req("float32", 32)) is None and be.f32_kernel(req("bfloat16", 64)) is None
     monkeypatch.setenv("ATTNHUB_CUDA_F32", "f16x3")
     assert be.f32_kernel(req("float32", 64, 8)) == "f16x3"

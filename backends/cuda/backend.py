@@ -246,10 +246,12 @@ def _tile_for(kernel: str, req: Request, limit: int) -> tuple[int, int, int] | N
 #: Float32 tensor-core forwards, ATTNHUB_CUDA_F32's values besides ``simt``.
 F32_KERNELS = ("f16x3", "tf32")
 #: Below this much work, B * Hq * Nq * Nk * (Dqk + Dv), the float32 default is 3xTF32 (one launch)
-#: rather than 3xFP16 (three): H100, B = 1, H = 8 (benchmarks/cuda_f16x3_prep.py, 2026-11-23 04:03
-#: UTC, docs/benchmarks.md): 3xTF32 65 us against 145 at D = 64, L = 512 (2.7e8); 3xFP16 144 us
-#: against 173 at D = 128, L = 512 (5.4e8) and 154 against 247 at D = 64, L = 2048 (4.3e9).
-F16X3_MIN_WORK = 4e8
+#: rather than 3xFP16 (three launches, two allocations: 90-150 us more host time per call). H100,
+#: B = 1, H = 8, two runs (benchmarks/cuda_f16x3_prep.py, 2026-11-23 04:03 and 04:11 UTC,
+#: docs/benchmarks.md): at D = 128, L = 512 (5.4e8) 3xFP16 144 / 292 us against 3xTF32 173 / 173;
+#: at D = 64, L = 2048 (4.3e9) 154 / 284 against 247 / 248; at D = 128, L = 2048 (8.6e9) 184 / 290
+#: against 666 / 670.
+F16X3_MIN_WORK = 4e9
 
 
 def f32_kernel(req: Request) -> str | None:
