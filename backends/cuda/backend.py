@@ -326,17 +326,17 @@ def _forward(q: Any, k: Any, v: Any, req: Request, out_dtype: Any) -> tuple[Any,
     return out, lse
 
 
-def _use_wgmma(req: Request, arch: str) -> bool:
-    """The wgmma forward (sm_90a) serves half-type requests on compute capability 9.0 where its tiles
-    fit; ``ATTNHUB_CUDA_FWD=mma`` forces the mma.sync kernel there (comparisons, tests); ``=wgmma``
-    is the default (elsewhere the mma.sync kernel runs)."""
+def _wgmma_tile(req: Request, arch: str) -> tuple[int, int] | None:
+    """The wgmma forward's (warpgroups, keys per tile) where it serves the half-type request: on
+    compute capability 9.0 where its tiles fit, unless ``ATTNHUB_CUDA_FWD=mma`` forces the mma.sync
+    kernel (comparisons, tests; ``=wgmma`` is the default); else None (the mma.sync kernel runs)."""
     mode = os.environ.get("ATTNHUB_CUDA_FWD", "")
     if mode not in ("", "mma", "wgmma"):
         raise AttnhubError(f"ATTNHUB_CUDA_FWD takes mma or wgmma, got {mode!r}")
     if mode == "mma" or arch != "sm_90":
-        return False
+        return None
     cfg = compiler.wgmma_config(req.dim_qk, req.dim_v)
-    return compiler.wgmma_smem_bytes(req.dim_qk, req.dim_v, cfg) <= _smem_limit(req.device)
+    return cfg if compiler.wgmma_smem_bytes(req.dim_qk, req.dim_v, cfg) <= _smem_limit(req.device) else None
 
 
 def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> None:
@@ -345,8 +345,9 @@ def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> No
     q, k, v = (_strided(x, 8) for x in (q, k, v))
     dev = q.device
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    if _use_wgmma(req, arch_of(dev)):
-        _forward_wgmma(q, k, v, out, lse, req, idx)
+    wgmma_cfg = _wgmma_tile(req, arch_of(dev))
+    if wgmma_cfg is not None:
+        _forward_wgmma(q, k, v, out, lse, req, idx, wgmma_cfg)
         return
     cfg = _tile_for("mma", req, _smem_limit(dev)) or compiler.mma_config(req.dim_qk, req.dim_v)
     var = compiler.mma_variant(
@@ -404,8 +405,9 @@ def _key_tile_grid(req: Request, block_keys: int, default: str) -> tuple[tuple[i
     return _grid_order(tiles, req.heads_kv, req.batch, major), major
 
 
-def _forward_wgmma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request, idx: int) -> None:
-    cfg = compiler.wgmma_config(req.dim_qk, req.dim_v)
+def _forward_wgmma(
+    q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request, idx: int, cfg: tuple[int, int]
+) -> None:
     var = compiler.wgmma_variant(
         req.dtype, req.dim_qk, req.dim_v, cfg, o_f32=out.dtype != q.dtype, scale_pos=req.scale > 0
     )

@@ -331,16 +331,11 @@ extern "C" __global__ void __launch_bounds__(DQ_NT) attn_bwd_dq_mma(
   const int g = lane >> 2, t4 = lane & 3;
   const int q0 = qt * QB_M, q1 = min(q0 + QB_M, Nq) - 1;
   const int nkt = (Nk + QB_N - 1) / QB_N;
+  const KeyTiles<QB_N> tiles(m, q0, q1, Nq, Nk);
 
   load_tile<QB_M, DQK, DQ_NT>(sQ, q + qbase * DQK, DQK, q0, Nq, tid);
   load_tile<QB_M, DV, DQ_NT>(sO, dout + qbase * DV, DV, q0, Nq, tid);
-  int j = 0;
-  const TileClasses<true> classes(m, q0, q1, Nq, Nk);
-  auto tile_class = [&](int jt) {
-    const int k0 = jt * QB_N;
-    return classes(k0, min(k0 + QB_N, Nk) - 1);
-  };
-  while (j < nkt && tile_class(j) == 0) ++j;
+  int j = tiles.live(0);
   if (j < nkt) {
     load_tile<QB_N, DQK, DQ_NT>(sK, kp, DQK, j * QB_N, Nk, tid);
     load_tile<QB_N, DV, DQ_NT>(sV, vp, DV, j * QB_N, Nk, tid);
@@ -348,10 +343,6 @@ extern "C" __global__ void __launch_bounds__(DQ_NT) attn_bwd_dq_mma(
   cp_async_commit();
 
   const int r0 = q0 + warp * 16 + g, r1 = r0 + 8;
-  int qy[2], qx[2];
-  i64 fq[2];
-  m.qpos(min(r0, Nq - 1), qy[0], qx[0], fq[0]);
-  m.qpos(min(r1, Nq - 1), qy[1], qx[1], fq[1]);
   float lr[2], dr[2];
   lr[0] = r0 < Nq ? lse2_of(lse[qbase + r0]) : INF;
   lr[1] = r1 < Nq ? lse2_of(lse[qbase + r1]) : INF;
@@ -368,8 +359,7 @@ extern "C" __global__ void __launch_bounds__(DQ_NT) attn_bwd_dq_mma(
   bool have = false;
   int buf = 0;
   while (j < nkt) {
-    int jn = j + 1;
-    while (jn < nkt && tile_class(jn) == 0) ++jn;
+    const int jn = tiles.live(j + 1);
     if (jn < nkt) {
       load_tile<QB_N, DQK, DQ_NT>(sK + (buf ^ 1) * QB_N * DQK, kp, DQK, jn * QB_N, Nk, tid);
       load_tile<QB_N, DV, DQ_NT>(sV + (buf ^ 1) * QB_N * DV, vp, DV, jn * QB_N, Nk, tid);
@@ -411,7 +401,7 @@ extern "C" __global__ void __launch_bounds__(DQ_NT) attn_bwd_dq_mma(
       }
 
     const int k0 = j * QB_N;
-    const int cls = tile_class(j);
+    const int cls = tiles.cls(j);
     u32 keep0 = 0xffffffffu, keep1 = 0xffffffffu;
     if ((cls != 2 || k0 + QB_N > Nk) && m.one_interval(Nq, Nk)) {
       int lo[2], hi[2];
@@ -425,18 +415,7 @@ extern "C" __global__ void __launch_bounds__(DQ_NT) attn_bwd_dq_mma(
         keep1 |= (u32)(kn >= lo[1] && kn <= hi[1]) << c;
       }
     } else if (cls != 2 || k0 + QB_N > Nk) {
-      keep0 = keep1 = 0;
-#pragma unroll 1
-      for (int c = 0; c < QB_N / 4; ++c) {
-        const int kn = k0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
-        if (kn < Nk) {
-          int ky, kx;
-          i64 fk;
-          m.kpos(kn, ky, kx, fk);
-          keep0 |= (u32)m.attend(qy[0], qx[0], fq[0], ky, kx, fk) << c;
-          keep1 |= (u32)m.attend(qy[1], qx[1], fq[1], ky, kx, fk) << c;
-        }
-      }
+      rule_keep_bits<QB_N / 8>(m, r0, k0, Nq, Nk, t4, keep0, keep1);
     }
 #pragma unroll
     for (int nt = 0; nt < QB_N / 8; ++nt)

@@ -168,6 +168,25 @@ struct TileClasses {
   }
 };
 
+// The key tiles of BN_ keys that a block of query rows [q0, q1] walks (forward, dQ): cls(jt) is tile
+// jt's class (0: every pair masked, skipped; 1: partly attended; 2: all attended), live(jt) the
+// first tile at or after jt that is not skipped (nkt when none is left).
+template <int BN_>
+struct KeyTiles {
+  const TileClasses<true> classes;
+  const int nk, nkt;
+  __device__ __forceinline__ KeyTiles(const Mask& m, int q0, int q1, int nq, int nk_)
+      : classes(m, q0, q1, nq, nk_), nk(nk_), nkt((nk_ + BN_ - 1) / BN_) {}
+  __device__ __forceinline__ int cls(int jt) const {
+    const int k0 = jt * BN_;
+    return classes(k0, min(k0 + BN_, nk) - 1);
+  }
+  __device__ __forceinline__ int live(int jt) const {
+    while (jt < nkt && cls(jt) == 0) ++jt;
+    return jt;
+  }
+};
+
 // The tensor-core kernels' block position: (tile, head, batch) from a grid laid out (heads, batch,
 // tiles) when tile_major (the host's choice, launch order: every head's first tile first), else
 // (tiles, heads, batch) (one head's tiles next to each other).

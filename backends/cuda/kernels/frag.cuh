@@ -9,6 +9,30 @@
 #define SCALE_POS 0  // 1: the host guarantees scale > 0 (the scale is then fused into exp2's FFMA)
 #endif
 
+// Rule mask of one warp's rows row0 and row0 + 8 against the keys of NB 8-key blocks from k0: bit
+// (2 nt + e) of keep[r] says row r attends key k0 + 8 nt + 2 t4 + e (keys past Nk: 0). The rule is
+// evaluated from positions in a rolled loop (one copy of the code); rows past Nq are clamped.
+template <int NB>
+__device__ __forceinline__ void rule_keep_bits(const Mask& m, int row0, int k0, int Nq, int Nk, int t4, u32& keep0,
+                                               u32& keep1) {
+  int qy[2], qx[2];
+  i64 fq[2];
+  m.qpos(min(row0, Nq - 1), qy[0], qx[0], fq[0]);
+  m.qpos(min(row0 + 8, Nq - 1), qy[1], qx[1], fq[1]);
+  keep0 = keep1 = 0;
+#pragma unroll 1
+  for (int c = 0; c < 2 * NB; ++c) {
+    int kn = k0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
+    if (kn < Nk) {
+      int ky, kx;
+      i64 fk;
+      m.kpos(kn, ky, kx, fk);
+      keep0 |= (u32)m.attend(qy[0], qx[0], fq[0], ky, kx, fk) << c;
+      keep1 |= (u32)m.attend(qy[1], qx[1], fq[1], ky, kx, fk) << c;
+    }
+  }
+}
+
 // Forward, one warp's rows row0 and row0 + 8 against keys k0 ..: scale the logits into the log2
 // domain (before the max unless SCALE_POS), mask what the rule does not attend (masked tiles only),
 // and take the online-softmax step: s becomes P (unnormalised), mrow / lrow the rows' running max
@@ -37,24 +61,9 @@ __device__ __forceinline__ void fwd_softmax_step(const Mask& m, float (*s)[4], i
         if (kn < lo[e >> 1] || kn > hi[e >> 1]) s[nt][e] = ATT_NEG_INF;
       }
   } else if (masked) {
-    // Bit (2 nt + e) of keep[r]: key k0 + 8 nt + 2 t4 + e is attended by row r. The rule is
-    // evaluated in a rolled loop (one copy of the code), then applied with constant indices.
-    u32 keep0 = 0, keep1 = 0;
-    int qy[2], qx[2];
-    i64 fq[2];
-    m.qpos(min(row0, Nq - 1), qy[0], qx[0], fq[0]);
-    m.qpos(min(row0 + 8, Nq - 1), qy[1], qx[1], fq[1]);
-#pragma unroll 1
-    for (int c = 0; c < 2 * NB; ++c) {
-      int kn = k0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
-      if (kn < Nk) {
-        int ky, kx;
-        i64 fk;
-        m.kpos(kn, ky, kx, fk);
-        keep0 |= (u32)m.attend(qy[0], qx[0], fq[0], ky, kx, fk) << c;
-        keep1 |= (u32)m.attend(qy[1], qx[1], fq[1], ky, kx, fk) << c;
-      }
-    }
+    // Rule bits in a rolled loop, then applied with constant indices.
+    u32 keep0, keep1;
+    rule_keep_bits<NB>(m, row0, k0, Nq, Nk, t4, keep0, keep1);
 #pragma unroll
     for (int nt = 0; nt < NB; ++nt)
 #pragma unroll

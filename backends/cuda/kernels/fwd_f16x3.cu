@@ -52,6 +52,8 @@ constexpr int SPLIT_ROWS = 32;
   const float *x##t, i64 sb##t, i64 sh##t, i64 sn##t, int H##t, int N##t, int D##t, float *am##t, \
       __half *hi##t, __half *lo##t
 #define SPLIT_ARGS SPLIT_TENSOR(0), SPLIT_TENSOR(1), SPLIT_TENSOR(2), i64 end0, i64 end1
+#define SPLIT_NAME(t) x##t, sb##t, sh##t, sn##t, H##t, N##t, D##t, am##t, hi##t, lo##t
+#define SPLIT_NAMES SPLIT_NAME(0), SPLIT_NAME(1), SPLIT_NAME(2), end0, end1
 
 // One tensor's share of the work of a preparation block: which rows of which head.
 struct SplitPart {
@@ -84,8 +86,7 @@ __device__ __forceinline__ SplitPart split_part(SPLIT_ARGS) {
 
 // Largest finite |x| of the block's rows, into the head's maximum slot (atomicMax on the bits).
 extern "C" __global__ void __launch_bounds__(256) attn_absmax(SPLIT_ARGS) {
-  const SplitPart p = split_part(x0, sb0, sh0, sn0, H0, N0, D0, am0, hi0, lo0, x1, sb1, sh1, sn1, H1, N1, D1, am1,
-                                 hi1, lo1, x2, sb2, sh2, sn2, H2, N2, D2, am2, hi2, lo2, end0, end1);
+  const SplitPart p = split_part(SPLIT_NAMES);
   const int ch = p.D / 4;
   float mx = 0.f;
   for (int c = threadIdx.x; c < p.rows * ch; c += 256) {
@@ -110,8 +111,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_absmax(SPLIT_ARGS) {
 
 // hi and lo of the block's rows, scaled by 2^split_exp(maximum of the head).
 extern "C" __global__ void __launch_bounds__(256) attn_split(SPLIT_ARGS) {
-  const SplitPart p = split_part(x0, sb0, sh0, sn0, H0, N0, D0, am0, hi0, lo0, x1, sb1, sh1, sn1, H1, N1, D1, am1,
-                                 hi1, lo1, x2, sb2, sh2, sn2, H2, N2, D2, am2, hi2, lo2, end0, end1);
+  const SplitPart p = split_part(SPLIT_NAMES);
   const float s = exp2i(split_exp(*p.amax));
   const int ch = p.D / 4;
   for (int c = threadIdx.x; c < p.rows * ch; c += 256) {
@@ -169,12 +169,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_f16x3(
   const int g = lane >> 2, t4 = lane & 3;
   const int q0 = qt * BM, q1 = min(q0 + BM, Nq) - 1;
   const int nkt = (Nk + BN - 1) / BN;
-
-  const TileClasses<true> classes(m, q0, q1, Nq, Nk);
-  auto tile_class = [&](int jt) {
-    const int k0 = jt * BN;
-    return classes(k0, min(k0 + BN, Nk) - 1);
-  };
+  const KeyTiles<BN> tiles(m, q0, q1, Nq, Nk);
   auto load_kv = [&](int bufi, int jt) {
     T* s = sKV + bufi * KV;
     load_tile<BN, DQK, NT>(s, kh + koff, DQK, jt * BN, Nk, tid);
@@ -185,8 +180,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_f16x3(
 
   load_tile<BM, DQK, NT>(sQ, qh + qoff, DQK, q0, Nq, tid);
   load_tile<BM, DQK, NT>(sQ + BM * DQK, ql + qoff, DQK, q0, Nq, tid);
-  int j = 0;
-  while (j < nkt && tile_class(j) == 0) ++j;
+  int j = tiles.live(0);
   if (j < nkt) load_kv(0, j);
   cp_async_commit();
 
@@ -212,8 +206,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_f16x3(
   int buf = 0;
 
   while (j < nkt) {
-    int jn = j + 1;
-    while (jn < nkt && tile_class(jn) == 0) ++jn;
+    const int jn = tiles.live(j + 1);
     if (jn < nkt) load_kv(buf ^ 1, jn);
     cp_async_commit();
     cp_async_wait<1>();
@@ -252,7 +245,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_f16x3(
     }
 
     const int k0 = j * BN;
-    const int cls = tile_class(j);
+    const int cls = tiles.cls(j);
     const bool masked = cls != 2 || k0 + BN > Nk;
     float alpha[RB][2];
 #pragma unroll

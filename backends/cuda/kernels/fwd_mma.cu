@@ -39,16 +39,10 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
   const int g = lane >> 2, t4 = lane & 3;
   const int q0 = qt * BM, q1 = min(q0 + BM, Nq) - 1;
   const int nkt = (Nk + BN - 1) / BN;
-
-  const TileClasses<true> classes(m, q0, q1, Nq, Nk);
-  auto tile_class = [&](int jt) {
-    const int k0 = jt * BN;
-    return classes(k0, min(k0 + BN, Nk) - 1);
-  };
+  const KeyTiles<BN> tiles(m, q0, q1, Nq, Nk);
 
   load_tile<BM, DQK, NT>(sQ, qp, qsn, q0, Nq, tid);
-  int j = 0;
-  while (j < nkt && tile_class(j) == 0) ++j;
+  int j = tiles.live(0);
   if (j < nkt) {
     load_tile<BN, DQK, NT>(sK, kp, ksn, j * BN, Nk, tid);
     load_tile<BN, DV, NT>(sV, vp, vsn, j * BN, Nk, tid);
@@ -85,8 +79,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
   int buf = 0;
 
   while (j < nkt) {
-    int jn = j + 1;
-    while (jn < nkt && tile_class(jn) == 0) ++jn;
+    const int jn = tiles.live(j + 1);
     if (jn < nkt) {
       load_tile<BN, DQK, NT>(sK + (buf ^ 1) * BN * DQK, kp, ksn, jn * BN, Nk, tid);
       load_tile<BN, DV, NT>(sV + (buf ^ 1) * BN * DV, vp, vsn, jn * BN, Nk, tid);
@@ -137,7 +130,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
     }
 
     const int k0 = j * BN;
-    const int cls = tile_class(j);
+    const int cls = tiles.cls(j);
     const bool masked = cls != 2 || k0 + BN > Nk;
 #pragma unroll
     for (int rb = 0; rb < RB; ++rb) {

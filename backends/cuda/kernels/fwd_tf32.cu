@@ -5,7 +5,7 @@
 // a_lo.b_lo term and the truncation of lo are ~2^-21 relative, about the float32 rounding of a sum
 // of a few products. Used for both S = Q K^T and O = P V, so no tf32 declaration is needed.
 // Structure as fwd_mma.cu: each warp owns RB blocks of 16 query rows, K/V tiles double-buffered
-// with cp.async, online softmax in registers (log2 domain), fully masked tiles skipped.
+// with cp.async, online softmax in registers (log2 domain, frag.cuh's step), fully masked tiles skipped.
 // Shared-memory rows are padded by 16 bytes (Q and K are read with ldmatrix, V with 32-bit loads
 // at rows 2 t4 and 2 t4 + 1: a pitch of 4 mod 32 words keeps both conflict-free).
 // Compile-time parameters: DQK, DV (multiples of 16), NWARPS, BN (multiple of 8 PVC), RB.
@@ -87,26 +87,22 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_tf32(
   const int g = lane >> 2, t4 = lane & 3;
   const int q0 = qt * BM, q1 = min(q0 + BM, Nq) - 1;
   const int nkt = (Nk + BN - 1) / BN;
+  const KeyTiles<BN> tiles(m, q0, q1, Nq, Nk);
 
   load_tile_f32<BM, DQK, LQ>(sQ, qp, qsn, q0, Nq, tid);
-  int j = 0;
-  while (j < nkt && m.tile(q0, q1, j * BN, min(j * BN + BN, Nk) - 1) == 0) ++j;
+  int j = tiles.live(0);
   if (j < nkt) {
     load_tile_f32<BN, DQK, LK>(sK, kp, ksn, j * BN, Nk, tid);
     load_tile_f32<BN, DV, LV>(sV, vp, vsn, j * BN, Nk, tid);
   }
   cp_async_commit();
 
-  int qy[2 * RB], qx[2 * RB];
-  i64 fq[2 * RB];
   float mrow[2 * RB], lrow[2 * RB], arow_[2 * RB];
   float oacc[RB][DV / 8][4];
 #pragma unroll
   for (int rb = 0; rb < RB; ++rb) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = q0 + (warp * RB + rb) * 16 + g + 8 * r;
-      m.qpos(min(row, Nq - 1), qy[2 * rb + r], qx[2 * rb + r], fq[2 * rb + r]);
       mrow[2 * rb + r] = ATT_NEG_INF;
       lrow[2 * rb + r] = 0.f;
     }
@@ -117,8 +113,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_tf32(
   int buf = 0;
 
   while (j < nkt) {
-    int jn = j + 1;
-    while (jn < nkt && m.tile(q0, q1, jn * BN, min(jn * BN + BN, Nk) - 1) == 0) ++jn;
+    const int jn = tiles.live(j + 1);
     if (jn < nkt) {
       load_tile_f32<BN, DQK, LK>(sK + (buf ^ 1) * BN * LK, kp, ksn, jn * BN, Nk, tid);
       load_tile_f32<BN, DV, LV>(sV + (buf ^ 1) * BN * LV, vp, vsn, jn * BN, Nk, tid);
@@ -161,58 +156,12 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_tf32(
     }
 
     const int k0 = j * BN;
-    const int cls = m.tile(q0, q1, k0, min(k0 + BN, Nk) - 1);
-    const bool masked = cls != 2 || k0 + BN > Nk;
+    const bool masked = tiles.cls(j) != 2 || k0 + BN > Nk;
+    // Scale, mask and online softmax (frag.cuh); arow_ is applied to O with the first P V chunk.
 #pragma unroll
-    for (int rb = 0; rb < RB; ++rb) {
-#pragma unroll
-      for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[rb][nt][e] *= scale_log2;
-      if (masked) {
-        // Bit (2 nt + e) of keep[r]: key k0 + 8 nt + 2 t4 + e is attended by row r.
-        u32 keep0 = 0, keep1 = 0;
-#pragma unroll 1
-        for (int c = 0; c < BN / 4; ++c) {
-          int kn = k0 + (c >> 1) * 8 + 2 * t4 + (c & 1);
-          if (kn < Nk) {
-            int ky, kx;
-            i64 fk;
-            m.kpos(kn, ky, kx, fk);
-            keep0 |= (u32)m.attend(qy[2 * rb], qx[2 * rb], fq[2 * rb], ky, kx, fk) << c;
-            keep1 |= (u32)m.attend(qy[2 * rb + 1], qx[2 * rb + 1], fq[2 * rb + 1], ky, kx, fk) << c;
-          }
-        }
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            if (!((keep0 >> (2 * nt + e)) & 1u)) s[rb][nt][e] = ATT_NEG_INF;
-            if (!((keep1 >> (2 * nt + e)) & 1u)) s[rb][nt][2 + e] = ATT_NEG_INF;
-          }
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int ri = 2 * rb + r;
-        float mx_ = mrow[ri];
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) mx_ = fmaxf(mx_, fmaxf(s[rb][nt][2 * r], s[rb][nt][2 * r + 1]));
-        mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 1));
-        mx_ = fmaxf(mx_, __shfl_xor_sync(0xffffffff, mx_, 2));
-        const float mu = (mx_ == ATT_NEG_INF) ? 0.f : mx_;
-        const float alpha = fast_exp2(mrow[ri] - mu);
-        mrow[ri] = mx_;
-        float rs = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
-          s[rb][nt][2 * r] = fast_exp2(s[rb][nt][2 * r] - mu);
-          s[rb][nt][2 * r + 1] = fast_exp2(s[rb][nt][2 * r + 1] - mu);
-          rs += s[rb][nt][2 * r] + s[rb][nt][2 * r + 1];
-        }
-        lrow[ri] = lrow[ri] * alpha + rs;
-        arow_[ri] = alpha;  // applied to the output accumulators with the first P V chunk
-      }
-    }
+    for (int rb = 0; rb < RB; ++rb)
+      fwd_softmax_step<BN / 8>(m, s[rb], q0 + (warp * RB + rb) * 16 + g, k0, Nq, Nk, t4, masked, &mrow[2 * rb],
+                               &lrow[2 * rb], &arow_[2 * rb], scale_log2);
 
     // O += P V. The accumulator holds keys 2 t4, 2 t4 + 1 of each 8-key block, the A operand wants
     // k = t4, t4 + 4: k-index t4 stands for key 2 t4 and t4 + 4 for key 2 t4 + 1, and V's rows are

@@ -42,16 +42,10 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_wgmma(
   const int g = lane >> 2, t4 = lane & 3;
   const int q0 = qt * BM, q1 = min(q0 + BM, Nq) - 1;
   const int nkt = (Nk + BN - 1) / BN;
-
-  const TileClasses<true> classes(m, q0, q1, Nq, Nk);
-  auto tile_class = [&](int jt) {
-    const int k0 = jt * BN;
-    return classes(k0, min(k0 + BN, Nk) - 1);
-  };
+  const KeyTiles<BN> tiles(m, q0, q1, Nq, Nk);
 
   load_panels<BM, DQK, NT>(sQa, qp, qsn, q0, Nq, tid);
-  int j = 0;
-  while (j < nkt && tile_class(j) == 0) ++j;
+  int j = tiles.live(0);
   if (j < nkt) {
     load_panels<BN, DQK, NT>(sKa, kp, ksn, j * BN, Nk, tid);
     load_panels<BN, DV, NT>(sVa, vp, vsn, j * BN, Nk, tid);
@@ -65,11 +59,6 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_wgmma(
   for (int i = 0; i < DV / 8; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
   // This warpgroup's 64 Q rows in each panel.
   const u32 q_wg = sQa + wg * (64 * 128);
-  auto next_live = [&](int jt) {
-    ++jt;
-    while (jt < nkt && tile_class(jt) == 0) ++jt;
-    return jt;
-  };
   auto load_kv = [&](int jt, int b) {
     load_panels<BN, DQK, NT>(sKa + b * (BN * DQK * 2), kp, ksn, jt * BN, Nk, tid);
     load_panels<BN, DV, NT>(sVa + b * (BN * DV * 2), vp, vsn, jt * BN, Nk, tid);
@@ -102,7 +91,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_wgmma(
   };
   auto softmax = [&](float (*sp)[4], int jt, float* alpha) {
     const int k0 = jt * BN;
-    const bool masked = tile_class(jt) != 2 || k0 + BN > Nk;
+    const bool masked = tiles.cls(jt) != 2 || k0 + BN > Nk;
     fwd_softmax_step<BN / 8>(m, sp, q0 + warp * 16 + g, k0, Nq, Nk, t4, masked, mrow, lrow, alpha, scale_log2);
   };
   auto rescale = [&](const float* alpha) {
@@ -120,7 +109,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_wgmma(
   // live tile (loading). Each step issues S(j) and P(jp) V(jp) back to back, then runs the softmax of
   // S(j) while the tensor cores work on P V: the exponentials overlap the second product.
   if (j < nkt) {
-    int jn = next_live(j);
+    int jn = tiles.live(j + 1);
     if (jn < nkt) load_kv(jn, 1);
     cp_async_commit();
     cp_async_wait<1>();
@@ -138,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_wgmma(
     int bp = 0, bj = 1;  // buffers of the tile whose P V is pending and of tile j
     j = jn;
     while (j < nkt) {
-      jn = next_live(j);
+      jn = tiles.live(j + 1);
       const int bf = 3 - bp - bj;  // the free buffer: its tile's P V finished before this barrier
       cp_async_wait<0>();
       fence_async_smem();
@@ -175,7 +164,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_wgmma(
 #else
   int buf = 0;
   while (j < nkt) {
-    const int jn = next_live(j);
+    const int jn = tiles.live(j + 1);
     if (jn < nkt) load_kv(jn, buf ^ 1);
     cp_async_commit();
     cp_async_wait<1>();
