@@ -78,6 +78,30 @@ def test_split_kv_and_gqa_packing(monkeypatch) -> None:
           sync="none_end", b=1, hq=4, hkv=1, dqk=16, dv=16)  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "rule,sync,sq,sk,splits",
+    [
+        (Local(20, causal=True), "none_end", (70,), (70,), "1"),  # lead edge, full run, diagonal
+        (Local(9, causal=True), "none_end", (45,), (100,), "2"),  # band walk split over programs
+        (Causal(), "none_front", (40,), (20,), "1"),  # fully masked rows: 0 and -inf
+        (Local(6), "scale_end", (30,), (60,), "1"),  # two-sided window, queries scaled onto keys
+        (Full(), "none_front", (37,), (29,), "1"),  # last key tile partial
+    ],
+)
+def test_band_walk(monkeypatch, rule, sync, sq, sk, splits) -> None:
+    """The forward's band walk (one loop over a contiguous run of key tiles, rule evaluated only
+    outside the unmasked run) against the reference; 16-row key tiles so the runs have several."""
+    monkeypatch.setenv("ATTNHUB_TRITON_FWD_CFG", "32,16,1,1,0,0,1")
+    monkeypatch.setenv("ATTNHUB_TRITON_SPLITS", splits)
+    check(torch, device="cpu", dtype="float32", seq_q=sq, seq_k=sk, rule=rule, sync=sync, b=2, hq=2,
+          hkv=1, dqk=16, dv=24, grad=False)  # fmt: skip
+    check(torch, device="cpu", dtype="float16", seq_q=sq, seq_k=sk, rule=rule, sync=sync, b=1, hq=2,
+          hkv=2, dqk=32, dv=32, layout="bshd", logit_boost=8.0, grad=False)  # fmt: skip
+    from attnhub_backends.triton import launch
+
+    assert list(launch._FWD_LAUNCHES.values())[-1].kwargs["BAND"]  # not the index-list walk
+
+
 @pytest.mark.parametrize("mode", ["1", "2"])
 def test_tensor_descriptor_loads(monkeypatch, mode) -> None:
     """K/V through in-kernel tensor descriptors (zero-filled past the keys; bhsd and bshd strides)."""

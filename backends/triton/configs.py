@@ -20,7 +20,8 @@ from attnhub.dispatch import env_value
 @dataclass(frozen=True)
 class Cfg:
     """Query tile rows ``bm``, key tile rows ``bn``, warps, software-pipelining stages; forward
-    only: a register cap per thread (``maxnreg``, 0 = none) and Triton's warp specialisation."""
+    only: a register cap per thread (``maxnreg``, 0 = none), Triton's warp specialisation, and the
+    band walk (one loop over a contiguous run of key tiles, where the plan allows it)."""
 
     bm: int
     bn: int
@@ -28,6 +29,7 @@ class Cfg:
     stages: int = 2
     maxnreg: int = 0
     ws: bool = False
+    band: bool = False
 
 
 INTERPRET = {"fwd": Cfg(32, 16, 1, 1), "dkdv": Cfg(16, 32, 1, 1), "dq": Cfg(32, 16, 1, 1)}
@@ -91,17 +93,17 @@ def local_candidates(head_dim: int, capability: tuple[int, int]) -> list[Cfg]:
 
 
 def forced(kernel: str) -> Cfg | None:
-    """``ATTNHUB_TRITON_<KERNEL>_CFG=bm,bn,warps,stages[,maxnreg[,ws]]`` pins one config (probes)."""
+    """``ATTNHUB_TRITON_<KERNEL>_CFG=bm,bn,warps,stages[,maxnreg[,ws[,band]]]`` pins one config."""
     env = env_value(f"ATTNHUB_TRITON_{kernel.upper()}_CFG")
     if not env:
         return None
     parts = [int(x) for x in env.split(",")]
-    return Cfg(*parts[:5], bool(parts[5]) if len(parts) > 5 else False)
+    return Cfg(*parts[:5], *(bool(x) for x in parts[5:7]))
 
 
 def _older(cfg: Cfg) -> Cfg:
     """Pre-Hopper parts have less shared memory: fewer stages."""
-    return Cfg(cfg.bm, cfg.bn, cfg.warps, max(1, min(cfg.stages, 2)), cfg.maxnreg)
+    return Cfg(cfg.bm, cfg.bn, cfg.warps, max(1, min(cfg.stages, 2)), cfg.maxnreg, cfg.ws, cfg.band)
 
 
 def candidates(kernel: str, head_dim: int, elem_size: int, capability: tuple[int, int]) -> list[Cfg]:

@@ -74,8 +74,9 @@ def _keep(
         pkx = AKX * offs_n + BKX
     if NDIM == 1 and CAUSAL and RULE == 2 and LOG2S == 0:
         # 1-d causal sliding window (the common case): 0 <= P - R < w, one difference per pair.
+        # 0 <= d < w as one unsigned comparison (negative d wraps to a large value).
         d = pqx[:, None] - pkx[None, :]
-        return keep & (d >= 0) & (d < WX)
+        return keep & (d.to(tl.uint32, bitcast=True) < WX.to(tl.uint32))
     if CAUSAL:
         fq = pqy * MX + pqx
         fk = pky * MX + pkx
@@ -206,6 +207,41 @@ def _fwd_step(
 
 
 @triton.jit
+def _fwd_band_step(
+    q, kd, vd, k_ptrs, v_ptrs, b, hk, t, full_lo, full_hi, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i,
+    acc, qk_scale, skn, svn, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
+    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, NDIM: tl.constexpr,
+    RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2S: tl.constexpr, IEEE: tl.constexpr,
+    BN: tl.constexpr, TMA: tl.constexpr,
+):  # fmt: skip
+    """One key tile of a band walk: the rule is evaluated only on tiles outside the FULL run.
+
+    One loop visits every tile of the band, so the software pipeline is filled once per query
+    tile (not once per run) and no tile index is loaded. Positive scales only (``NEG`` is false).
+    """
+    start_n = t * BN
+    cols = start_n + offs_n
+    kt, v = _load_kv(
+        kd, vd, k_ptrs, v_ptrs, start_n, b, hk, cols, offs_dq, offs_dv, skn, svn, Nk,
+        DQK, DV, BDQK, BDV, BN, True, TMA,
+    )  # fmt: skip
+    qk = _dot(q, kt, IEEE)
+    if (t < full_lo) | (t >= full_hi):
+        keep = _keep(
+            offs_m, cols, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
+            NDIM, RULE, CAUSAL, LOG2S,
+        )  # fmt: skip
+        qk = tl.where(keep, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(qk * qk_scale - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = _dot(p.to(v.dtype), v, IEEE, acc * alpha[:, None])
+    return m_new, l_i, acc
+
+
+@triton.jit
 def fwd_kernel(
     Q,
     K,
@@ -266,6 +302,7 @@ def fwd_kernel(
     PACK: tl.constexpr,
     TMA: tl.constexpr = 0,
     WS: tl.constexpr = False,
+    BAND: tl.constexpr = False,
     NB=1,
     HKV=1,
 ):
@@ -327,7 +364,17 @@ def fwd_kernel(
     row = PLAN + pid_m * plan_stride
     full_lo = tl.load(row)
     full_hi = tl.load(row + 1)
-    count = tl.load(row + 2)
+    if BAND:  # plan.band_lists: [full_lo, full_hi, lo, hi], every tile of lo..hi-1 visited
+        for t in range(tl.load(row + 2) + split, tl.load(row + 3), SPLITS):
+            m_i, l_i, acc = _fwd_band_step(
+                q, kd, vd, k_ptrs, v_ptrs, b, hk, t, full_lo, full_hi, offs_m, offs_n, offs_dq, offs_dv,
+                m_i, l_i, acc, qk_scale, skn, svn, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX,
+                WY, WX, DQK, DV, BDQK, BDV, NDIM, RULE, CAUSAL, LOG2S, IEEE, BN, TMA,
+            )  # fmt: skip
+        count = 0
+        full_hi = full_lo
+    else:
+        count = tl.load(row + 2)
     per = tl.cdiv(full_hi - full_lo, SPLITS)
     full_lo = full_lo + split * per
     full_hi = tl.minimum(full_hi, full_lo + per)

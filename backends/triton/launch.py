@@ -238,16 +238,18 @@ def _make_launch(
     heads = hkv if pack else hq
     splits = _splits(tiles * heads * b, pl.max_visits, q.device)
     tma = _tma_mode(q, k, v, packed=pack)
+    # The band walk needs contiguous visits (pl.band) and a positive scale (its -inf masking).
+    band = cfg.band and not pack and pl.band is not None and req.scale > 0
     kwargs = dict(
         DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=cfg.bn, IEEE=_dot_mode(q),
-        NEG=req.scale < 0, PACK=pack, TMA=tma, WS=cfg.ws and not pack, NB=b, HKV=hkv,
-        num_warps=cfg.warps, num_stages=cfg.stages, **consts,
+        NEG=req.scale < 0, PACK=pack, TMA=tma, WS=cfg.ws and not pack, BAND=band, NB=b,
+        HKV=hkv, num_warps=cfg.warps, num_stages=cfg.stages, **consts,
     )  # fmt: skip
     if cfg.maxnreg:
         kwargs["maxnreg"] = cfg.maxnreg
     combine_kwargs = dict(DV=dv, BDV=_pad(dv), BM=16, BS=max(2, 1 << math.ceil(math.log2(splits))))
     return _FwdLaunch(
-        cfg, pl.rows, (tiles * splits, heads, b), splits, tma, tuple(scalars), req.scale * LOG2E, kwargs,
+        cfg, pl.band if band else pl.rows, (tiles * splits, heads, b), splits, tma, tuple(scalars), req.scale * LOG2E, kwargs,
         combine_kwargs,
     )  # fmt: skip
 

@@ -90,12 +90,33 @@ def lists(cls: np.ndarray) -> np.ndarray:
     return out
 
 
+def band_lists(cls: np.ndarray) -> np.ndarray | None:
+    """Per row ``[full_lo, full_hi, lo, hi]`` when each row visits exactly the columns ``lo..hi-1``
+    (1-d rules with stride 1: full, causal, sliding windows), else ``None``.
+
+    The forward's band walk (``fwd_kernel`` with ``BAND``) visits ``lo..hi-1`` in one loop and
+    evaluates the rule only outside ``full_lo..full_hi-1``.
+    """
+    base = lists(cls)
+    visit = cls != EMPTY
+    out = np.zeros((cls.shape[0], 4), dtype=np.int32)
+    for r in range(cls.shape[0]):
+        idx = np.flatnonzero(visit[r])
+        if idx.size and idx[-1] - idx[0] + 1 != idx.size:
+            return None
+        out[r, :2] = base[r, :2]
+        if idx.size:
+            out[r, 2:] = idx[0], idx[-1] + 1
+    return out
+
+
 @dataclass(frozen=True)
 class Plan:
     """Forward-direction lists (per query tile) and transposed lists (per key tile), on a device."""
 
     rows: Any  # (query tiles, 3 + width) int32
     cols: Any  # (key tiles, 3 + width) int32
+    band: Any  # (query tiles, 4) int32 band_lists, or None where a row's visits are not contiguous
     pairs: int  # tile pairs visited (for reporting)
     max_visits: int  # most tiles one query tile visits (split-KV heuristic)
 
@@ -125,8 +146,12 @@ def plan(
     cls = classify(rule, seq_q, seq_k, sync, block_m, block_n)
     rows = torch.from_numpy(lists(cls)).to(device)
     cols = torch.from_numpy(lists(np.ascontiguousarray(cls.T))).to(device) if transposed else rows
+    band = band_lists(cls)
+    band_t = None if band is None else torch.from_numpy(band).to(device)
     visits = (cls != EMPTY).sum(axis=1)
-    found = Plan(rows=rows, cols=cols, pairs=int(visits.sum()), max_visits=int(visits.max(initial=0)))
+    found = Plan(
+        rows=rows, cols=cols, band=band_t, pairs=int(visits.sum()), max_visits=int(visits.max(initial=0))
+    )
     _CACHE[key] = found
     if len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)

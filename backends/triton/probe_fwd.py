@@ -1,7 +1,8 @@
 """Forward probe for the device machine: correctness of each K/V load path, then timings of load
 paths x pinned configs against the peers (SDPA cuDNN, FlexAttention), all in one process.
 
-``python3 -m attnhub_backends.triton.probe_fwd [check] [dense] [local] [tuned] [ws]``; results are
+``python3 -m attnhub_backends.triton.probe_fwd [check] [dense] [local] [tuned] [ws] [checkband]
+[band] [causalband]``; results are
 printed as lines ``RES <case> <variant> <ms> <TFLOP/s>`` and a per-case summary at the end.
 Variants are set through ``ATTNHUB_TRITON_TMA`` and ``ATTNHUB_TRITON_FWD_CFG`` (see launch.py).
 """
@@ -33,6 +34,15 @@ LOCAL = [
 ]
 DENSE_CFGS = ["128,128,8,3", "128,64,8,3", "128,64,4,3", "128,128,8,2"]
 LOCAL_CFGS = ["64,64,4,3", "128,64,4,3", "128,64,8,3", "64,32,4,3", "128,128,8,3"]
+# Band walk (Cfg.band): one loop over the contiguous key tiles, the rule only outside the full run.
+BAND_CFGS = [
+    "64,64,4,3", "64,32,4,3", "64,64,4,3,0,0,1", "64,32,4,3,0,0,1", "64,128,4,3,0,0,1",
+    "128,128,8,3,0,0,1", "128,128,8,2,0,0,1", "128,64,8,3,0,0,1", "128,64,4,3,0,0,1",
+]  # fmt: skip
+CAUSAL_BAND = [c for c in DENSE if isinstance(c.rule, Causal)] + [
+    Case("dense", 1, 32, 32, 16384, 16384, 64, Causal()),
+]
+CAUSAL_BAND_CFGS = ["128,128,8,3", "128,128,8,3,0,0,1", "128,64,4,3", "128,64,4,3,0,0,1"]
 RESULTS: dict[str, dict[str, float]] = {}
 
 
@@ -75,6 +85,33 @@ def check() -> None:
             print(f"CHECK tma={mode} ok")
         except Exception:  # noqa: BLE001
             print(f"CHECK tma={mode} FAIL\n{traceback.format_exc()[-1500:]}")
+    _set(None, None)
+
+
+def check_band() -> None:
+    """The band walk against the float64 reference on the GPU (bf16 and fp16, both load paths)."""
+    import torch
+
+    from tests.triton_check import check as chk
+
+    for mode in ("0", "3"):
+        for cfg in ("64,64,4,3,0,0,1", "128,128,8,3,0,0,1", "128,64,4,3,0,0,1"):
+            _set(mode, cfg)
+            try:
+                chk(torch, device="cuda", dtype="bfloat16", seq_q=(1500,), seq_k=(1500,), b=2, hq=4, hkv=2,
+                    rule=Local(300, causal=True), sync="none_end", dqk=128, dv=128, grad=False)  # fmt: skip
+                chk(torch, device="cuda", dtype="float16", seq_q=(700,), seq_k=(900,), b=2, hq=8, hkv=2,
+                    rule=Local(100, causal=True), sync="none_end", dqk=64, dv=64, layout="bshd",
+                    logit_boost=8.0, grad=False)  # fmt: skip
+                chk(torch, device="cuda", dtype="bfloat16", seq_q=(1000,), seq_k=(1000,), b=2, hq=4,
+                    hkv=4, rule=Causal(), dqk=64, dv=64, grad=False)  # fmt: skip
+                chk(torch, device="cuda", dtype="bfloat16", seq_q=(600,), seq_k=(300,), b=1, hq=4,
+                    hkv=4, rule=Causal(), dqk=128, dv=128, grad=False)  # fmt: skip
+                chk(torch, device="cuda", dtype="bfloat16", seq_q=(777,), seq_k=(777,), b=1, hq=2,
+                    hkv=2, rule=Local(64), sync="none_end", dqk=128, dv=128, grad=False)  # fmt: skip
+                print(f"CHECK band tma={mode} {cfg} ok")
+            except Exception:  # noqa: BLE001
+                print(f"CHECK band tma={mode} {cfg} FAIL\n{traceback.format_exc()[-1500:]}")
     _set(None, None)
 
 
@@ -135,6 +172,12 @@ def main() -> None:
             sweep(DENSE, DENSE_CFGS, ("0", "1", "3"), "sdpa-cudnn")
         elif step == "local":
             sweep(LOCAL, LOCAL_CFGS, ("0", "1", "3"), "flex")
+        elif step == "checkband":
+            check_band()
+        elif step == "band":
+            sweep(LOCAL, BAND_CFGS, ("0", "3"), "flex")
+        elif step == "causalband":
+            sweep(CAUSAL_BAND, CAUSAL_BAND_CFGS, ("3",), "sdpa-cudnn")
         elif step == "tuned":
             tuned(DENSE + LOCAL)
         elif step == "ws":
