@@ -7,7 +7,7 @@ export PYTHONUNBUFFERED=1
 OUT="${OUT:-gpu-out}"; mkdir -p "$OUT"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 date -u +"start %Y-%m-%d %H:%M:%S UTC"
-for s in "${@:-checkband band causalband}"; do
+for s in ${@:-checkband band causalband}; do
   t0=$(date +%s)
   timeout 400 python3 -m attnhub_backends.triton.probe_fwd $s > "$OUT/probe-$s.log" 2>&1
   echo "== $s rc=$? $(( $(date +%s) - t0 ))s"
