@@ -31,6 +31,10 @@ CASES = [
     ("float32", (6, 5), (12, 10), Causal(), "scale_front", 3, 1, 16, 8, "bhsd"),
     ("float32", (23,), (46,), Local(3, log2_stride=1), "scale_front", 1, 1, 8, 8, "bhsd"),
     ("float16", (5, 7), (5, 7), Local(2, causal=True), "none_front", 2, 2, 16, 16, "bhsd"),
+    # causal windows reaching past the last key (rows fully masked), and scaled positions
+    ("float32", (60,), (30,), Local(8, causal=True), "none_front", 2, 1, 16, 16, "bhsd"),
+    ("float32", (20,), (41,), Local(6, causal=True), "scale_front", 1, 1, 16, 8, "bshd"),
+    ("float32", (40,), (20,), Local(5, causal=True), "scale_end", 2, 2, 8, 16, "bhsd"),
 ]
 
 

@@ -61,6 +61,15 @@ def _keep(
     LOG2S: tl.constexpr,
 ):
     """Boolean (len(offs_m), len(offs_n)) tile: query attends key, by the rule, from positions."""
+    if NDIM == 1 and CAUSAL and RULE == 2 and LOG2S == 0:
+        # 1-d causal sliding window (the common case): keep 0 <= d < w, d = P - R, and key < Nk,
+        # which (key positions rising with the index) is d >= dmin = P - pos(Nk) + 1. Both bounds
+        # are folded into the row, leaving one subtraction and one unsigned comparison per pair.
+        pqx = AQX * offs_m + BQX
+        dmin = tl.maximum(pqx - (AKX * Nk + BKX) + 1, 0)
+        span = tl.maximum(WX - dmin, 0).to(tl.uint32)
+        d = (pqx - dmin)[:, None] - (AKX * offs_n + BKX)[None, :]
+        return d.to(tl.uint32, bitcast=True) < span[:, None]
     keep = (offs_n < Nk)[None, :] & (offs_m >= 0)[:, None]
     if NDIM == 2:
         pqy = AQY * (offs_m // XQ) + BQY
@@ -72,11 +81,6 @@ def _keep(
         pky = offs_n * 0
         pqx = AQX * offs_m + BQX
         pkx = AKX * offs_n + BKX
-    if NDIM == 1 and CAUSAL and RULE == 2 and LOG2S == 0:
-        # 1-d causal sliding window (the common case): 0 <= P - R < w, one difference per pair.
-        # 0 <= d < w as one unsigned comparison (negative d wraps to a large value).
-        d = pqx[:, None] - pkx[None, :]
-        return keep & (d.to(tl.uint32, bitcast=True) < WX.to(tl.uint32))
     if CAUSAL:
         fq = pqy * MX + pqx
         fk = pky * MX + pkx

@@ -39,6 +39,11 @@ BAND_CFGS = [
     "64,64,4,3", "64,32,4,3", "64,64,4,3,0,0,1", "64,32,4,3,0,0,1", "64,128,4,3,0,0,1",
     "128,128,8,3,0,0,1", "128,128,8,2,0,0,1", "128,64,8,3,0,0,1", "128,64,4,3,0,0,1",
 ]  # fmt: skip
+# Second round: stages, register caps and key-tile widths around the best band configs.
+BAND2_CFGS = [
+    "64,64,4,3,0,0,1", "64,64,4,2,0,0,1", "64,64,4,4,0,0,1", "64,64,4,3,128,0,1", "64,32,4,4,0,0,1",
+    "64,32,4,3,0,0,1",
+]  # fmt: skip
 CAUSAL_BAND = [c for c in DENSE if isinstance(c.rule, Causal)] + [
     Case("dense", 1, 32, 32, 16384, 16384, 64, Causal()),
 ]
@@ -176,6 +181,9 @@ def main() -> None:
             check_band()
         elif step == "band":
             sweep(LOCAL, BAND_CFGS, ("0", "3"), "flex")
+        elif step == "band2":
+            sweep(LOCAL[:2], BAND2_CFGS, ("0", "3"), "flex")
+            sweep(LOCAL[2:], BAND2_CFGS, ("3",), "flex")
         elif step == "causalband":
             sweep(CAUSAL_BAND, CAUSAL_BAND_CFGS, ("3",), "sdpa-cudnn")
         elif step == "tuned":
