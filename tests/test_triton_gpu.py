@@ -104,6 +104,30 @@ def test_forward_load_paths(monkeypatch, mode) -> None:
           sync="scale_front", b=1, hq=2, hkv=1, dqk=64, dv=64, grad=False)  # fmt: skip
 
 
+def _fwd_candidates() -> list[str]:
+    from attnhub_backends.triton import configs
+
+    found = {c for d in (64, 128) for c in configs.local_candidates(d, (9, 0))}
+    found |= {c for d in (64, 128) for c in configs.candidates("fwd", d, 2, (9, 0))}
+    return sorted(f"{c.bm},{c.bn},{c.warps},{c.stages},{c.maxnreg},{int(c.ws)},{int(c.band)}" for c in found)
+
+
+@pytest.mark.parametrize("cfg", _fwd_candidates())
+def test_every_forward_candidate(monkeypatch, cfg) -> None:
+    """Each 16-bit forward config the tuner may pick (band walk, register caps), pinned, on windows
+    long enough for several tiles per edge, causal calls with fully masked rows, and full calls."""
+    monkeypatch.setenv("ATTNHUB_TRITON_FWD_CFG", cfg)
+    check(torch, device="cuda", dtype="bfloat16", seq_q=(1100,), seq_k=(1100,), rule=Local(300, causal=True),
+          sync="none_end", b=2, hq=4, hkv=2, dqk=128, dv=128, grad=False)  # fmt: skip
+    check(torch, device="cuda", dtype="float16", seq_q=(700,), seq_k=(500,), rule=Local(130, causal=True),
+          sync="none_front", b=1, hq=4, hkv=4, dqk=64, dv=64, layout="bshd", logit_boost=8.0,
+          grad=False)  # fmt: skip
+    check(torch, device="cuda", dtype="bfloat16", seq_q=(333,), seq_k=(190,), rule=Causal(), sync="none_end",
+          b=1, hq=2, hkv=1, dqk=64, dv=64, grad=False)  # fmt: skip
+    check(torch, device="cuda", dtype="float16", seq_q=(300,), seq_k=(290,), rule=Full(), b=1, hq=2, hkv=2,
+          dqk=128, dv=128, grad=False)  # fmt: skip
+
+
 def test_tma_eligibility(monkeypatch) -> None:
     """Descriptors only where TMA's rules hold; everything else keeps the pointer path."""
     from attnhub_backends.triton import launch
