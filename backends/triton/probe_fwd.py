@@ -120,6 +120,40 @@ def check_band() -> None:
     _set(None, None)
 
 
+def host() -> None:
+    """Where a short call's time goes: CPU per call, kernel time (profiler), do_bench as the bench
+    times it, and do_bench over a CUDA graph of the same call (no host work between launches)."""
+    import torch
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    from attnhub.bench.runners import make_inputs
+
+    _set(None, None)
+    for case in LOCAL + [Case("decode", 8, 32, 8, 1, 8192, 128, Full(), "none_end")]:
+        fn = runner("triton", case)
+        q, k, v, _ = make_inputs(case)
+        with torch.no_grad():
+            fn(q, k, v)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(200):
+                fn(q, k, v)
+            cpu_us = (time.perf_counter() - t0) / 200 * 1e6
+            torch.cuda.synchronize()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(20):
+                    fn(q, k, v)
+                torch.cuda.synchronize()
+            kern = [e for e in prof.key_averages() if "fwd_kernel" in e.key or "combine" in e.key]
+            dev_us = (
+                sum(getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0) for e in kern) / 20
+            )
+            bench_ms = do_bench(lambda: fn(q, k, v), warmup=25, rep=100, return_mode="median")
+            graph_ms = do_bench_cudagraph(lambda: fn(q, k, v), rep=100, return_mode="median")
+        print(f"HOST {_label(case):40s} cpu/call {cpu_us:6.1f} us  kernel {dev_us:7.1f} us  "
+              f"do_bench {bench_ms * 1e3:7.1f} us  graph {graph_ms * 1e3:7.1f} us")  # fmt: skip
+
+
 def sweep(cases: list[Case], cfgs: list[str], modes: tuple[str, ...], peer: str) -> None:
     for case in cases:
         _time(peer, case, peer)
@@ -177,6 +211,8 @@ def main() -> None:
             sweep(DENSE, DENSE_CFGS, ("0", "1", "3"), "sdpa-cudnn")
         elif step == "local":
             sweep(LOCAL, LOCAL_CFGS, ("0", "1", "3"), "flex")
+        elif step == "host":
+            host()
         elif step == "checkband":
             check_band()
         elif step == "band":
