@@ -148,8 +148,8 @@ def host() -> None:
             dev_us = (
                 sum(getattr(e, "device_time_total", 0) or getattr(e, "cuda_time_total", 0) for e in kern) / 20
             )
-            bench_ms = do_bench(lambda: fn(q, k, v), warmup=25, rep=100, return_mode="median")
-            graph_ms = do_bench_cudagraph(lambda: fn(q, k, v), rep=100, return_mode="median")
+            bench_ms = do_bench(lambda f=fn, a=(q, k, v): f(*a), warmup=25, rep=100, return_mode="median")
+            graph_ms = do_bench_cudagraph(lambda f=fn, a=(q, k, v): f(*a), rep=100, return_mode="median")
         print(f"HOST {_label(case):40s} cpu/call {cpu_us:6.1f} us  kernel {dev_us:7.1f} us  "
               f"do_bench {bench_ms * 1e3:7.1f} us  graph {graph_ms * 1e3:7.1f} us")  # fmt: skip
 
