@@ -154,6 +154,32 @@ def host() -> None:
               f"do_bench {bench_ms * 1e3:7.1f} us  graph {graph_ms * 1e3:7.1f} us")  # fmt: skip
 
 
+def hostprof() -> None:
+    """cProfile of 300 calls of a short window case (D = 128, TMA) and of decode: the host path."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    from attnhub.bench.runners import make_inputs
+
+    _set(None, None)
+    for case in (LOCAL[2], Case("decode", 8, 32, 8, 1, 8192, 128, Full(), "none_end")):
+        fn = runner("triton", case)
+        q, k, v, _ = make_inputs(case)
+        with torch.no_grad():
+            fn(q, k, v)
+            torch.cuda.synchronize()
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(300):
+                fn(q, k, v)
+            prof.disable()
+            torch.cuda.synchronize()
+        print(f"PROFILE {_label(case)}")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(28)
+
+
 def sweep(cases: list[Case], cfgs: list[str], modes: tuple[str, ...], peer: str) -> None:
     for case in cases:
         _time(peer, case, peer)
@@ -211,6 +237,8 @@ def main() -> None:
             sweep(DENSE, DENSE_CFGS, ("0", "1", "3"), "sdpa-cudnn")
         elif step == "local":
             sweep(LOCAL, LOCAL_CFGS, ("0", "1", "3"), "flex")
+        elif step == "hostprof":
+            hostprof()
         elif step == "host":
             host()
         elif step == "checkband":
