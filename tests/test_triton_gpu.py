@@ -128,6 +128,29 @@ def test_every_forward_candidate(monkeypatch, cfg) -> None:
           dqk=128, dv=128, grad=False)  # fmt: skip
 
 
+def test_repeated_calls_launch_the_compiled_kernel() -> None:
+    """From a signature's second call on, the forward (and split-KV combine) kernels are launched
+    without Triton's argument binding (relaunch.py); fresh data each call, still right: windows with
+    the band walk, host TMA descriptors at D = 128, decode with split-KV."""
+    from attnhub_backends.triton import launch
+
+    cases = [
+        dict(dtype="bfloat16", seq_q=(900,), seq_k=(900,), rule=Local(200, causal=True), sync="none_end",
+             b=1, hq=4, hkv=2, dqk=128, dv=128),
+        dict(dtype="float16", seq_q=(333,), seq_k=(190,), rule=Causal(), sync="none_end", b=2, hq=2, hkv=1,
+             dqk=64, dv=64, layout="bshd"),
+        dict(dtype="bfloat16", seq_q=(1,), seq_k=(3000,), rule=Full(), sync="none_end", b=2, hq=8, hkv=2,
+             dqk=128, dv=128),
+    ]  # fmt: skip
+    launch._FWD_LAUNCHES.clear()
+    for case in cases:
+        for _ in range(3):
+            check(torch, device="cuda", grad=False, **case)
+    launches = list(launch._FWD_LAUNCHES.values())
+    assert launches and all(fl.fwd_launcher.compiled for fl in launches)
+    assert any(fl.splits > 1 and fl.combine_launcher.compiled for fl in launches)
+
+
 def test_tma_eligibility(monkeypatch) -> None:
     """Descriptors only where TMA's rules hold; everything else keeps the pointer path."""
     from attnhub_backends.triton import launch

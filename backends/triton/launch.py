@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,6 +16,7 @@ from attnhub.request import Request
 from attnhub.rules import Causal, Full, Local
 from attnhub_backends.triton import configs, plan
 from attnhub_backends.triton.loader import interpret_mode, kernels
+from attnhub_backends.triton.relaunch import Relauncher
 
 LOG2E = 1.4426950408889634
 
@@ -191,6 +192,8 @@ class _FwdLaunch:
     qk_scale: float
     kwargs: dict[str, Any]  # fwd_kernel's constexprs and launch options
     combine_kwargs: dict[str, Any]  # combine_kernel's (used when splits > 1)
+    fwd_launcher: Relauncher = field(default_factory=Relauncher)
+    combine_launcher: Relauncher = field(default_factory=Relauncher)
 
 
 _FWD_LAUNCHES: OrderedDict[tuple, _FwdLaunch] = OrderedDict()
@@ -289,15 +292,14 @@ def _launch_forward(
 
         kk = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, fl.cfg.bn, dqk])
         vv = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, fl.cfg.bn, dv])
-    kern.fwd_kernel[fl.grid](
-        q, kk, vv, o_buf, l_buf, fl.rows, fl.rows.stride(0),
-        *q.stride(), *k.stride(), *v.stride(), *o_strides,
-        hq, hq // hkv, nq, nk, fl.qk_scale, *fl.scalars, splits, o_split, l_split, **fl.kwargs,
+    args = (
+        q, kk, vv, o_buf, l_buf, fl.rows, fl.rows.stride(0), *q.stride(), *k.stride(), *v.stride(),
+        *o_strides, hq, hq // hkv, nq, nk, fl.qk_scale, *fl.scalars, splits, o_split, l_split,
     )  # fmt: skip
+    fl.fwd_launcher(kern.fwd_kernel, fl.grid, args, fl.kwargs)
     if splits > 1:
-        kern.combine_kernel[(triton_cdiv(nq, 16), hq, b)](
-            o_buf, l_buf, out, lse, splits, nq, hq, *out.stride(), o_split, l_split, **fl.combine_kwargs
-        )
+        args = (o_buf, l_buf, out, lse, splits, nq, hq, *out.stride(), o_split, l_split)
+        fl.combine_launcher(kern.combine_kernel, (triton_cdiv(nq, 16), hq, b), args, fl.combine_kwargs)
 
 
 def triton_cdiv(a: int, b: int) -> int:
