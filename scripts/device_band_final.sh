@@ -2,6 +2,8 @@
 # Figures of record for the band walk (issue 4), one device call per stage group; results under $OUT.
 #   tests:   the Triton GPU tests (every forward candidate pinned, rules x syncs, dtypes, gradients)
 #   bench:   `attnhub bench` dense forward (L = 4k-16k) and local + decode forward (FlexAttention too)
+#   host:    probe_fwd host (CPU per call, kernel time, do_bench with and without a CUDA graph)
+#   local:   `attnhub bench` local + decode forward only
 #   certify: `attnhub certify triton` in full mode, 16 jobs
 set -u
 export PYTHONUNBUFFERED=1
@@ -21,6 +23,13 @@ for stage in "$@"; do
     timeout 160 $B --backends triton --peers flex,sdpa-flash,sdpa-cudnn --family local,decode --direction fwd \
       --out "$OUT/triton-local" > "$OUT/triton-local.log" 2>&1
     echo "== local/decode rc=$?"; grep -E "^local|^decod|^case|TUNED|chosen" "$OUT/triton-local.log" ;;
+  host)
+    timeout 120 python3 -m attnhub_backends.triton.probe_fwd host > "$OUT/probe-host.log" 2>&1
+    echo "== host rc=$?"; grep -E "^HOST|Error" "$OUT/probe-host.log" ;;
+  local)
+    timeout 160 $B --backends triton --peers flex,sdpa-flash,sdpa-cudnn --family local,decode --direction fwd \
+      --out "$OUT/triton-local" > "$OUT/triton-local.log" 2>&1
+    echo "== local/decode rc=$?"; grep -E "^local|^decod|^case" "$OUT/triton-local.log" ;;
   certify)
     timeout 560 python3 -m attnhub.cli certify triton --device cuda -j 16 --report "$OUT/triton-h100-full.json" \
       > "$OUT/triton-certify.log" 2>&1
