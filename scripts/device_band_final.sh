@@ -4,6 +4,7 @@
 #   bench:   `attnhub bench` dense forward (L = 4k-16k) and local + decode forward (FlexAttention too)
 #   host:    probe_fwd host (CPU per call, kernel time, do_bench with and without a CUDA graph)
 #   local:   `attnhub bench` local + decode forward only
+#   dense64: probe_fwd dense64 (D = 64 dense forward, band walk or not, pinned configs)
 #   certify: `attnhub certify triton` in full mode, 16 jobs
 set -u
 export PYTHONUNBUFFERED=1
@@ -26,6 +27,9 @@ for stage in "$@"; do
   host)
     timeout 120 python3 -m attnhub_backends.triton.probe_fwd host > "$OUT/probe-host.log" 2>&1
     echo "== host rc=$?"; grep -E "^HOST|Error" "$OUT/probe-host.log" ;;
+  dense64)
+    timeout 150 python3 -m attnhub_backends.triton.probe_fwd dense64 > "$OUT/probe-dense64.log" 2>&1
+    echo "== dense64 rc=$?"; sed -n '/SUMMARY/,$p' "$OUT/probe-dense64.log" ;;
   local)
     timeout 160 $B --backends triton --peers flex,sdpa-flash,sdpa-cudnn --family local,decode --direction fwd \
       --out "$OUT/triton-local" > "$OUT/triton-local.log" 2>&1

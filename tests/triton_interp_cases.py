@@ -90,6 +90,7 @@ def test_split_kv_and_gqa_packing(monkeypatch) -> None:
         (Causal(), "none_front", (40,), (20,), "1"),  # fully masked rows: 0 and -inf
         (Local(6), "scale_end", (30,), (60,), "1"),  # two-sided window, queries scaled onto keys
         (Full(), "none_front", (37,), (29,), "1"),  # last key tile partial
+        (Local(24, causal=True), "none_end", (40,), (64,), "1"),  # key count a multiple of the tile
     ],
 )
 def test_band_walk(monkeypatch, rule, sync, sq, sk, splits) -> None:
@@ -103,7 +104,9 @@ def test_band_walk(monkeypatch, rule, sync, sq, sk, splits) -> None:
           hkv=2, dqk=32, dv=32, layout="bshd", logit_boost=8.0, grad=False)  # fmt: skip
     from attnhub_backends.triton import launch
 
-    assert list(launch._FWD_LAUNCHES.values())[-1].kwargs["BAND"]  # not the index-list walk
+    kwargs = list(launch._FWD_LAUNCHES.values())[-1].kwargs
+    assert kwargs["BAND"]  # not the index-list walk
+    assert kwargs["EVEN_K"] == (sk[0] % 16 == 0)  # loads without bounds masks only then
 
 
 @pytest.mark.parametrize("mode", ["1", "2"])

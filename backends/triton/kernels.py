@@ -216,18 +216,19 @@ def _fwd_band_step(
     acc, qk_scale, skn, svn, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
     DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, NDIM: tl.constexpr,
     RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2S: tl.constexpr, IEEE: tl.constexpr,
-    BN: tl.constexpr, TMA: tl.constexpr,
+    BN: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
     """One key tile of a band walk: the rule is evaluated only on tiles outside the FULL run.
 
     One loop visits every tile of the band, so the software pipeline is filled once per query
     tile (not once per run) and no tile index is loaded. Positive scales only (``NEG`` is false).
+    ``EVEN_K``: the key count is a multiple of ``BN``, so no load needs a bounds mask.
     """
     start_n = t * BN
     cols = start_n + offs_n
     kt, v = _load_kv(
         kd, vd, k_ptrs, v_ptrs, start_n, b, hk, cols, offs_dq, offs_dv, skn, svn, Nk,
-        DQK, DV, BDQK, BDV, BN, True, TMA,
+        DQK, DV, BDQK, BDV, BN, not EVEN_K, TMA,
     )  # fmt: skip
     qk = _dot(q, kt, IEEE)
     if (t < full_lo) | (t >= full_hi):
@@ -307,6 +308,7 @@ def fwd_kernel(
     TMA: tl.constexpr = 0,
     WS: tl.constexpr = False,
     BAND: tl.constexpr = False,
+    EVEN_K: tl.constexpr = False,
     NB=1,
     HKV=1,
 ):
@@ -373,7 +375,7 @@ def fwd_kernel(
             m_i, l_i, acc = _fwd_band_step(
                 q, kd, vd, k_ptrs, v_ptrs, b, hk, t, full_lo, full_hi, offs_m, offs_n, offs_dq, offs_dv,
                 m_i, l_i, acc, qk_scale, skn, svn, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX,
-                WY, WX, DQK, DV, BDQK, BDV, NDIM, RULE, CAUSAL, LOG2S, IEEE, BN, TMA,
+                WY, WX, DQK, DV, BDQK, BDV, NDIM, RULE, CAUSAL, LOG2S, IEEE, BN, TMA, EVEN_K,
             )  # fmt: skip
         count = 0
         full_hi = full_lo

@@ -245,7 +245,8 @@ def _make_launch(
     band = cfg.band and not pack and pl.band is not None and req.scale > 0
     kwargs = dict(
         DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=cfg.bn, IEEE=_dot_mode(q),
-        NEG=req.scale < 0, PACK=pack, TMA=tma, WS=cfg.ws and not pack, BAND=band, NB=b,
+        NEG=req.scale < 0, PACK=pack, TMA=tma, WS=cfg.ws and not pack, BAND=band,
+        EVEN_K=band and k.shape[2] % cfg.bn == 0, NB=b,
         HKV=hkv, num_warps=cfg.warps, num_stages=cfg.stages, **consts,
     )  # fmt: skip
     if cfg.maxnreg:

@@ -47,6 +47,13 @@ BAND2_CFGS = [
 CAUSAL_BAND = [c for c in DENSE if isinstance(c.rule, Causal)] + [
     Case("dense", 1, 32, 32, 16384, 16384, 64, Causal()),
 ]
+DENSE64 = [
+    Case("dense", 4, 32, 32, 4096, 4096, 64, Full()),
+    Case("dense", 1, 32, 32, 16384, 16384, 64, Full()),
+    Case("dense", 4, 32, 32, 4096, 4096, 64, Causal()),
+    Case("dense", 1, 32, 32, 16384, 16384, 64, Causal()),
+]
+DENSE64_CFGS = ["64,64,4,3", "64,64,4,3,0,0,1", "128,64,4,3", "128,64,4,3,0,0,1"]
 CAUSAL_BAND_CFGS = ["128,128,8,3", "128,128,8,3,0,0,1", "128,64,4,3", "128,64,4,3,0,0,1"]
 RESULTS: dict[str, dict[str, float]] = {}
 
@@ -248,6 +255,8 @@ def main() -> None:
         elif step == "band2":
             sweep(LOCAL[:2], BAND2_CFGS, ("0", "3"), "flex")
             sweep(LOCAL[2:], BAND2_CFGS, ("3",), "flex")
+        elif step == "dense64":
+            sweep(DENSE64, DENSE64_CFGS, ("0",), "sdpa-cudnn")
         elif step == "causalband":
             sweep(CAUSAL_BAND, CAUSAL_BAND_CFGS, ("3",), "sdpa-cudnn")
         elif step == "tuned":
