@@ -35,7 +35,7 @@ for stage in "$@"; do
       --out "$OUT/triton-local" > "$OUT/triton-local.log" 2>&1
     echo "== local/decode rc=$?"; grep -E "^local|^decod|^case" "$OUT/triton-local.log" ;;
   certify)
-    timeout 560 python3 -m attnhub.cli certify triton --device cuda -j 16 --report "$OUT/triton-h100-full.json" \
+    timeout 420 python3 -m attnhub.cli certify triton --device cuda -j 16 --report "$OUT/triton-h100-full.json" \
       > "$OUT/triton-certify.log" 2>&1
     echo "== certify rc=$?"; grep -E "cases|certified|FAIL" "$OUT/triton-certify.log" | tail -5 ;;
   esac
