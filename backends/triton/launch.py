@@ -253,8 +253,8 @@ def _make_launch(
         kwargs["maxnreg"] = cfg.maxnreg
     combine_kwargs = dict(DV=dv, BDV=_pad(dv), BM=16, BS=max(2, 1 << math.ceil(math.log2(splits))))
     return _FwdLaunch(
-        cfg, pl.band if band else pl.rows, (tiles * splits, heads, b), splits, tma, tuple(scalars), req.scale * LOG2E, kwargs,
-        combine_kwargs,
+        cfg, pl.band if band else pl.rows, (tiles * splits, heads, b), splits, tma, tuple(scalars),
+        req.scale * LOG2E, kwargs, combine_kwargs,
     )  # fmt: skip
 
 
