@@ -107,6 +107,22 @@ __device__ __forceinline__ void fwd_softmax_step(const Mask& m, float (*s)[4], i
   }
 }
 
+// Forward start: NRB row blocks of two rows each (mrow / lrow index 2 rb + r) with no key seen yet
+// (m = -inf, l = 0) and their NB 8-column output accumulators zeroed.
+template <int NRB, int NB>
+__device__ __forceinline__ void fwd_init_rows(float* mrow, float* lrow, float (*oacc)[NB][4]) {
+#pragma unroll
+  for (int rb = 0; rb < NRB; ++rb) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mrow[2 * rb + r] = ATT_NEG_INF;
+      lrow[2 * rb + r] = 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < NB; ++i) oacc[rb][i][0] = oacc[rb][i][1] = oacc[rb][i][2] = oacc[rb][i][3] = 0.f;
+  }
+}
+
 // Stores a pair of adjacent output values: float32, or packed in the 16-bit input type (pack2).
 __device__ __forceinline__ void store_pair(float* p, float a, float b) {
   *reinterpret_cast<float2*>(p) = make_float2(a, b);

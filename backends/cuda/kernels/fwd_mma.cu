@@ -53,16 +53,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_mma(
   // are recomputed in masked tiles only, which keeps registers free for the accumulators.
   float mrow[2 * RB], lrow[2 * RB];
   float oacc[RB][DV / 8][4];
-#pragma unroll
-  for (int rb = 0; rb < RB; ++rb) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mrow[2 * rb + r] = ATT_NEG_INF;
-      lrow[2 * rb + r] = 0.f;
-    }
-#pragma unroll
-    for (int i = 0; i < DV / 8; ++i) oacc[rb][i][0] = oacc[rb][i][1] = oacc[rb][i][2] = oacc[rb][i][3] = 0.f;
-  }
+  fwd_init_rows<RB, DV / 8>(mrow, lrow, oacc);
   const int arow = (lane & 7) + ((lane >> 3) & 1) * 8;  // ldmatrix row of an A (16 x 16) fragment
   // Byte offsets of this lane's first fragment in the swizzled tiles. A fragment at chunk c0 + C
   // (C a multiple of the chunks the lane part c0 spans) is at offset ^ (C << 4): the swizzle XORs

@@ -99,16 +99,7 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_tf32(
 
   float mrow[2 * RB], lrow[2 * RB], arow_[2 * RB];
   float oacc[RB][DV / 8][4];
-#pragma unroll
-  for (int rb = 0; rb < RB; ++rb) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mrow[2 * rb + r] = ATT_NEG_INF;
-      lrow[2 * rb + r] = 0.f;
-    }
-#pragma unroll
-    for (int i = 0; i < DV / 8; ++i) oacc[rb][i][0] = oacc[rb][i][1] = oacc[rb][i][2] = oacc[rb][i][3] = 0.f;
-  }
+  fwd_init_rows<RB, DV / 8>(mrow, lrow, oacc);
   const int arow = (lane & 7) + ((lane >> 3) & 1) * 8;  // ldmatrix row of an A (16 x 8) fragment
   int buf = 0;
 
