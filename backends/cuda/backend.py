@@ -113,7 +113,7 @@ class CudaBackend(Backend):
             dv = torch.empty_like(v)
             arch = arch_of(dev)
             var = compiler.bwd_variant(req.dtype, o_f32=out.dtype != q.dtype)
-            idx = dev.index if dev.index is not None else torch.cuda.current_device()
+            idx = _device_index(dev)
             rows = req.batch * req.heads_q * req.nq
             pre = compiler.load_kernel(var, "attn_bwd_pre", idx, arch)
             per_block = 8 if req.dtype in _HALF else 256  # warp per row / thread per row
@@ -201,7 +201,7 @@ def _smem_limit_of(device: str) -> int:
     from cuda.bindings import driver
 
     dev = torch.device(device)
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    index = _device_index(dev)
     attr = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
     driver.cuInit(0)
     err, value = driver.cuDeviceGetAttribute(attr, index)
@@ -340,11 +340,10 @@ def _wgmma_tile(req: Request, arch: str) -> tuple[int, int] | None:
 
 
 def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> None:
-    import torch
 
     q, k, v = (_strided(x, 8) for x in (q, k, v))
     dev = q.device
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    idx = _device_index(dev)
     wgmma_cfg = _wgmma_tile(req, arch_of(dev))
     if wgmma_cfg is not None:
         _forward_wgmma(q, k, v, out, lse, req, idx, wgmma_cfg)
@@ -358,7 +357,7 @@ def _forward_mma(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> No
     launch(
         kern,
         dev,
-        _grid(req, ceil_div(req.nq, 16 * cfg[0] * cfg[2]), req.heads_q),
+        _grid(req, _row_tiles(req, cfg), req.heads_q),
         32 * cfg[0],
         smem,
         *_tiled_forward_args(q, k, v, out, lse, req),
@@ -446,6 +445,19 @@ def _tile_major(req: Request) -> bool:
     return isinstance(rule, Causal) or (isinstance(rule, Local) and rule.causal)
 
 
+def _device_index(dev: Any) -> int:
+    """The CUDA ordinal of a torch device (``cuda`` alone: the current device)."""
+    import torch
+
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
+def _row_tiles(req: Request, cfg: tuple[int, ...]) -> int:
+    """Query tiles of an mma.sync-style forward config ``(warps, bn, row blocks)``: each warp's row
+    block holds 16 query rows."""
+    return ceil_div(req.nq, 16 * cfg[0] * cfg[2])
+
+
 def _grid(req: Request, tiles: int, heads: int) -> tuple[int, int, int]:
     """The (x, y, z) grid of the tensor-core kernels, as ``_tile_major`` orders it."""
     return _grid_order(tiles, heads, req.batch, _tile_major(req))
@@ -458,11 +470,10 @@ def _grid_order(tiles: int, heads: int, batch: int, tile_major: bool) -> tuple[i
 
 
 def _forward_tf32(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> None:
-    import torch
 
     q, k, v = (_strided(x, 4) for x in (q, k, v))  # 16-byte rows for cp.async
     dev = q.device
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    idx = _device_index(dev)
     cfg = _tile_for("tf32", req, _smem_limit(dev)) or compiler.tf32_config(req.dim_qk, req.dim_v)
     var = compiler.tf32_variant(req.dim_qk, req.dim_v, cfg)
     smem = compiler.tf32_smem_bytes(req.dim_qk, req.dim_v, cfg)
@@ -470,7 +481,7 @@ def _forward_tf32(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> N
     launch(
         kern,
         dev,
-        (ceil_div(req.nq, 16 * cfg[0] * cfg[2]), req.heads_q, req.batch),
+        (_row_tiles(req, cfg), req.heads_q, req.batch),
         32 * cfg[0],
         smem,
         *_tiled_forward_args(q, k, v, out, lse, req),
@@ -486,7 +497,7 @@ def _forward_f16x3(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> 
 
     q, k, v = (_strided(x, 4) for x in (q, k, v))  # 16-byte rows for the float4 reads
     dev = q.device
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    idx = _device_index(dev)
     arch = arch_of(dev)
     stream = current_stream(dev)
     cfg = _tile_for("f16x3", req, _smem_limit(dev)) or compiler.f16x3_config(req.dim_qk, req.dim_v)
@@ -523,7 +534,7 @@ def _forward_f16x3(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> 
     launch(
         kern,
         dev,
-        _grid(req, ceil_div(req.nq, 16 * cfg[0] * cfg[2]), req.heads_q),
+        _grid(req, _row_tiles(req, cfg), req.heads_q),
         32 * cfg[0],
         smem,
         *parts, ptr(out), ptr(lse), *amaxes,
@@ -540,11 +551,10 @@ _SPLIT_ROWS = 32
 
 
 def _forward_simt(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request) -> None:
-    import torch
 
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     dev = q.device
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    idx = _device_index(dev)
     var = compiler.simt_variant(req.dtype, o_f32=out.dtype != q.dtype)
     smem = _simt_fwd_smem(req)
     kern = compiler.load_kernel(var, "attn_fwd_simt", idx, arch_of(dev), smem)
@@ -579,7 +589,7 @@ def _backward_mma(
     import torch
 
     dev = q.device
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    idx = _device_index(dev)
     arch = arch_of(dev)
     lse = lse.float().contiguous()
     delta = torch.empty((req.batch, req.heads_q, req.nq), dtype=torch.float32, device=dev)
