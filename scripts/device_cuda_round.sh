@@ -1,7 +1,8 @@
 #!/bin/bash
 # One device call for the cuda backend: GPU tests, full certify, `attnhub bench`, an ncu look at the
 # bf16 forward. Usage (device machine, repo root): bash scripts/device_cuda_round.sh [stages...]
-#   stages: tests certify bench bench32 ncu ncubwd (default: tests certify bench ncu); results under $OUT.
+#   stages: tests certify bench bench32 prep ncu ncubwd (default: tests certify bench ncu); results under $OUT.
+#   prep: benchmarks/cuda_f16x3_prep.py (the 3xFP16 forward's time split and small calls).
 #   CERTIFY_SEED=n: the certify stage's seed (the same cases as an earlier report).
 set -u
 export PYTHONUNBUFFERED=1
@@ -29,6 +30,9 @@ if has bench32; then
   timeout 150 python3 -m attnhub.cli bench --backends cuda --peers sdpa-math --dtype float32 --family dense \
     --direction fwd --lengths 4096 --out "$OUT/cuda-bench-f32" > "$OUT/cuda-bench-f32.log" 2>&1
   echo "== bench32 rc=$?"; grep -E "^dense|^case" "$OUT/cuda-bench-f32.log"
+fi
+if has prep; then
+  timeout 120 python3 benchmarks/cuda_f16x3_prep.py 2>&1 | grep -v -i warn | tee "$OUT/f16x3-prep.log"
 fi
 if has ncu; then
   CASE='import sys,torch,attnhub; d=int(sys.argv[1]); c=sys.argv[2]=="1"
@@ -62,3 +66,4 @@ torch.cuda.synchronize()'
     rm -f "$OUT/bwd_$tag.ncu-rep"
   done
 fi
+date -u +"end %H:%M:%S UTC"
