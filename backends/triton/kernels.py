@@ -131,6 +131,16 @@ def _load_kv(
 
 
 @triton.jit
+def _accumulate(m_i, m_use, l_i, acc, p, v, IEEE: tl.constexpr):
+    """Online-softmax update with a key tile's exponentials ``p`` (taken against ``m_use``): the
+    row sums and output accumulator rescaled from the running max ``m_i``, then P V added."""
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = _dot(p.to(v.dtype), v, IEEE, acc * alpha[:, None])
+    return l_i, acc
+
+
+@triton.jit
 def _fwd_step(
     q,
     kd,
@@ -204,9 +214,7 @@ def _fwd_step(
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_use = m_new
         p = tl.math.exp2(qk - m_use[:, None])
-    alpha = tl.math.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = _dot(p.to(v.dtype), v, IEEE, acc * alpha[:, None])
+    l_i, acc = _accumulate(m_i, m_use, l_i, acc, p, v, IEEE)
     return m_new, l_i, acc
 
 
@@ -240,9 +248,7 @@ def _fwd_band_step(
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.math.exp2(qk * qk_scale - m_use[:, None])
-    alpha = tl.math.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = _dot(p.to(v.dtype), v, IEEE, acc * alpha[:, None])
+    l_i, acc = _accumulate(m_i, m_use, l_i, acc, p, v, IEEE)
     return m_new, l_i, acc
 
 
