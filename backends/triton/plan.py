@@ -90,14 +90,14 @@ def lists(cls: np.ndarray) -> np.ndarray:
     return out
 
 
-def band_lists(cls: np.ndarray) -> np.ndarray | None:
+def band_lists(cls: np.ndarray, base: np.ndarray) -> np.ndarray | None:
     """Per row ``[full_lo, full_hi, lo, hi]`` when each row visits exactly the columns ``lo..hi-1``
-    (1-d rules with stride 1: full, causal, sliding windows), else ``None``.
+    (1-d rules with stride 1: full, causal, sliding windows), else ``None``; ``base`` is
+    ``lists(cls)``, whose full runs are reused.
 
     The forward's band walk (``fwd_kernel`` with ``BAND``) visits ``lo..hi-1`` in one loop and
     evaluates the rule only outside ``full_lo..full_hi-1``.
     """
-    base = lists(cls)
     visit = cls != EMPTY
     out = np.zeros((cls.shape[0], 4), dtype=np.int32)
     for r in range(cls.shape[0]):
@@ -144,9 +144,10 @@ def plan(
     import torch
 
     cls = classify(rule, seq_q, seq_k, sync, block_m, block_n)
-    rows = torch.from_numpy(lists(cls)).to(device)
+    fwd = lists(cls)
+    rows = torch.from_numpy(fwd).to(device)
     cols = torch.from_numpy(lists(np.ascontiguousarray(cls.T))).to(device) if transposed else rows
-    band = band_lists(cls)
+    band = band_lists(cls, fwd)
     band_t = None if band is None else torch.from_numpy(band).to(device)
     visits = (cls != EMPTY).sum(axis=1)
     found = Plan(
