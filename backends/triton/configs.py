@@ -35,7 +35,7 @@ class Cfg:
 INTERPRET = {"fwd": Cfg(32, 16, 1, 1), "dkdv": Cfg(16, 32, 1, 1), "dq": Cfg(32, 16, 1, 1)}
 
 
-def B(bm: int, bn: int, warps: int, stages: int, maxnreg: int = 0) -> Cfg:
+def _band(bm: int, bn: int, warps: int, stages: int, maxnreg: int = 0) -> Cfg:
     """A forward candidate with the band walk (a causal call's diagonal, a window's two edges and
     its unmasked run in one loop): up to 4 % faster than the index-list walk for causal calls at
     D = 128 (H100, 2026-11-23 04:56), but 1-4 % slower on every D = 64 dense case pinned at 05:27,
@@ -50,7 +50,7 @@ def B(bm: int, bn: int, warps: int, stages: int, maxnreg: int = 0) -> Cfg:
 # than 64x128 at D = 128), so that untuned calls and ties get the measured best.
 _HOPPER: dict[tuple[str, int, int], list[Cfg]] = {
     ("fwd", 64, 2): [Cfg(128, 64, 4, 3), Cfg(64, 64, 4, 3), Cfg(128, 128, 8, 3), Cfg(128, 64, 4, 4)],
-    ("fwd", 128, 2): [B(128, 128, 8, 3), B(128, 64, 8, 3), B(64, 64, 4, 3)],
+    ("fwd", 128, 2): [_band(128, 128, 8, 3), _band(128, 64, 8, 3), _band(64, 64, 4, 3)],
     ("fwd", 256, 2): [Cfg(64, 64, 4, 2), Cfg(128, 64, 8, 2), Cfg(64, 32, 4, 2)],
     ("fwd", 64, 4): [Cfg(64, 64, 4, 2), Cfg(64, 32, 4, 2), Cfg(128, 32, 8, 2)],
     ("fwd", 128, 4): [Cfg(64, 32, 4, 2), Cfg(64, 64, 8, 2), Cfg(32, 32, 4, 2)],
@@ -90,8 +90,8 @@ def small_q_candidates(head_dim: int, elem_size: int) -> list[Cfg]:
 # a 128-register cap lets four programs share an SM (0.153 against 0.169 ms at w = 256, L = 16k,
 # 2026-11-23 05:02); 128 x 64 x 8 warps x 2 stages capped at 128 registers also fits two per SM.
 _LOCAL: dict[int, list[Cfg]] = {
-    64: [B(64, 64, 4, 3, 128), B(64, 64, 4, 2, 128), B(64, 64, 4, 3), B(128, 64, 8, 2, 128)],
-    128: [B(64, 64, 4, 3), B(64, 32, 4, 3), B(128, 64, 8, 2, 128)],
+    64: [_band(64, 64, 4, 3, 128), _band(64, 64, 4, 2, 128), _band(64, 64, 4, 3), _band(128, 64, 8, 2, 128)],
+    128: [_band(64, 64, 4, 3), _band(64, 32, 4, 3), _band(128, 64, 8, 2, 128)],
 }  # fmt: skip
 
 
