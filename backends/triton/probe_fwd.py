@@ -127,21 +127,33 @@ def check_band() -> None:
     _set(None, None)
 
 
+DECODE_8K = Case("decode", 8, 32, 8, 1, 8192, 128, Full(), "none_end")
+
+
+def _warm(case: Case) -> tuple:
+    """The triton runner of ``case`` and its inputs, after one synchronised call (compile, tune)."""
+    import torch
+
+    from attnhub.bench.runners import make_inputs
+
+    fn = runner("triton", case)
+    q, k, v, _ = make_inputs(case)
+    with torch.no_grad():
+        fn(q, k, v)
+    torch.cuda.synchronize()
+    return fn, (q, k, v)
+
+
 def host() -> None:
     """Where a short call's time goes: CPU per call, kernel time (profiler), do_bench as the bench
     times it, and do_bench over a CUDA graph of the same call (no host work between launches)."""
     import torch
     from triton.testing import do_bench, do_bench_cudagraph
 
-    from attnhub.bench.runners import make_inputs
-
     _set(None, None)
-    for case in LOCAL + [Case("decode", 8, 32, 8, 1, 8192, 128, Full(), "none_end")]:
-        fn = runner("triton", case)
-        q, k, v, _ = make_inputs(case)
+    for case in LOCAL + [DECODE_8K]:
+        fn, (q, k, v) = _warm(case)
         with torch.no_grad():
-            fn(q, k, v)
-            torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(200):
                 fn(q, k, v)
@@ -168,15 +180,10 @@ def hostprof() -> None:
 
     import torch
 
-    from attnhub.bench.runners import make_inputs
-
     _set(None, None)
-    for case in (LOCAL[2], Case("decode", 8, 32, 8, 1, 8192, 128, Full(), "none_end")):
-        fn = runner("triton", case)
-        q, k, v, _ = make_inputs(case)
+    for case in (LOCAL[2], DECODE_8K):
+        fn, (q, k, v) = _warm(case)
         with torch.no_grad():
-            fn(q, k, v)
-            torch.cuda.synchronize()
             prof = cProfile.Profile()
             prof.enable()
             for _ in range(300):
