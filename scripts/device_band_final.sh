@@ -11,6 +11,11 @@ export PYTHONUNBUFFERED=1
 OUT="${OUT:-gpu-out}"; mkdir -p "$OUT"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 B="python3 -m attnhub.cli bench"
+bench_local() {  # local windows and decode, forward, with FlexAttention among the peers
+  timeout 160 $B --backends triton --peers flex,sdpa-flash,sdpa-cudnn --family local,decode --direction fwd \
+    --out "$OUT/triton-local" > "$OUT/triton-local.log" 2>&1
+  echo "== local/decode rc=$?"; grep -E "^local|^decod|^case|TUNED|chosen" "$OUT/triton-local.log"
+}
 for stage in "$@"; do
   date -u +"== $stage start %H:%M:%S UTC"
   case $stage in
@@ -21,9 +26,7 @@ for stage in "$@"; do
     timeout 160 $B --backends triton --peers sdpa-flash,sdpa-cudnn --family dense --direction fwd \
       --lengths 4096,8192,16384 --out "$OUT/triton-dense-fwd" > "$OUT/triton-dense-fwd.log" 2>&1
     echo "== dense fwd rc=$?"; grep -E "^dense|^case" "$OUT/triton-dense-fwd.log"
-    timeout 160 $B --backends triton --peers flex,sdpa-flash,sdpa-cudnn --family local,decode --direction fwd \
-      --out "$OUT/triton-local" > "$OUT/triton-local.log" 2>&1
-    echo "== local/decode rc=$?"; grep -E "^local|^decod|^case|TUNED|chosen" "$OUT/triton-local.log" ;;
+    bench_local ;;
   host)
     timeout 120 python3 -m attnhub_backends.triton.probe_fwd host > "$OUT/probe-host.log" 2>&1
     echo "== host rc=$?"; grep -E "^HOST|Error" "$OUT/probe-host.log" ;;
@@ -31,9 +34,7 @@ for stage in "$@"; do
     timeout 150 python3 -m attnhub_backends.triton.probe_fwd dense64 > "$OUT/probe-dense64.log" 2>&1
     echo "== dense64 rc=$?"; sed -n '/SUMMARY/,$p' "$OUT/probe-dense64.log" ;;
   local)
-    timeout 160 $B --backends triton --peers flex,sdpa-flash,sdpa-cudnn --family local,decode --direction fwd \
-      --out "$OUT/triton-local" > "$OUT/triton-local.log" 2>&1
-    echo "== local/decode rc=$?"; grep -E "^local|^decod|^case" "$OUT/triton-local.log" ;;
+    bench_local ;;
   certify)
     timeout 420 python3 -m attnhub.cli certify triton --device cuda -j 16 --report "$OUT/triton-h100-full.json" \
       > "$OUT/triton-certify.log" 2>&1

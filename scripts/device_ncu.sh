@@ -1,7 +1,8 @@
 #!/bin/bash
 # Nsight Compute sections of the Triton forward on the sliding-window cases (where the time goes:
 # pipe utilisation, L2 throughput, occupancy limits, warp stalls). ncu needs --clock-control none
-# (METHOD.md). PROBE_NCU="case:cfg;..." picks LOCAL cases and pinned configs (probe_fwd.ncu_calls).
+# (METHOD.md). PROBE_NCU="case:cfg;..." picks LOCAL cases and pinned configs (default and format:
+# probe_fwd.ncu_calls).
 # Usage: bash scripts/device_ncu.sh
 set -u
 export PYTHONUNBUFFERED=1
@@ -9,7 +10,6 @@ OUT="${OUT:-gpu-out}"; mkdir -p "$OUT"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 date -u +"start %Y-%m-%d %H:%M:%S UTC"
 t0=$(date +%s)
-export PROBE_NCU="${PROBE_NCU:-1:64,64,4,3,128,0,1;3:64,64,4,3,0,0,1}"
 timeout 300 ncu --clock-control none -k regex:fwd_kernel --launch-count 8 \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
   --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats \
