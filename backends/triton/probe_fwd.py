@@ -127,6 +127,44 @@ def check_band() -> None:
     _set(None, None)
 
 
+WIN_DEFAULT = "0:0:64,64,4,3,128,0,1;1:0:64,64,4,3,128,0,1;1:0:64,64,4,2,128,0,1;2:3:64,64,4,3,0,0,1;3:3:64,64,4,3,0,0,1"
+
+
+def win() -> None:
+    """Pinned sliding-window timings: ``PROBE_WIN="case:tma:cfg;..."`` (LOCAL index, load path,
+    config), FlexAttention first on each case named."""
+    items = [x.split(":") for x in os.environ.get("PROBE_WIN", WIN_DEFAULT).split(";")]
+    for idx in dict.fromkeys(int(i) for i, _, _ in items):
+        _time("flex", LOCAL[idx], "flex")
+    for idx, mode, cfg in items:
+        _set(mode, cfg)
+        _time("triton", LOCAL[int(idx)], f"tma{mode} {cfg}")
+    _set(None, None)
+
+
+def check_win() -> None:
+    """The window configs of ``win`` against the float64 reference (bf16, large logits, bshd)."""
+    import torch
+
+    from tests.triton_check import check as chk
+
+    items = [x.split(":") for x in os.environ.get("PROBE_WIN", WIN_DEFAULT).split(";")]
+    for mode, cfg in dict.fromkeys((mode, cfg) for _, mode, cfg in items):
+        _set(mode, cfg)
+        d = 128 if mode == "3" else 64
+        try:
+            chk(torch, device="cuda", dtype="bfloat16", seq_q=(1500,), seq_k=(1500,), b=2, hq=4, hkv=2,
+                rule=Local(300, causal=True), sync="none_end", dqk=d, dv=d, logit_boost=8.0, grad=False)  # fmt: skip
+            chk(torch, device="cuda", dtype="float16", seq_q=(700,), seq_k=(900,), b=2, hq=8, hkv=2,
+                rule=Local(100, causal=True), sync="none_end", dqk=d, dv=d, layout="bshd", grad=False)  # fmt: skip
+            chk(torch, device="cuda", dtype="bfloat16", seq_q=(777,), seq_k=(777,), b=1, hq=2,
+                hkv=2, rule=Local(64), sync="none_end", dqk=d, dv=d, grad=False)  # fmt: skip
+            print(f"CHECK win tma={mode} {cfg} ok")
+        except Exception:  # noqa: BLE001
+            print(f"CHECK win tma={mode} {cfg} FAIL\n{traceback.format_exc()[-1500:]}")
+    _set(None, None)
+
+
 def ncu_calls() -> None:
     """Two calls of each ``index:cfg`` pair of ``PROBE_NCU`` (LOCAL cases), for Nsight Compute."""
     import torch
@@ -277,6 +315,10 @@ def main() -> None:
         elif step == "band2":
             sweep(LOCAL[:2], BAND2_CFGS, ("0", "3"), "flex")
             sweep(LOCAL[2:], BAND2_CFGS, ("3",), "flex")
+        elif step == "win":
+            win()
+        elif step == "checkwin":
+            check_win()
         elif step == "ncu":
             ncu_calls()
         elif step == "dense64":
