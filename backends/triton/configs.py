@@ -30,7 +30,6 @@ class Cfg:
     maxnreg: int = 0
     ws: bool = False
     band: bool = False
-    gluon: bool = False
 
 
 INTERPRET = {"fwd": Cfg(32, 16, 1, 1), "dkdv": Cfg(16, 32, 1, 1), "dq": Cfg(32, 16, 1, 1)}
@@ -105,19 +104,17 @@ def local_candidates(head_dim: int, capability: tuple[int, int]) -> list[Cfg]:
 
 
 def forced(kernel: str) -> Cfg | None:
-    """``ATTNHUB_TRITON_<KERNEL>_CFG=bm,bn,warps,stages[,maxnreg[,ws[,band[,gluon]]]]`` pins one
-    config."""
+    """``ATTNHUB_TRITON_<KERNEL>_CFG=bm,bn,warps,stages[,maxnreg[,ws[,band]]]`` pins one config."""
     env = env_value(f"ATTNHUB_TRITON_{kernel.upper()}_CFG")
     if not env:
         return None
     parts = [int(x) for x in env.split(",")]
-    return Cfg(*parts[:5], *(bool(x) for x in parts[5:8]))
+    return Cfg(*parts[:5], *(bool(x) for x in parts[5:7]))
 
 
 def _older(cfg: Cfg) -> Cfg:
     """Pre-Hopper parts have less shared memory: fewer stages."""
-    stages = max(1, min(cfg.stages, 2))
-    return Cfg(cfg.bm, cfg.bn, cfg.warps, stages, cfg.maxnreg, cfg.ws, cfg.band, cfg.gluon)
+    return Cfg(cfg.bm, cfg.bn, cfg.warps, max(1, min(cfg.stages, 2)), cfg.maxnreg, cfg.ws, cfg.band)
 
 
 def candidates(kernel: str, head_dim: int, elem_size: int, capability: tuple[int, int]) -> list[Cfg]:

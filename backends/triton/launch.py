@@ -14,7 +14,7 @@ from attnhub.errors import AttnhubError
 from attnhub.positions import axis_affine
 from attnhub.request import Request
 from attnhub.rules import Causal, Full, Local
-from attnhub_backends.triton import configs, plan, window
+from attnhub_backends.triton import configs, plan
 from attnhub_backends.triton.loader import interpret_mode, kernels
 from attnhub_backends.triton.relaunch import Relauncher
 
@@ -192,7 +192,6 @@ class _FwdLaunch:
     qk_scale: float
     kwargs: dict[str, Any]  # fwd_kernel's constexprs and launch options
     combine_kwargs: dict[str, Any]  # combine_kernel's (used when splits > 1)
-    gluon: bool = False  # the Gluon window kernel (window.py) instead of fwd_kernel
     fwd_launcher: Relauncher = field(default_factory=Relauncher)
     combine_launcher: Relauncher = field(default_factory=Relauncher)
 
@@ -253,23 +252,9 @@ def _make_launch(
     if cfg.maxnreg:
         kwargs["maxnreg"] = cfg.maxnreg
     combine_kwargs = dict(DV=dv, BDV=_pad(dv), BM=16, BS=max(2, 1 << math.ceil(math.log2(splits))))
-    gluon = (
-        cfg.gluon and band and splits == 1 and cfg.bn == window.BLOCK and bm == 16 * cfg.warps
-        and bm in (64, 128, 256) and not interpret_mode() and window.not_applicable(req, q, k, v) is None
-    )  # fmt: skip
-    if gluon:
-        warps = 4 if bm >= 128 else cfg.warps  # 128 rows: the kernel's 4 warps load, 2 x 4 compute
-        if bm >= 128:  # the warp-specialised kernel runs two 64-row tiles of a 64-row plan
-            pl = plan.plan(req.rule, req.seq_q, req.seq_k, req.sync, window.BLOCK, cfg.bn, q.device)
-        kwargs = dict(BM=bm, BN=cfg.bn, D=dqk, STAGES=cfg.stages, WARPS=warps, num_warps=warps)
-        if bm >= 128:
-            kwargs["CREGS"] = cfg.maxnreg or 112  # four consumers' register budget (bm = 256)
-            kwargs["PP"] = cfg.ws  # experiment: the consumers take turns (ping-pong)
-        elif cfg.maxnreg:
-            kwargs["maxnreg"] = cfg.maxnreg
     return _FwdLaunch(
         cfg, pl.band if band else pl.rows, (tiles * splits, heads, b), splits, tma, tuple(scalars),
-        req.scale * LOG2E, kwargs, combine_kwargs, gluon,
+        req.scale * LOG2E, kwargs, combine_kwargs,
     )  # fmt: skip
 
 
@@ -291,9 +276,6 @@ def _prepare_forward(
 def _launch_forward(
     fl: _FwdLaunch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
 ) -> None:
-    if fl.gluon:
-        _launch_window(fl, q, k, v, out, lse)
-        return
     kern = kernels()
     b, hq, nq, dqk = q.shape
     hkv, nk, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -319,22 +301,6 @@ def _launch_forward(
     if splits > 1:
         args = (o_buf, l_buf, out, lse, splits, nq, hq, *out.stride(), o_split, l_split)
         fl.combine_launcher(kern.combine_kernel, (triton_cdiv(nq, 16), hq, b), args, fl.combine_kwargs)
-
-
-def _launch_window(
-    fl: _FwdLaunch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
-) -> None:
-    """The Gluon sliding-window forward (window_kernel.py) for a signature it serves."""
-    hq, nq, nk = q.shape[1], q.shape[2], k.shape[2]
-    xq, xk, _, _, _, _, aqx, bqx, akx, bkx, _, _, wx = fl.scalars
-    ws = fl.kwargs["BM"] >= 128
-    args = (
-        window.descriptor(q, 64 if ws else fl.kwargs["BM"]), window.descriptor(k), window.descriptor(v), out, lse,
-        fl.rows,
-        fl.rows.stride(0), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-        hq, hq // k.shape[1], nq, nk, fl.qk_scale, aqx, bqx, akx, bkx, wx,
-    )  # fmt: skip
-    fl.fwd_launcher(window.kernel(ws), fl.grid, args, fl.kwargs)
 
 
 def triton_cdiv(a: int, b: int) -> int:

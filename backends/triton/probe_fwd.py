@@ -2,7 +2,7 @@
 paths x pinned configs against the peers (SDPA cuDNN, FlexAttention), all in one process.
 
 ``python3 -m attnhub_backends.triton.probe_fwd [check] [dense] [local] [tuned] [ws] [checkband]
-[band] [causalband]``; results are
+[band] [causalband] [ncu]``; results are
 printed as lines ``RES <case> <variant> <ms> <TFLOP/s>`` and a per-case summary at the end.
 Variants are set through ``ATTNHUB_TRITON_TMA`` and ``ATTNHUB_TRITON_FWD_CFG`` (see launch.py).
 """
@@ -55,18 +55,6 @@ DENSE64 = [
 ]
 DENSE64_CFGS = ["64,64,4,3", "64,64,4,3,0,0,1", "128,64,4,3", "128,64,4,3,0,0,1"]
 CAUSAL_BAND_CFGS = ["128,128,8,3", "128,128,8,3,0,0,1", "128,64,4,3", "128,64,4,3,0,0,1"]
-# The Gluon window kernel (Cfg.gluon, window_kernel.py) at 2-4 stages against the band walk.
-GLUON64_CFGS = [
-    "64,64,4,3,128,0,1,0", "64,64,4,2,128,0,1,0", "256,64,16,4,0,0,1,1", "256,64,16,6,0,0,1,1",
-    "256,64,16,6,104,0,1,1", "256,64,16,8,0,0,1,1",
-]  # fmt: skip
-GLUON128_CFGS = ["64,64,4,3,0,0,1,0", "128,64,8,2,0,0,1,1"]
-# Ping-pong consumers (Cfg.ws on the Gluon path): 2 consumers at D = 128, 2 or 4 at D = 64.
-PP64_CFGS = [
-    "64,64,4,3,128,0,1,0", "256,64,16,4,0,0,1,1", "256,64,16,4,0,1,1,1", "256,64,16,6,0,1,1,1",
-    "128,64,8,4,0,1,1,1",
-]  # fmt: skip
-PP128_CFGS = ["64,64,4,3,0,0,1,0", "128,64,8,2,0,0,1,1", "128,64,8,2,0,1,1,1", "128,64,8,3,0,1,1,1"]
 RESULTS: dict[str, dict[str, float]] = {}
 
 
@@ -177,43 +165,8 @@ def check_win() -> None:
     _set(None, None)
 
 
-def check_gluon() -> None:
-    """The Gluon window kernel against the float64 reference: GQA, bshd, lengths off the tile,
-    fully masked rows, scaled positions, large logits; each call must have used the kernel."""
-    import torch
-
-    from attnhub_backends.triton import launch
-    from tests.triton_check import check as chk
-
-    cases = [
-        dict(dtype="bfloat16", seq_q=(1536,), seq_k=(1536,), b=2, hq=4, hkv=2, rule=Local(300, causal=True),
-             sync="none_end", dqk=128, dv=128),
-        dict(dtype="float16", seq_q=(700,), seq_k=(896,), b=2, hq=8, hkv=2, rule=Local(400, causal=True),
-             sync="none_end", dqk=64, dv=64, layout="bshd", logit_boost=8.0),
-        dict(dtype="bfloat16", seq_q=(1024,), seq_k=(1024,), b=1, hq=4, hkv=4, rule=Local(640, causal=True),
-             sync="none_end", dqk=64, dv=64, logit_boost=8.0),
-        dict(dtype="bfloat16", seq_q=(1000,), seq_k=(512,), b=1, hq=2, hkv=1, rule=Local(100, causal=True),
-             sync="none_front", dqk=128, dv=128, layout="bshd"),
-        dict(dtype="float16", seq_q=(512,), seq_k=(1024,), b=2, hq=2, hkv=2, rule=Local(200, causal=True),
-             sync="scale_end", dqk=128, dv=128),
-    ]  # fmt: skip
-    os.environ["ATTNHUB_TRITON_SPLITS"] = "1"  # small calls would otherwise split the keys (Triton path)
-    for cfg in os.environ.get("PROBE_GLUON_CHECK", "256,64,16,6,0,0,1,1;256,64,16,4,104,0,1,1").split(";"):
-        _set("3", cfg)
-        for case in cases:
-            try:
-                res = chk(torch, device="cuda", grad=False, **case)
-                used = list(launch._FWD_LAUNCHES.values())[-1].gluon
-                print(f"CHECK gluon {cfg} {case['dtype']} {case['seq_q']} {case['rule'].describe()} "
-                      f"{'ok' if used else 'NOT USED'} {res}")  # fmt: skip
-            except Exception:  # noqa: BLE001
-                print(f"CHECK gluon {cfg} {case} FAIL\n{traceback.format_exc()[-2500:]}")
-    _set(None, None)
-    os.environ.pop("ATTNHUB_TRITON_SPLITS")
-
-
 def ncu_calls() -> None:
-    """Two calls of each ``index:cfg`` pair of ``PROBE_NCU`` (LOCAL cases; run under ncu)."""
+    """Two calls of each ``index:cfg`` pair of ``PROBE_NCU`` (LOCAL cases), for Nsight Compute."""
     import torch
 
     for item in os.environ.get("PROBE_NCU", "1:64,64,4,3,128,0,1;3:64,64,4,3,0,0,1").split(";"):
@@ -366,14 +319,6 @@ def main() -> None:
             win()
         elif step == "checkwin":
             check_win()
-        elif step == "checkgluon":
-            check_gluon()
-        elif step == "pp":
-            sweep(LOCAL[:2], PP64_CFGS, ("3",), "flex")
-            sweep(LOCAL[2:], PP128_CFGS, ("3",), "flex")
-        elif step == "gluon":
-            sweep(LOCAL[:2], GLUON64_CFGS, ("3",), "flex")
-            sweep(LOCAL[2:], GLUON128_CFGS, ("3",), "flex")
         elif step == "ncu":
             ncu_calls()
         elif step == "dense64":
