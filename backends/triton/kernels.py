@@ -383,34 +383,32 @@ def fwd_kernel(
                 m_i, l_i, acc, qk_scale, skn, svn, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX,
                 WY, WX, DQK, DV, BDQK, BDV, NDIM, RULE, CAUSAL, LOG2S, IEEE, BN, TMA, EVEN_K,
             )  # fmt: skip
-        count = 0
-        full_hi = full_lo
-    else:
+    else:  # plan.rows: [full_lo, full_hi, count, masked tile indices...]
         count = tl.load(row + 2)
-    per = tl.cdiv(full_hi - full_lo, SPLITS)
-    full_lo = full_lo + split * per
-    full_hi = tl.minimum(full_hi, full_lo + per)
-    for t in range(split, count, SPLITS):
-        start_n = tl.load(row + 3 + t) * BN
-        m_i, l_i, acc = _fwd_step(
-            q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc,
-            qk_scale, skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
-            DQK, DV, BDQK, BDV, True, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG, BN, TMA,
-        )  # fmt: skip
-    if WS:  # Triton's automatic warp specialisation of the unmasked run (Hopper: experimental)
-        for start_n in tl.range(full_lo * BN, full_hi * BN, BN, warp_specialize=True):
+        per = tl.cdiv(full_hi - full_lo, SPLITS)
+        full_lo = full_lo + split * per
+        full_hi = tl.minimum(full_hi, full_lo + per)
+        for t in range(split, count, SPLITS):
+            start_n = tl.load(row + 3 + t) * BN
             m_i, l_i, acc = _fwd_step(
-                q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i,
-                acc, qk_scale, skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX,
-                WY, WX, DQK, DV, BDQK, BDV, False, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG, BN, TMA,
+                q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc,
+                qk_scale, skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
+                DQK, DV, BDQK, BDV, True, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG, BN, TMA,
             )  # fmt: skip
-    else:
-        for start_n in range(full_lo * BN, full_hi * BN, BN):
-            m_i, l_i, acc = _fwd_step(
-                q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i,
-                acc, qk_scale, skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX,
-                WY, WX, DQK, DV, BDQK, BDV, False, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG, BN, TMA,
-            )  # fmt: skip
+        if WS:  # Triton's automatic warp specialisation of the unmasked run (Hopper: experimental)
+            for start_n in tl.range(full_lo * BN, full_hi * BN, BN, warp_specialize=True):
+                m_i, l_i, acc = _fwd_step(
+                    q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i,
+                    acc, qk_scale, skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX,
+                    WY, WX, DQK, DV, BDQK, BDV, False, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG, BN, TMA,
+                )  # fmt: skip
+        else:
+            for start_n in range(full_lo * BN, full_hi * BN, BN):
+                m_i, l_i, acc = _fwd_step(
+                    q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i,
+                    acc, qk_scale, skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX,
+                    WY, WX, DQK, DV, BDQK, BDV, False, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG, BN, TMA,
+                )  # fmt: skip
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
