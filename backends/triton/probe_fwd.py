@@ -130,28 +130,32 @@ def check_band() -> None:
 WIN_DEFAULT = "0:0:64,64,4,3,128,0,1;1:0:64,64,4,3,128,0,1;1:0:64,64,4,2,128,0,1;2:3:64,64,4,3,0,0,1;3:3:64,64,4,3,0,0,1"
 
 
-def win() -> None:
-    """Pinned sliding-window timings: ``PROBE_WIN="case:tma:cfg;..."`` (LOCAL index, load path,
-    config), FlexAttention first on each case named."""
+def _win_items() -> list[tuple[Case, str, str]]:
+    """``PROBE_WIN="case:tma:cfg;..."`` as (LOCAL case, load path, config) triples."""
     items = [x.split(":") for x in os.environ.get("PROBE_WIN", WIN_DEFAULT).split(";")]
-    for idx in dict.fromkeys(int(i) for i, _, _ in items):
-        _time("flex", LOCAL[idx], "flex")
-    for idx, mode, cfg in items:
+    return [(LOCAL[int(idx)], mode, cfg) for idx, mode, cfg in items]
+
+
+def win() -> None:
+    """Pinned sliding-window timings of the ``PROBE_WIN`` items, FlexAttention first on each case."""
+    items = _win_items()
+    for case in dict.fromkeys(case for case, _, _ in items):
+        _time("flex", case, "flex")
+    for case, mode, cfg in items:
         _set(mode, cfg)
-        _time("triton", LOCAL[int(idx)], f"tma{mode} {cfg}")
+        _time("triton", case, f"tma{mode} {cfg}")
     _set(None, None)
 
 
 def check_win() -> None:
-    """The window configs of ``win`` against the float64 reference (bf16, large logits, bshd)."""
+    """The window configs of ``win`` at their cases' head dim against the float64 reference (bf16
+    with large logits, fp16 bshd GQA, a non-causal window)."""
     import torch
 
     from tests.triton_check import check as chk
 
-    items = [x.split(":") for x in os.environ.get("PROBE_WIN", WIN_DEFAULT).split(";")]
-    for mode, cfg in dict.fromkeys((mode, cfg) for _, mode, cfg in items):
+    for mode, cfg, d in dict.fromkeys((mode, cfg, case.dim) for case, mode, cfg in _win_items()):
         _set(mode, cfg)
-        d = 128 if mode == "3" else 64
         try:
             chk(torch, device="cuda", dtype="bfloat16", seq_q=(1500,), seq_k=(1500,), b=2, hq=4, hkv=2,
                 rule=Local(300, causal=True), sync="none_end", dqk=d, dv=d, logit_boost=8.0, grad=False)  # fmt: skip
