@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextvars
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from attnhub import settings
 from attnhub.backend import Backend
 from attnhub.errors import BackendUnsupported, NoBackendError
 from attnhub.registry import REGISTRY
@@ -27,38 +27,13 @@ def use_backend(name: str) -> Iterator[None]:
         _forced.reset(token)
 
 
-def _environ_reader():
-    """A fast reader of one environment variable for the hot path (``os.environ.get`` costs ~1 us).
-
-    ``os.environ`` keeps its values in ``_data`` keyed by the encoded name on POSIX; reading it
-    directly still sees every change made through ``os.environ``. Elsewhere fall back to ``get``.
-    """
-    data = getattr(os.environ, "_data", None)
-    if os.name == "posix" and isinstance(data, dict):
-        encoded: dict[str, bytes] = {}
-
-        def read(name: str, _data=data, _encoded=encoded, _fsencode=os.fsencode) -> str | None:
-            key = _encoded.get(name)
-            if key is None:
-                key = _encoded[name] = _fsencode(name)
-            raw = _data.get(key)
-            return None if raw is None else os.fsdecode(raw)
-
-        return read
-    return os.environ.get
-
-
-env_value = _environ_reader()
-
-
 def override_state() -> tuple:
     """What besides the request decides the choice: use_backend and the two environment variables."""
-    return (_forced.get(), env_value("ATTNHUB_BACKEND"), env_value("ATTNHUB_DISABLE"))
+    return (_forced.get(), *settings.snapshot("ATTNHUB_BACKEND", "ATTNHUB_DISABLE"))
 
 
 def _disabled() -> frozenset[str]:
-    raw = os.environ.get("ATTNHUB_DISABLE", "")
-    return frozenset(n.strip() for n in raw.split(",") if n.strip())
+    return settings.value("ATTNHUB_DISABLE")
 
 
 @dataclass
@@ -107,7 +82,7 @@ def _mode(backend: str) -> tuple[str, str | None]:
     forced = _forced.get()
     if forced:
         return "use_backend", forced
-    env = os.environ.get("ATTNHUB_BACKEND")
+    env = settings.value("ATTNHUB_BACKEND")
     if env and env != "auto":
         return "ATTNHUB_BACKEND", env
     return "auto", None
@@ -168,13 +143,7 @@ class Dispatcher:
             self._cache.clear()
 
     def choose(self, req: Request, backend: str = "auto") -> Backend:
-        key = (
-            req,
-            backend,
-            _forced.get(),
-            os.environ.get("ATTNHUB_BACKEND"),
-            os.environ.get("ATTNHUB_DISABLE"),
-        )
+        key = (req, backend, *override_state())
         hit = self._cache.get(key)
         if hit is not None:
             return hit

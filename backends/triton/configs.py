@@ -10,11 +10,10 @@ shape is used (block shapes differ between query and key tiles to exercise the t
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from attnhub.dispatch import env_value
+from attnhub import settings
 
 
 @dataclass(frozen=True)
@@ -103,9 +102,17 @@ def local_candidates(head_dim: int, capability: tuple[int, int]) -> list[Cfg]:
     return found
 
 
+#: The setting that pins each kernel's config.
+CFG_SETTING = {
+    "fwd": "ATTNHUB_TRITON_FWD_CFG",
+    "dq": "ATTNHUB_TRITON_DQ_CFG",
+    "dkdv": "ATTNHUB_TRITON_DKDV_CFG",
+}
+
+
 def forced(kernel: str) -> Cfg | None:
-    """``ATTNHUB_TRITON_<KERNEL>_CFG=bm,bn,warps,stages[,maxnreg[,ws[,band]]]`` pins one config."""
-    env = env_value(f"ATTNHUB_TRITON_{kernel.upper()}_CFG")
+    """The kernel's ``CFG_SETTING`` (``bm,bn,warps,stages[,maxnreg[,ws[,band]]]``) pins one config."""
+    env = settings.raw(CFG_SETTING[kernel])
     if not env:
         return None
     parts = [int(x) for x in env.split(",")]
@@ -127,7 +134,7 @@ def candidates(kernel: str, head_dim: int, elem_size: int, capability: tuple[int
 
 
 def tuning_enabled() -> bool:
-    return os.environ.get("ATTNHUB_TRITON_TUNE", "1") != "0"
+    return settings.value("ATTNHUB_TRITON_TUNE")
 
 
 def bucket(n: int) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from attnhub.dispatch import env_value
+from attnhub import settings
 from attnhub.errors import AttnhubError
 from attnhub.positions import axis_affine
 from attnhub.request import Request
@@ -92,7 +92,7 @@ def _tma_mode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: bool = 
     Lq = 1, Lk = 8k, 2026-11-22). ``ATTNHUB_TRITON_TMA=N`` forces mode N wherever it is allowed (the
     interpreter and packed calls too).
     """
-    env = env_value("ATTNHUB_TRITON_TMA")
+    env = settings.raw("ATTNHUB_TRITON_TMA")
     if not env:  # unset (or set empty): the default
         if packed or interpret_mode() or q.device.type != "cuda" or _capability(q.device)[0] < 9:
             return 0
@@ -144,7 +144,7 @@ def _ensure_allocator() -> None:
 
 def _splits(programs: int, visits: int, device: torch.device) -> int:
     """Split-KV factor: >1 when too few (query tile, head) programs would fill the GPU."""
-    forced = env_value("ATTNHUB_TRITON_SPLITS")
+    forced = settings.raw("ATTNHUB_TRITON_SPLITS")
     if forced:
         return max(1, min(int(forced), max(1, visits)))
     if device.type != "cuda" or programs >= 2 * _sm_count(device):
@@ -162,7 +162,7 @@ def _key(kernel: str, req: Request, x: torch.Tensor) -> tuple:
         kernel, str(x.device), _capability(x.device), req.dtype, _pad(req.dim_qk), _pad(req.dim_v),
         type(rule).__name__, getattr(rule, "causal", False), req.ndim, configs.bucket(req.nq),
         configs.bucket(req.nk), interpret_mode(), _window_key(rule, req.ndim),
-        env_value("ATTNHUB_TRITON_TMA"), env_value(f"ATTNHUB_TRITON_{kernel.upper()}_CFG"),
+        settings.raw("ATTNHUB_TRITON_TMA"), settings.raw(configs.CFG_SETTING[kernel]),
     )  # fmt: skip
 
 
@@ -212,8 +212,8 @@ def forward(
     # the environment variables that steer the choices.
     sig = (
         req, q.stride(), k.stride(), v.stride(), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16,
-        env_value("ATTNHUB_TRITON_TMA"), env_value("ATTNHUB_TRITON_FWD_CFG"),
-        env_value("ATTNHUB_TRITON_SPLITS"), env_value("ATTNHUB_TRITON_TUNE"),
+        settings.raw("ATTNHUB_TRITON_TMA"), settings.raw("ATTNHUB_TRITON_FWD_CFG"),
+        settings.raw("ATTNHUB_TRITON_SPLITS"), settings.raw("ATTNHUB_TRITON_TUNE"),
     )  # fmt: skip
     fl = _FWD_LAUNCHES.get(sig)
     if fl is None:

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-from attnhub.dispatch import env_value
+from attnhub import settings
 
 _LOCK = threading.Lock()
 _LOADED: dict[bool, ModuleType] = {}
@@ -22,7 +22,7 @@ _LOADED: dict[bool, ModuleType] = {}
 
 def interpret_mode() -> bool:
     """True when ``TRITON_INTERPRET`` asks for Triton's CPU interpreter."""
-    return (env_value("TRITON_INTERPRET") or "0").strip().lower() in ("1", "true", "yes", "on")
+    return (settings.external("TRITON_INTERPRET") or "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def kernels(interpret: bool | None = None) -> ModuleType:

@@ -1,0 +1,202 @@
+"""Every ``ATTNHUB_*`` environment variable, declared once and read one way.
+
+A setting has a name, a parser, a default, a one-line meaning and an audience: ``user`` settings are
+part of the interface (README, ``attnhub info --settings``); ``dev`` settings pin kernel choices
+for tuning and experiments and may change between releases. Shipped code reads a setting only
+through :func:`value` (parsed, validated) or :func:`raw` (the string, for cache keys); a name that
+is not declared here raises ``KeyError`` and ``tests/test_settings.py`` fails on any
+``ATTNHUB_*`` literal in shipped code that is not declared.
+
+Values are re-read from the environment at each call (a dict lookup), so ``monkeypatch.setenv``
+and ``os.environ[...] = ...`` take effect at once; parsing is cached per raw string.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from attnhub.errors import AttnhubError
+
+__all__ = ["SETTINGS", "Setting", "SettingError", "declared", "external", "raw", "snapshot", "value"]
+
+
+class SettingError(AttnhubError):
+    """An ``ATTNHUB_*`` environment variable holds a value its setting does not accept."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: how to parse it, its default, what it means, who it is for."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    meaning: str
+    audience: str = "dev"  # "user" or "dev"
+    expects: str = ""  # what a valid value looks like, for the error message and `info --settings`
+
+
+# --- parsers -----------------------------------------------------------------------------------
+
+
+def _flag(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def _names(text: str) -> frozenset[str]:
+    return frozenset(n.strip() for n in text.split(",") if n.strip())
+
+
+def _name(text: str) -> str:
+    return text.strip()
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+def _int(text: str) -> int:
+    return int(text)
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise ValueError(text)
+        return text
+
+    parse.__name__ = "one of " + ", ".join(allowed)
+    return parse
+
+
+def _path(text: str) -> str:
+    return os.path.expanduser(text)
+
+
+# --- the registry ------------------------------------------------------------------------------
+
+SETTINGS: dict[str, Setting] = {}
+
+
+def _declare(name: str, parse, default, meaning: str, audience: str = "dev", expects: str = "") -> None:
+    assert name.startswith("ATTNHUB_") and name not in SETTINGS, name
+    SETTINGS[name] = Setting(name, parse, default, meaning, audience, expects)
+
+
+# fmt: off
+# User-facing.
+_declare("ATTNHUB_BACKEND", _name, None, "backend that backend='auto' means (as use_backend)", "user", "a backend name")
+_declare("ATTNHUB_DISABLE", _names, frozenset(), "backends auto dispatch never picks", "user", "name1,name2")
+_declare("ATTNHUB_CACHE_DIR", _path, None, "where compiled kernels are cached (default ~/.cache/attnhub)", "user", "a directory")
+_declare("ATTNHUB_IPU_EMULATE", _flag, False, "run the ipu backend's PopTorch graph on CPU tensors", "user", "0 or 1")
+_declare("ATTNHUB_TRITON_TUNE", _flag, True, "time the triton candidate configs on first use of a shape class", "user", "0 or 1")
+_declare("ATTNHUB_JAX_PALLAS", _choice("0", "1", "interpret"), "1", "jax backend's Pallas GPU path (interpret: Pallas interpreter)", "user", "0, 1 or interpret")
+_declare("ATTNHUB_JAX_CUDNN", _flag, True, "jax backend's cuDNN path where it serves the exact request", "user", "0 or 1")
+
+# Development: pin kernel choices for tuning and experiments.
+_declare("ATTNHUB_JAX_TILES", _ints, None, "jax blockwise tile sizes", expects="block_q,block_k")
+_CFG = "bm,bn,warps,stages[,maxnreg[,ws[,band]]]"
+_declare("ATTNHUB_TRITON_FWD_CFG", _ints, None, "pin the triton forward kernel's config", expects=_CFG)
+_declare("ATTNHUB_TRITON_DQ_CFG", _ints, None, "pin the triton dq kernel's config", expects=_CFG)
+_declare("ATTNHUB_TRITON_DKDV_CFG", _ints, None, "pin the triton dk/dv kernel's config", expects=_CFG)
+_declare("ATTNHUB_TRITON_TMA", _int, None, "force the triton forward's K/V load path", expects="0 (pointers) or 3 (descriptors)")
+_declare("ATTNHUB_TRITON_SPLITS", _int, None, "force the triton split-KV factor", expects="an integer >= 1")
+_declare("ATTNHUB_CUDA_FWD", _choice("mma", "wgmma"), None, "force the cuda half-type forward kernel", expects="mma or wgmma")
+_declare("ATTNHUB_CUDA_BWD", _choice("wgmma", "fused", "split", "simt"), None, "force the cuda backward kernel", expects="wgmma, fused, split or simt")
+_declare("ATTNHUB_CUDA_F32", _choice("f16x3", "tf32", "simt"), None, "force the cuda float32 forward kernel", expects="f16x3, tf32 or simt")
+_declare("ATTNHUB_CUDA_FWD_ORDER", _choice("tiles", "heads", "rule"), None, "grid order of the cuda forward", expects="tiles, heads or rule")
+_declare("ATTNHUB_CUDA_BWD_ORDER", _choice("tiles", "heads", "rule"), None, "grid order of the cuda backward", expects="tiles, heads or rule")
+_declare("ATTNHUB_CUDA_MMA", _ints, None, "cuda mma.sync forward tile", expects="warps,bn[,rb]")
+_declare("ATTNHUB_CUDA_TF32", _ints, None, "cuda 3xTF32 forward tile", expects="warps,bn[,rb]")
+_declare("ATTNHUB_CUDA_TF32_PVC", _int, 0, "cuda 3xTF32 forward: 8-key blocks per P.V chunk", expects="a divisor of the tile's 8-key blocks")
+_declare("ATTNHUB_CUDA_F16X3", _ints, None, "cuda 3xFP16 forward tile", expects="warps,bn[,rb]")
+_declare("ATTNHUB_CUDA_WGMMA", _ints, None, "cuda wgmma forward tile", expects="warpgroups,keys_per_tile")
+_declare("ATTNHUB_CUDA_WGMMA_PIPE", _flag, None, "cuda wgmma forward: pipelined loop", expects="0 or 1")
+_declare("ATTNHUB_CUDA_BWD_STEPS", _ints, None, "cuda mma backward steps", expects="kb_q,qb_n[,krb]")
+_declare("ATTNHUB_CUDA_BWD_WARPS", _choice("4", "8"), None, "cuda mma backward warps", expects="4 or 8")
+_declare("ATTNHUB_CUDA_BWD_WG", _choice("1", "2"), None, "cuda wgmma backward warpgroups", expects="1 or 2")
+_declare("ATTNHUB_CUDA_BWD_MINB", _choice("1", "2", "3", "4"), None, "cuda wgmma backward: min blocks per SM", expects="1-4")
+_declare("ATTNHUB_CUDA_BWD_OVERLAP", _choice("0", "1"), None, "cuda wgmma backward: overlapped loop", expects="0 or 1")
+
+# fmt: on
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def _environ_reader() -> Callable[[str], str | None]:
+    """A fast reader of one environment variable (``os.environ.get`` costs ~1 us).
+
+    ``os.environ`` keeps its values in ``_data`` keyed by the encoded name on POSIX; reading it
+    directly still sees every change made through ``os.environ``. Elsewhere fall back to ``get``.
+    """
+    data = getattr(os.environ, "_data", None)
+    if os.name == "posix" and isinstance(data, dict):
+        encoded: dict[str, bytes] = {}
+
+        def read(name: str, _data=data, _encoded=encoded, _fsencode=os.fsencode) -> str | None:
+            key = _encoded.get(name)
+            if key is None:
+                key = _encoded[name] = _fsencode(name)
+            found = _data.get(key)
+            return None if found is None else os.fsdecode(found)
+
+        return read
+    return os.environ.get
+
+
+_read = _environ_reader()
+
+
+def external(name: str) -> str | None:
+    """Another project's environment variable (``TRITON_INTERPRET``, ``XDG_CACHE_HOME``), read fast."""
+    if name.startswith("ATTNHUB_"):
+        raise KeyError(f"{name}: read attnhub settings with settings.value or settings.raw")
+    return _read(name)
+
+
+def declared(name: str) -> Setting:
+    """The declaration of ``name``; ``KeyError`` for an undeclared name (a bug in the caller)."""
+    return SETTINGS[name]
+
+
+def raw(name: str) -> str | None:
+    """The variable's text, None when unset or empty (for cache keys and messages)."""
+    if name not in SETTINGS:
+        raise KeyError(f"{name} is not a declared attnhub setting (attnhub/settings.py)")
+    text = _read(name)
+    return text if text else None
+
+
+@lru_cache(maxsize=256)
+def _parsed(name: str, text: str) -> Any:
+    setting = SETTINGS[name]
+    try:
+        return setting.parse(text)
+    except (ValueError, TypeError):
+        expects = setting.expects or getattr(setting.parse, "__name__", "a valid value")
+        raise SettingError(f"{name} takes {expects}, got {text!r}") from None
+
+
+def value(name: str) -> Any:
+    """The parsed value of a setting, or its default when unset or empty.
+
+    Raises :class:`SettingError` (naming the variable, what it takes and what it holds) for a
+    value its parser rejects.
+    """
+    text = raw(name)
+    return SETTINGS[name].default if text is None else _parsed(name, text)
+
+
+def snapshot(*names: str) -> tuple[str | None, ...]:
+    """The raw values of ``names``, for folding into a cache key."""
+    return tuple(raw(n) for n in names)
