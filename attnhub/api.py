@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnhub.backend import Backend
-from attnhub.dispatch import DISPATCHER, Explanation, _disabled, explain_request, override_state
+from attnhub.dispatch import CACHE, DISPATCHER, Explanation, _disabled, explain_request, override_state
 from attnhub.frameworks import Adapter, adapter_for
 from attnhub.registry import REGISTRY
 from attnhub.request import Request, build_request, from_canonical, to_canonical
@@ -16,10 +16,10 @@ from attnhub.rules import Causal, Full, Local
 class _Plan:
     """Everything decided once per call signature: the request, the backend, the layout moves."""
 
-    __slots__ = ("req", "ad", "run", "reshape_in", "reshape_out", "lse_shape")
+    __slots__ = ("req", "ad", "backend", "run", "reshape_in", "reshape_out", "lse_shape")
 
     def __init__(self, req: Request, ad: Adapter, backend: Backend) -> None:
-        self.req, self.ad, self.run = req, ad, backend.run
+        self.req, self.ad, self.backend, self.run = req, ad, backend, backend.run
         # A 1-d bhsd request is already canonical: no reshape on the hot path.
         self.reshape_in = not (req.layout == "bhsd" and req.ndim == 1)
         self.reshape_out = self.reshape_in
@@ -45,13 +45,6 @@ class _Plan:
         return out
 
 
-# Plans by raw call signature and dispatch overrides, so that a repeated call skips validation
-# and backend choice; dropped whenever the registry changes.
-_PLANS: dict[tuple, _Plan] = {}
-_MAX_PLANS = 4096
-REGISTRY.on_reset.append(_PLANS.clear)
-
-
 def _mask_key(mask: Any) -> Any:
     if mask is None or isinstance(mask, (str, Full, Causal, Local)):
         return mask
@@ -62,21 +55,25 @@ def _mask_key(mask: Any) -> Any:
 
 
 def _plan(q, k, v, mask, sync, scale, layout, return_lse, backend) -> _Plan:
+    """The plan for this call signature: from the dispatch cache (so that a repeated call skips
+    validation and backend choice), else validated, dispatched and cached."""
     ad = adapter_for(q)
     try:
         key = (
             ad.call_key(q, k, v), _mask_key(mask), sync, scale, layout, return_lse, backend,
             override_state(),
         )  # fmt: skip
-        hit = _PLANS.get(key)
+        hit = CACHE.recent.get(key)
+        if hit is None:
+            hit = CACHE.get(key)
     except TypeError:  # something unhashable (an odd scale object): plan without the cache
         key, hit = None, None
     if hit is not None:
         return hit
     req, ad = build_request(q, k, v, mask, sync, scale, layout, return_lse)
     plan = _Plan(req, ad, DISPATCHER.choose(req, backend))
-    if key is not None and len(_PLANS) < _MAX_PLANS:
-        _PLANS[key] = plan
+    if key is not None:
+        CACHE.put(key, plan)
     return plan
 
 

@@ -1,4 +1,4 @@
-"""Choosing a backend for a request: overrides, capability checks, priority, a per-signature cache."""
+"""Choosing a backend for a request: overrides, capability checks, priority, one bounded cache."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from attnhub import settings
 from attnhub.backend import Backend
@@ -131,20 +132,71 @@ def backend_note(b: Backend, req: Request) -> str | None:
         return f"note() raised {type(exc).__name__}: {exc}"
 
 
-class Dispatcher:
-    """Caches the chosen backend per (request signature, overrides); safe to share across threads."""
+class DispatchCache:
+    """The one dispatch cache: ``attention``'s plans by raw call signature and
+    :meth:`Dispatcher.choose`'s backends by request, each keyed with :func:`override_state`.
 
-    def __init__(self) -> None:
-        self._cache: dict[tuple, Backend] = {}
+    Bounded: at most ``maxsize`` entries, in two generations of ``maxsize // 2``. A new entry goes
+    into the recent generation; when that is full it becomes the old one and the former old one is
+    dropped; a hit in the old generation moves the entry back into the recent one. So an entry used
+    within the last ``maxsize // 2`` insertions stays (least recently used go first), and a hit on a
+    recent entry costs one dict lookup (``cache.recent.get(key)``) with no bookkeeping. Dropping an
+    entry is always safe: the next call with that signature dispatches again.
+
+    Thread-safe: lookups read plain dicts; insertions, promotions and generation changes take a lock.
+    """
+
+    def __init__(self, maxsize: int = 4096) -> None:
+        if maxsize < 2:
+            raise ValueError(f"maxsize must be at least 2, got {maxsize}")
+        self.maxsize = maxsize
+        self._half = maxsize // 2
+        #: The recent generation; read it directly on a hot path, then fall back to :meth:`get`.
+        self.recent: dict[Any, Any] = {}
+        self._old: dict[Any, Any] = {}
         self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.recent) + len(self._old)
+
+    def get(self, key: Any) -> Any:
+        """The entry for ``key`` or None; a hit in the old generation moves it into the recent one."""
+        hit = self.recent.get(key)
+        if hit is None:
+            hit = self._old.get(key)
+            if hit is not None:
+                self.put(key, hit)
+        return hit
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            if key not in self.recent and len(self.recent) >= self._half:
+                self._old, self.recent = self.recent, {}
+            self.recent[key] = value
 
     def clear(self) -> None:
         with self._lock:
-            self._cache.clear()
+            self.recent, self._old = {}, {}
+
+
+#: The process's dispatch cache, dropped whenever the set of registered backends may have changed.
+CACHE = DispatchCache()
+REGISTRY.on_reset.append(CACHE.clear)
+
+
+class Dispatcher:
+    """Chooses the backend for a request, through :data:`CACHE`; safe to share across threads."""
+
+    def __init__(self, cache: DispatchCache = CACHE) -> None:
+        self.cache = cache
+
+    def clear(self) -> None:
+        """Drop every cached decision (the whole dispatch cache, plans included)."""
+        self.cache.clear()
 
     def choose(self, req: Request, backend: str = "auto") -> Backend:
-        key = (req, backend, *override_state())
-        hit = self._cache.get(key)
+        key = ("choose", req, backend, *override_state())
+        hit = self.cache.get(key)
         if hit is not None:
             return hit
         exp = explain_request(req, backend)
@@ -155,10 +207,8 @@ class Dispatcher:
                 raise BackendUnsupported(name, reasons)
             raise NoBackendError({v.name: v.reasons for v in exp.verdicts})
         chosen = REGISTRY.backends()[exp.chosen]
-        with self._lock:
-            self._cache[key] = chosen
+        self.cache.put(key, chosen)
         return chosen
 
 
 DISPATCHER = Dispatcher()
-REGISTRY.on_reset.append(DISPATCHER.clear)

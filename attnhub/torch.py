@@ -145,8 +145,9 @@ def _unroutable(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa) -> str | N
 
 
 def _route(q, k, v, attn_mask, is_causal, scale) -> tuple[torch.Tensor, str]:
-    """attnhub's result for an SDPA call (bhsd with the leading dims folded into the batch)."""
-    from attnhub.api import attention
+    """attnhub's result for an SDPA call (bhsd with the leading dims folded into the batch), and
+    the name of the backend that ran it."""
+    from attnhub.api import _plan
 
     lead = tuple(q.shape[:-3]) if q.dim() > 3 else ()
     b = math.prod(lead) if lead else 1
@@ -160,29 +161,10 @@ def _route(q, k, v, attn_mask, is_causal, scale) -> tuple[torch.Tensor, str]:
     mask: Any = "causal" if is_causal else None
     if attn_mask is not None:
         mask = _fold_mask(attn_mask, q, lead)
-    out = attention(qc, kc, vc, mask=mask, scale=scale, backend=_backend)
-    return out.reshape(*q.shape[:-1], v.shape[-1]), _backend_name(qc, kc, vc, mask, scale)
-
-
-def _backend_name(q, k, v, mask, scale) -> str:
-    """Which backend served the call (attnhub.explain once per call signature, then cached)."""
-    from attnhub.dispatch import override_state
-
-    m = mask if mask is None or isinstance(mask, str) else ("array", mask.dtype, tuple(mask.shape))
-    need_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    key = (*((x.dtype, tuple(x.shape), x.device) for x in (q, k, v)), m, scale, need_grad, _backend,
-           override_state())  # fmt: skip
-    name = _names.get(key)
-    if name is None:
-        import attnhub
-
-        name = attnhub.explain(q, k, v, mask=mask, scale=scale, backend=_backend).chosen or "?"
-        if len(_names) < 1024:
-            _names[key] = name
-    return name
-
-
-_names: dict[tuple, str] = {}
+    # What attnhub.attention does, keeping the plan to name its backend.
+    plan = _plan(qc, kc, vc, mask, "none_front", scale, "bhsd", False, _backend)
+    out = plan.execute(qc, kc, vc, mask)
+    return out.reshape(*q.shape[:-1], v.shape[-1]), plan.backend.name
 
 
 def _fold_mask(mask: torch.Tensor, q: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:

@@ -1,0 +1,180 @@
+"""The one dispatch cache: bounded, shared by attention's fast path and Dispatcher.choose."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import attnhub
+from attnhub import REGISTRY, Backend, hookimpl
+from attnhub import dispatch as dispatch_mod
+from attnhub.dispatch import CACHE, DISPATCHER, DispatchCache
+from attnhub_backends.reference import kernel
+
+
+class CountingBackend(Backend):
+    """NumPy float32/float64; counts how often dispatch asks it (``check``) and how often it runs."""
+
+    name = "cache-counting"
+    priority = 10
+    frameworks = ("numpy",)
+    dtypes = ("float32", "float64")
+
+    def __init__(self):
+        self.checks = 0
+        self.runs = 0
+
+    def check(self, req):
+        self.checks += 1
+        return super().check(req)
+
+    def forward(self, q, k, v, req, mask=None):
+        self.runs += 1
+        out, lse = kernel.forward(q, k, v, req, mask)
+        return out.astype(q.dtype), lse.astype(np.float32 if q.dtype != np.float64 else np.float64)
+
+
+class Plugin:
+    def __init__(self):
+        self.backend = CountingBackend()
+
+    @hookimpl
+    def attnhub_backends(self):
+        return [self.backend]
+
+
+@pytest.fixture
+def counting(monkeypatch):
+    monkeypatch.delenv("ATTNHUB_BACKEND", raising=False)
+    monkeypatch.delenv("ATTNHUB_DISABLE", raising=False)
+    plugin = Plugin()
+    REGISTRY.register_plugin(plugin)
+    yield plugin.backend
+    REGISTRY.unregister_plugin(plugin)
+
+
+@pytest.fixture
+def small_cache(monkeypatch):
+    """A small bound on the process's cache (same object: api and Dispatcher keep seeing it)."""
+    monkeypatch.setattr(CACHE, "maxsize", 16)
+    monkeypatch.setattr(CACHE, "_half", 8)
+    CACHE.clear()
+    yield CACHE
+    CACHE.clear()
+
+
+def qkv(n, d=4, dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((1, 1, n, d)).astype(dtype) for _ in range(3)]
+
+
+def reference(q, k, v, mask=None):
+    """The reference kernel called directly (no dispatch: it would ask the counting backend too)."""
+    from attnhub.request import build_request
+
+    req = build_request(q, k, v, mask, "none_front", None, "bhsd", False)[0]
+    return kernel.forward(q, k, v, req, None)[0]
+
+
+def test_cache_stays_within_its_bound_and_results_stay_right(counting, small_cache):
+    # 40 distinct signatures (sequence lengths), each adding a plan and a choice: 80 entries offered.
+    for n in range(1, 41):
+        q, k, v = qkv(n)
+        out = attnhub.attention(q, k, v, mask="causal")
+        assert len(small_cache) <= small_cache.maxsize
+        np.testing.assert_allclose(out, reference(q, k, v, "causal"), rtol=1e-6, atol=1e-6)
+    assert counting.runs == 40
+    # An evicted signature dispatches again and still gives the right answer.
+    checks = counting.checks
+    q, k, v = qkv(1)
+    np.testing.assert_allclose(attnhub.attention(q, k, v, mask="causal"), reference(q, k, v, "causal"))
+    assert counting.checks == checks + 1
+    assert len(small_cache) <= small_cache.maxsize
+
+
+def test_recently_used_entries_survive_eviction(counting, small_cache):
+    hot = qkv(3)
+    attnhub.attention(*hot)
+    checks = counting.checks
+    for n in range(10, 60):  # many one-off signatures, the hot one used between each
+        attnhub.attention(*qkv(n))
+        attnhub.attention(*hot)
+    assert counting.checks == checks + 50  # the hot signature never dispatched again
+    assert len(small_cache) <= small_cache.maxsize
+
+
+def test_one_cache_for_plans_and_choices(counting):
+    """attention's plans and Dispatcher.choose's choices live in CACHE; clearing it re-dispatches."""
+    CACHE.clear()
+    q, k, v = qkv(5)
+    attnhub.attention(q, k, v)
+    assert counting.checks == 1
+    assert len(CACHE) == 2  # the plan (by call signature) and the choice (by request)
+    kinds = {key[0] if key[0] == "choose" else "plan" for key in CACHE.recent}
+    assert kinds == {"choose", "plan"}
+    attnhub.attention(q, k, v)
+    assert counting.checks == 1
+    DISPATCHER.clear()  # the same cache
+    assert len(CACHE) == 0
+    attnhub.attention(q, k, v)
+    assert counting.checks == 2
+    CACHE.clear()
+    attnhub.attention(q, k, v)
+    assert counting.checks == 3
+    assert DISPATCHER.cache is CACHE
+
+
+def test_registry_reset_clears_the_cache(counting):
+    q, k, v = qkv(5)
+    attnhub.attention(q, k, v)
+    assert len(CACHE) > 0
+    REGISTRY.reload()
+    assert len(CACHE) == 0
+    attnhub.attention(q, k, v)
+    assert counting.checks == 2
+
+
+def test_no_module_keeps_a_second_cache():
+    import attnhub.api as api
+
+    assert not hasattr(api, "_PLANS")
+    assert not hasattr(DISPATCHER, "_cache")
+    assert dispatch_mod.CACHE is CACHE
+
+
+def test_dispatch_cache_unit():
+    cache = DispatchCache(maxsize=4)
+    for i in range(10):
+        cache.put(i, str(i))
+        assert len(cache) <= 4
+    assert cache.get(9) == "9" and cache.get(8) == "8"
+    assert cache.get(0) is None
+    cache.put(10, "10")  # recent {8: , 9: } is full: it becomes the old generation
+    assert cache.get(8) == "8"  # promoted back
+    cache.put(11, "11")
+    assert cache.get(8) == "8" and cache.get(9) is None
+    cache.clear()
+    assert len(cache) == 0 and cache.get(8) is None
+    with pytest.raises(ValueError):
+        DispatchCache(maxsize=1)
+
+
+def test_cache_is_thread_safe(counting, small_cache):
+    errors = []
+
+    def work(seed):
+        try:
+            for n in range(1, 30):
+                q, k, v = qkv(n, seed=seed)
+                out = attnhub.attention(q, k, v, mask="causal")
+                np.testing.assert_allclose(out, reference(q, k, v, "causal"), atol=1e-5)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(small_cache) <= small_cache.maxsize
