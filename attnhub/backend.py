@@ -8,6 +8,8 @@ out (B, Hq, Nq, Dv) in the input dtype and lse (B, Hq, Nq) in float32 (float64 f
 
 from __future__ import annotations
 
+import inspect
+from functools import cache
 from typing import Any, ClassVar
 
 from attnhub.frameworks import FLOAT_DTYPES
@@ -100,7 +102,7 @@ class Backend:
         self, q: Any, k: Any, v: Any, req: Request, mask: Any = None
     ) -> tuple[Any, Any, Any]:
         """(out, lse, saved): the forward when a backward will follow; ``saved`` is what
-        :meth:`backward` receives as ``out``.
+        :meth:`backward` receives as ``out``. The torch and TensorFlow glue both call it.
 
         Default: the output itself. A backend whose backward forms rowsum(dO·O) overrides this to
         keep a float32 output for half-precision inputs: on a row whose probability sits on one
@@ -113,7 +115,13 @@ class Backend:
     def backward(
         self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
     ) -> tuple[Any, Any, Any]:
-        """(dq, dk, dv) for upstream gradient ``dout``; called by the framework glue."""
+        """(dq, dk, dv) for upstream gradient ``dout``; called by the framework glue.
+
+        A backend whose ``backward`` also takes a ``dlse`` keyword (the upstream gradient of lse,
+        (B, Hq, Nq), or None when lse receives none) gets it from the TensorFlow glue: lse then
+        carries a gradient, ``dS = P * (dP - rowsum(dO·O) + dlse)``. Without that keyword lse
+        carries none (torch's glue marks lse non-differentiable).
+        """
         raise NotImplementedError(f"backend {self.name!r} has no backward")
 
     def run(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
@@ -131,3 +139,17 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<attnhub backend {self.name!r} priority={self.priority}>"
+
+
+def takes_dlse(backend: Backend) -> bool:
+    """True when ``backend.backward`` accepts the upstream gradient of lse as ``dlse``."""
+    return _takes_dlse(type(backend))
+
+
+@cache
+def _takes_dlse(cls: type) -> bool:
+    try:
+        params = inspect.signature(cls.backward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "dlse" in params

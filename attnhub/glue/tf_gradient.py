@@ -1,4 +1,9 @@
-"""TensorFlow glue: ``tf.custom_gradient`` around a backend's forward and backward."""
+"""TensorFlow glue: ``tf.custom_gradient`` around a backend's forward and backward.
+
+The forward is ``forward_for_grad`` (a TensorFlow tape may ask for gradients whenever it watches
+the inputs), so ``backward`` receives the ``saved`` output it asked for. The upstream gradient of
+lse reaches backends whose ``backward`` takes a ``dlse`` argument (see :meth:`Backend.backward`).
+"""
 
 from __future__ import annotations
 
@@ -6,18 +11,24 @@ from typing import Any
 
 import tensorflow as tf
 
+from attnhub.backend import takes_dlse
 from attnhub.request import Request
 
 
 def run_with_gradient(backend: Any, q: Any, k: Any, v: Any, req: Request, mask: Any) -> tuple[Any, Any]:
-    """Run ``backend.forward`` so that a GradientTape calls ``backend.backward``."""
+    """Run ``backend.forward_for_grad`` so that a GradientTape calls ``backend.backward``."""
+    with_dlse = takes_dlse(backend)
 
     @tf.custom_gradient
     def _attend(q, k, v):
-        out, lse = backend.forward(q, k, v, req, mask)
+        out, lse, saved = backend.forward_for_grad(q, k, v, req, mask)
 
         def grad(dout, dlse=None):
-            return backend.backward(q, k, v, out, lse, dout, req, mask)
+            if dout is None:
+                dout = tf.zeros_like(out)
+            if with_dlse:
+                return backend.backward(q, k, v, saved, lse, dout, req, mask, dlse=dlse)
+            return backend.backward(q, k, v, saved, lse, dout, req, mask)
 
         return (out, lse), grad
 

@@ -43,10 +43,20 @@ class ReferenceBackend(Backend):
         return ad.from_numpy(out, req.dtype, q), ad.from_numpy(lse, lse_dtype, q)
 
     def backward(
-        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        out: Any,
+        lse: Any,
+        dout: Any,
+        req: Request,
+        mask: Any = None,
+        dlse: Any = None,
     ) -> tuple[Any, Any, Any]:
         ad = adapter_for(q)
         arrays = [ad.to_numpy(x) for x in (q, k, v, dout)]
         m = None if mask is None else adapter_for(mask).to_numpy(mask)
-        grads = kernel.backward(*arrays, req, m)
+        dl = None if dlse is None else adapter_for(dlse).to_numpy(dlse)
+        grads = kernel.backward(*arrays, req, m, dl)
         return tuple(ad.from_numpy(g, req.dtype, q) for g in grads)  # type: ignore[return-value]

@@ -101,10 +101,14 @@ def forward(q, k, v, req: Request, mask=None) -> tuple[np.ndarray, np.ndarray]:
     return out.reshape(*shape, req.dim_v), lse.reshape(shape)
 
 
-def backward(q, k, v, dout, req: Request, mask=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(dq, dk, dv) in float64; the forward is recomputed exactly in float64 per block."""
+def backward(q, k, v, dout, req: Request, mask=None, dlse=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dq, dk, dv) in float64; the forward is recomputed exactly in float64 per block.
+
+    ``dlse`` (B, Hq, Nq), when given, is the upstream gradient of lse: dS = P * (dP - rowsum(dO·O) + dlse).
+    """
     qg, k64, v64 = _grouped(q, req), _kv(k), _kv(v)
     dog = _grouped(dout, req)
+    dlg = None if dlse is None else _grouped(np.asarray(dlse)[..., None], req)
     dq = np.zeros_like(qg)
     dk = np.zeros((req.batch, req.heads_kv, req.nk, req.dim_qk))
     dv = np.zeros((req.batch, req.heads_kv, req.nk, req.dim_v))
@@ -120,7 +124,10 @@ def backward(q, k, v, dout, req: Request, mask=None) -> tuple[np.ndarray, np.nda
             do = dog[:, :, :, blk.rows, :]
             o = p @ vb
             dp = do @ np.swapaxes(vb, -1, -2)
-            ds = p * (dp - (do * o).sum(axis=-1, keepdims=True)) * req.scale
+            delta = (do * o).sum(axis=-1, keepdims=True)
+            if dlg is not None:
+                delta = delta - dlg[:, :, :, blk.rows, :]
+            ds = p * (dp - delta) * req.scale
             dq[:, :, :, blk.rows, :] = ds @ kb
             dk[:, :, blk.lo : blk.hi, :] += (np.swapaxes(ds, -1, -2) @ qg[:, :, :, blk.rows, :]).sum(axis=2)
             dv[:, :, blk.lo : blk.hi, :] += (np.swapaxes(p, -1, -2) @ do).sum(axis=2)

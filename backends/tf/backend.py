@@ -1,4 +1,5 @@
-"""The ``tf`` backend class: capabilities, and the ``tf.custom_gradient`` glue around the kernel."""
+"""The ``tf`` backend class: capabilities and the kernel's forward and backward (the core's TF glue
+wraps them in ``tf.custom_gradient``)."""
 
 from __future__ import annotations
 
@@ -42,35 +43,29 @@ class TFBackend(Backend):
 
         return kernel.forward(q, k, v, req, plan_for(req), mask)
 
-    def backward(
-        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
+    def forward_for_grad(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None
     ) -> tuple[Any, Any, Any]:
+        """(out, lse, out in the compute dtype): the backward's rowsum(dO·O) reads O before rounding."""
         from attnhub_backends.tf import kernel
         from attnhub_backends.tf.tiles import plan_for
 
-        return kernel.backward(q, k, v, out, lse, dout, req, plan_for(req), mask)
+        return kernel.forward_with_residual(q, k, v, req, plan_for(req), mask)
 
-    def run(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
-        """Forward under ``tf.custom_gradient``: the tape keeps q, k, v, out (in the compute dtype) and lse.
-
-        Memory stays O(L); the backward recomputes the tiles from lse.
-        """
-        import tensorflow as tf
-
+    def backward(
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        out: Any,
+        lse: Any,
+        dout: Any,
+        req: Request,
+        mask: Any = None,
+        dlse: Any = None,
+    ) -> tuple[Any, Any, Any]:
+        """Recomputes each tile from lse (memory stays linear in the sequence length)."""
         from attnhub_backends.tf import kernel
         from attnhub_backends.tf.tiles import plan_for
 
-        plan = plan_for(req)
-
-        @tf.custom_gradient
-        def _attend(q, k, v):
-            out, lse, out_ct = kernel.forward_with_residual(q, k, v, req, plan, mask)
-
-            def grad(dout, dlse=None):
-                if dout is None:
-                    dout = tf.zeros_like(out)
-                return kernel.backward(q, k, v, out_ct, lse, dout, req, plan, mask, dlse)
-
-            return (out, lse), grad
-
-        return _attend(q, k, v)
+        return kernel.backward(q, k, v, out, lse, dout, req, plan_for(req), mask, dlse)
