@@ -82,6 +82,23 @@ def _path(text: str) -> str:
     return os.path.expanduser(text)
 
 
+def _pallas_mode(text: str) -> str:
+    """ "on", "off" or "interpret" (the jax backend's Pallas path)."""
+    mode = {"1": "on", "on": "on", "0": "off", "off": "off", "interpret": "interpret"}.get(
+        text.strip().lower()
+    )
+    if mode is None:
+        raise ValueError(text)
+    return mode
+
+
+def _positive_pair(text: str) -> tuple[int, int]:
+    first, second = (int(x) for x in text.split(","))  # not two values: ValueError
+    if first < 1 or second < 1:
+        raise ValueError(text)
+    return first, second
+
+
 # --- the registry ------------------------------------------------------------------------------
 
 SETTINGS: dict[str, Setting] = {}
@@ -99,11 +116,11 @@ _declare("ATTNHUB_DISABLE", _names, frozenset(), "backends auto dispatch never p
 _declare("ATTNHUB_CACHE_DIR", _path, None, "where compiled kernels are cached (default ~/.cache/attnhub)", "user", "a directory")
 _declare("ATTNHUB_IPU_EMULATE", _flag, False, "run the ipu backend's PopTorch graph on CPU tensors", "user", "0 or 1")
 _declare("ATTNHUB_TRITON_TUNE", _flag, True, "time the triton candidate configs on first use of a shape class", "user", "0 or 1")
-_declare("ATTNHUB_JAX_PALLAS", _choice("0", "1", "interpret"), "1", "jax backend's Pallas GPU path (interpret: Pallas interpreter)", "user", "0, 1 or interpret")
+_declare("ATTNHUB_JAX_PALLAS", _pallas_mode, "on", "jax backend's Pallas GPU path (interpret: Pallas interpreter)", "user", "1 (on), 0 (off) or interpret")
 _declare("ATTNHUB_JAX_CUDNN", _flag, True, "jax backend's cuDNN path where it serves the exact request", "user", "0 or 1")
 
 # Development: pin kernel choices for tuning and experiments.
-_declare("ATTNHUB_JAX_TILES", _ints, None, "jax blockwise tile sizes", expects="block_q,block_k")
+_declare("ATTNHUB_JAX_TILES", _positive_pair, None, "jax blockwise tile sizes", expects="block_q,block_k (two positive integers)")
 _CFG = "bm,bn,warps,stages[,maxnreg[,ws[,band]]]"
 _declare("ATTNHUB_TRITON_FWD_CFG", _ints, None, "pin the triton forward kernel's config", expects=_CFG)
 _declare("ATTNHUB_TRITON_DQ_CFG", _ints, None, "pin the triton dq kernel's config", expects=_CFG)

@@ -9,22 +9,20 @@ then the very same graph runs on torch CPU tensors, so that it can be certified 
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 import threading
 from typing import Any, ClassVar
 
+from attnhub import settings
 from attnhub.backend import Backend
 from attnhub.request import Request
 
-#: Environment variable that turns CPU emulation on.
-EMULATE_ENV = "ATTNHUB_IPU_EMULATE"
 NO_POPTORCH = "poptorch is not installed; it ships with the Poplar SDK"
 
 
 def emulation_enabled() -> bool:
     """True when ``ATTNHUB_IPU_EMULATE`` is set to a true value (1, true, yes, on)."""
-    return os.environ.get(EMULATE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return settings.value("ATTNHUB_IPU_EMULATE")
 
 
 def poptorch_installed() -> bool:
@@ -72,7 +70,7 @@ class IpuBackend(Backend):
     def availability(self) -> str | None:
         if emulation_enabled() or poptorch_installed():
             return None
-        return f"{NO_POPTORCH} (or set {EMULATE_ENV}=1 to run its graph on the CPU)"
+        return f"{NO_POPTORCH} (or set ATTNHUB_IPU_EMULATE=1 to run its graph on the CPU)"
 
     def version(self) -> str | None:
         parts = []

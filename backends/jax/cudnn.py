@@ -16,14 +16,11 @@ request only when its own semantics coincide with SPEC's:
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from attnhub import settings
 from attnhub.request import Request
 from attnhub.rules import Causal, Full
-
-#: Set to "0" to keep the JAX backend off cuDNN (benchmarks compare both paths).
-ENV = "ATTNHUB_JAX_CUDNN"
 
 
 def obstacles(req: Request) -> list[str]:
@@ -32,8 +29,8 @@ def obstacles(req: Request) -> list[str]:
     if req.device_type != "cuda":
         why.append("not on an NVIDIA GPU")
         return why
-    if os.environ.get(ENV, "1") == "0":
-        why.append(f"disabled by {ENV}=0")
+    if not settings.value("ATTNHUB_JAX_CUDNN"):  # "0" keeps the path off (benchmarks compare both)
+        why.append("disabled by ATTNHUB_JAX_CUDNN=0")
     if req.dtype not in ("float16", "bfloat16"):
         why.append(f"cuDNN flash attention takes float16/bfloat16, got {req.dtype}")
     rule = req.rule

@@ -13,26 +13,24 @@ any device (tests on the CPU).
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from attnhub import settings
 from attnhub.request import Request
 from attnhub.rules import Causal, Full, Local
 from attnhub_backends.jax import plan as planning
 from attnhub_backends.jax import rulemask
 
-ENV = "ATTNHUB_JAX_PALLAS"
 BQ, BK = 128, 64
 
 
 def mode() -> str:
-    """ "on" (GPU), "off" or "interpret"."""
-    value = os.environ.get(ENV, "1")
-    return {"0": "off", "off": "off", "interpret": "interpret"}.get(value, "on")
+    """ "on" (GPU), "off" or "interpret", from ``ATTNHUB_JAX_PALLAS``."""
+    return settings.value("ATTNHUB_JAX_PALLAS")
 
 
 def obstacles(req: Request) -> list[str]:
@@ -40,7 +38,7 @@ def obstacles(req: Request) -> list[str]:
     m = mode()
     why: list[str] = []
     if m == "off":
-        return [f"disabled by {ENV}=0"]
+        return ["disabled by ATTNHUB_JAX_PALLAS=0"]
     if m == "on" and req.device_type != "cuda":
         return ["not on an NVIDIA GPU"]
     if req.dtype not in ("float16", "bfloat16"):

@@ -13,7 +13,6 @@ eager calls are compiled once and calls under an outer ``jit``/``grad``/``vmap``
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -22,12 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from attnhub import settings
 from attnhub.request import Request
 from attnhub_backends.jax import blockwise, cudnn, pallas
 from attnhub_backends.jax.blockwise import Config
-
-#: "bq,bk" overrides the tile sizes of the blockwise path (tests use small tiles).
-TILES_ENV = "ATTNHUB_JAX_TILES"
 
 _CACHE: dict[tuple, Callable[..., tuple[Any, Any]]] = {}
 _LOCK = threading.Lock()
@@ -40,9 +37,9 @@ def _round_up(n: int, m: int) -> int:
 def config_for(req: Request) -> Config:
     """Tile sizes and compute dtype of the blockwise path for ``req`` on its device."""
     gpu = req.device_type == "cuda"
-    env = os.environ.get(TILES_ENV)
-    if env:
-        bq, bk = (int(x) for x in env.split(","))
+    pinned = settings.value("ATTNHUB_JAX_TILES")  # "bq,bk" (tests use small tiles)
+    if pinned:
+        bq, bk = pinned
     elif gpu:
         bq, bk = min(128, _round_up(req.nq, 16)), min(128, _round_up(req.nk, 16))
     else:
