@@ -1,8 +1,8 @@
 """The static tile plan of chunked attention, computed in NumPy at trace time.
 
 The query and key sequences (flattened row-major, as the backend receives them) are cut into
-``num_chunks_q`` x ``num_chunks_kv`` chunks. For every chunk pair the rule is evaluated from
-positions (:mod:`attnhub.positions`) and the pair is classified as
+``num_chunks_q`` x ``num_chunks_kv`` chunks. Every chunk pair is classified by
+:mod:`attnhub.tiling` (exactly) as
 
 - ``skip``: the rule masks every (query, key) pair of the tile; no operation is emitted for it;
 - ``full``: the rule keeps every pair; the tile runs without a mask;
@@ -20,8 +20,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from attnhub.positions import grid_positions, rule_mask
-from attnhub.rules import Full, Rule
+from attnhub.rules import Rule
+from attnhub.tiling import EMPTY, PARTIAL, Tiling
 
 
 @dataclass(frozen=True)
@@ -87,22 +87,16 @@ def make_plan(
     """The tile plan of ``rule`` for these sequence shapes and chunk counts (cached)."""
     nq, nk = math.prod(seq_q), math.prod(seq_k)
     qb, kb = bounds(nq, num_chunks_q), bounds(nk, num_chunks_kv)
-    if isinstance(rule, Full):
-        rows = tuple(tuple(Tile(i, j, None) for j in range(len(kb))) for i in range(len(qb)))
-        return Plan(qb, kb, rows)
-    pq, pk, fq, fk = grid_positions(seq_q, seq_k, sync)
+    tiling = Tiling(seq_q, seq_k, sync, [0] + [b for _, b in qb], [0] + [b for _, b in kb])
+    cls = tiling.classify(rule)
     rows = []
-    for i, (q0, q1) in enumerate(qb):
+    for i in range(len(qb)):
         row = []
-        pq_i = [p[q0:q1] for p in pq]
-        for j, (k0, k1) in enumerate(kb):
-            keep = rule_mask(rule, pq_i, [p[k0:k1] for p in pk], fq[q0:q1], fk[k0:k1])
-            if not keep.any():
-                continue
-            mask = None if keep.all() else keep
+        for j in np.flatnonzero(cls[i] != EMPTY):
+            mask = tiling.mask(rule, i, int(j)) if cls[i, j] == PARTIAL else None
             if mask is not None:
                 mask.setflags(write=False)
-            row.append(Tile(i, j, mask))
+            row.append(Tile(i, int(j), mask))
         rows.append(tuple(row))
     return Plan(qb, kb, tuple(rows))
 

@@ -17,11 +17,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from attnhub.positions import grid_positions, rule_mask
-from attnhub.rules import Full, Rule
+from attnhub.positions import grid_positions
+from attnhub.rules import Rule
+from attnhub.tiling import EMPTY, classify
 
-#: Rule-mask elements evaluated at once while planning (bounds planning memory).
-PLAN_CHUNK = 1 << 24
 #: Direct lanes (one per outer tile) are used when they pad the work by at most this factor.
 DIRECT_WASTE = 1.25
 
@@ -86,23 +85,8 @@ def tile_pairs(
     rule: Rule, seq_q: tuple[int, ...], seq_k: tuple[int, ...], sync: str, bq: int, bk: int
 ) -> tuple[tuple[int, ...], ...]:
     """For each query tile, the key tiles holding at least one attended pair (ascending)."""
-    nq, nk = math.prod(seq_q), math.prod(seq_k)
-    nqt, nkt = math.ceil(nq / bq), math.ceil(nk / bk)
-    if isinstance(rule, Full):
-        every = tuple(range(nkt))
-        return tuple(every for _ in range(nqt))
-    pq, pk, fq, fk = grid_positions(seq_q, seq_k, sync)
-    tiles_per_chunk = max(1, PLAN_CHUNK // max(1, bq * nk))
-    result: list[tuple[int, ...]] = []
-    for t0 in range(0, nqt, tiles_per_chunk):
-        t1 = min(nqt, t0 + tiles_per_chunk)
-        r0, r1 = t0 * bq, min(nq, t1 * bq)
-        keep = rule_mask(rule, [p[r0:r1] for p in pq], pk, fq[r0:r1], fk)
-        full = np.zeros(((t1 - t0) * bq, nkt * bk), dtype=bool)
-        full[: r1 - r0, :nk] = keep
-        hit = full.reshape(t1 - t0, bq, nkt, bk).any(axis=(1, 3))
-        result.extend(tuple(int(j) for j in np.flatnonzero(row)) for row in hit)
-    return tuple(result)
+    cls = classify(rule, seq_q, seq_k, sync, bq, bk)
+    return tuple(tuple(int(j) for j in np.flatnonzero(row != EMPTY)) for row in cls)
 
 
 def transpose_pairs(pairs: tuple[tuple[int, ...], ...], n_inner: int) -> tuple[tuple[int, ...], ...]:

@@ -1,11 +1,9 @@
 """Tile plans: which key tiles each query tile must visit, and which of them need no mask.
 
-A rule is evaluated per tile pair from position bounds (SPEC §2-3): for each query tile and key tile
-the per-dimension position boxes and flat-index ranges give a conservative verdict, ``EMPTY`` (no
-pair attended: skipped), ``FULL`` (every pair attended: no mask evaluated) or ``PARTIAL`` (the
-kernel evaluates the rule per element). Boxes over-approximate the true position sets, so ``EMPTY``
-and ``FULL`` are only claimed when they hold for every pair. Plans are small NumPy arrays (one entry
-per tile pair), computed once per signature and cached on the device.
+Each (query tile, key tile) pair is classified by :mod:`attnhub.tiling` from position bounds (SPEC
+§2-3): ``EMPTY`` (no pair attended: skipped), ``FULL`` (every pair attended: no mask evaluated) or
+``PARTIAL`` (the kernel evaluates the rule per element). Plans are small NumPy arrays (one entry per
+tile pair), computed once per signature and cached on the device.
 """
 
 from __future__ import annotations
@@ -16,53 +14,20 @@ from typing import Any
 
 import numpy as np
 
-from attnhub.positions import grid_positions
-from attnhub.rules import Causal, Full, Local, Rule
-
-EMPTY, PARTIAL, FULL = 0, 1, 2
-
-
-def _tile_reduce(values: np.ndarray, block: int, fn: Any) -> np.ndarray:
-    starts = np.arange(0, values.shape[0], block)
-    return fn.reduceat(values, starts)
+from attnhub.rules import Rule
+from attnhub.tiling import EMPTY, FULL, PARTIAL, Tiling
 
 
 def classify(
     rule: Rule, seq_q: tuple[int, ...], seq_k: tuple[int, ...], sync: str, block_m: int, block_n: int
 ) -> np.ndarray:
     """(query tiles x key tiles) int8 matrix of EMPTY / PARTIAL / FULL for ``rule``."""
-    pq, pk, fq, fk = grid_positions(seq_q, seq_k, sync)
-    nq, nk = fq.shape[0], fk.shape[0]
-    tq, tk = -(-nq // block_m), -(-nk // block_n)
+    tiling = Tiling(seq_q, seq_k, sync, block_m, block_n)
+    cls = tiling.bounds(rule)  # bounds only: planning stays O(tile pairs) however long the sequences
     # FULL also needs complete tiles, so that unmasked kernel steps load without bounds checks.
-    complete = (
-        (((np.arange(tq) + 1) * block_m <= nq)[:, None]) & (((np.arange(tk) + 1) * block_n <= nk)[None, :])
-    )
-    if isinstance(rule, Full):
-        return np.where(complete, FULL, PARTIAL).astype(np.int8)
-    nonempty = np.ones((tq, tk), dtype=bool)
-    full = complete.copy()
-    causal = isinstance(rule, Causal) or (isinstance(rule, Local) and rule.causal)
-    if causal:
-        fq_lo = _tile_reduce(fq, block_m, np.minimum)[:, None]
-        fq_hi = _tile_reduce(fq, block_m, np.maximum)[:, None]
-        fk_lo = _tile_reduce(fk, block_n, np.minimum)[None, :]
-        fk_hi = _tile_reduce(fk, block_n, np.maximum)[None, :]
-        nonempty &= fq_hi >= fk_lo
-        full &= fq_lo >= fk_hi
-    if isinstance(rule, Local):
-        s = rule.stride
-        for d, w in enumerate(rule.windows(len(seq_q))):
-            q_lo = _tile_reduce(pq[d], block_m, np.minimum)[:, None]
-            q_hi = _tile_reduce(pq[d], block_m, np.maximum)[:, None]
-            k_lo = _tile_reduce(pk[d], block_n, np.minimum)[None, :]
-            k_hi = _tile_reduce(pk[d], block_n, np.maximum)[None, :]
-            dmin = np.maximum(np.maximum(k_lo - q_hi, q_lo - k_hi), 0)
-            dmax = np.maximum(q_hi - k_lo, k_hi - q_lo)
-            nonempty &= dmin // s < w
-            full &= (dmax < w) if s == 1 else (dmax == 0)
-    out = np.where(nonempty, np.where(full, FULL, PARTIAL), EMPTY).astype(np.int8)
-    return out
+    complete = (np.diff(tiling.q_edges) == block_m)[:, None] & (np.diff(tiling.k_edges) == block_n)[None, :]
+    cls[(cls == FULL) & ~complete] = PARTIAL
+    return cls
 
 
 def lists(cls: np.ndarray) -> np.ndarray:
