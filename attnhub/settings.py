@@ -121,7 +121,7 @@ _declare("ATTNHUB_JAX_CUDNN", _flag, True, "jax backend's cuDNN path where it se
 
 # Development: pin kernel choices for tuning and experiments.
 _declare("ATTNHUB_JAX_TILES", _positive_pair, None, "jax blockwise tile sizes", expects="block_q,block_k (two positive integers)")
-_CFG = "bm,bn,warps,stages[,maxnreg[,ws[,band]]]"
+_CFG = "bm,bn,warps,stages[,maxnreg[,band]]"
 _declare("ATTNHUB_TRITON_FWD_CFG", _ints, None, "pin the triton forward kernel's config", expects=_CFG)
 _declare("ATTNHUB_TRITON_DQ_CFG", _ints, None, "pin the triton dq kernel's config", expects=_CFG)
 _declare("ATTNHUB_TRITON_DKDV_CFG", _ints, None, "pin the triton dk/dv kernel's config", expects=_CFG)

@@ -4,6 +4,7 @@ must not leak into other tests, where it would make the triton backend take CPU 
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import pytest
@@ -96,7 +97,7 @@ def test_split_kv_and_gqa_packing(monkeypatch) -> None:
 def test_band_walk(monkeypatch, rule, sync, sq, sk, splits) -> None:
     """The forward's band walk (one loop over a contiguous run of key tiles, rule evaluated only
     outside the unmasked run) against the reference; 16-row key tiles so the runs have several."""
-    monkeypatch.setenv("ATTNHUB_TRITON_FWD_CFG", "32,16,1,1,0,0,1")
+    monkeypatch.setenv("ATTNHUB_TRITON_FWD_CFG", "32,16,1,1,0,1")
     monkeypatch.setenv("ATTNHUB_TRITON_SPLITS", splits)
     check(torch, device="cpu", dtype="float32", seq_q=sq, seq_k=sk, rule=rule, sync=sync, b=2, hq=2,
           hkv=1, dqk=16, dv=24, grad=False)  # fmt: skip
@@ -109,33 +110,18 @@ def test_band_walk(monkeypatch, rule, sync, sq, sk, splits) -> None:
     assert kwargs["EVEN_K"] == (sk[0] % 16 == 0)  # loads without bounds masks only then
 
 
-@pytest.mark.parametrize("mode", ["1", "2"])
-def test_tensor_descriptor_loads(monkeypatch, mode) -> None:
-    """K/V through in-kernel tensor descriptors (zero-filled past the keys; bhsd and bshd strides)."""
-    from attnhub_backends.triton import launch
-
-    monkeypatch.setenv("ATTNHUB_TRITON_TMA", mode)
-    k = torch.zeros(2, 3, 40, 32, dtype=torch.float16)
-    assert launch._tma_mode(k, k, k) == int(mode)
-    assert launch._tma_mode(k, k[..., :24], k) == 0  # head dim not a power of two: pointers
-    check(torch, device="cpu", dtype="float16", seq_q=(33,), seq_k=(70,), rule=Local(5, causal=True),
-          sync="none_end", b=2, hq=4, hkv=2, dqk=32, dv=16, layout="bshd")  # fmt: skip
-    check(torch, device="cpu", dtype="bfloat16", seq_q=(45,), seq_k=(45,), rule=Causal(), b=1, hq=2,
-          hkv=1, dqk=16, dv=32, grad=False)  # fmt: skip
-
-
 def test_tma_setting_is_checked(monkeypatch) -> None:
-    """ATTNHUB_TRITON_TMA: empty means the default, anything but 0-3 is a clear error (was int('') deep
-    in a launch)."""
+    """ATTNHUB_TRITON_TMA: empty means the default, anything but 0 or 3 is a clear error (was int('')
+    deep in a launch); the interpreter always loads through pointers."""
     from attnhub.errors import AttnhubError
     from attnhub_backends.triton import launch
 
     k = torch.zeros(2, 3, 40, 32, dtype=torch.float16)
     monkeypatch.setenv("ATTNHUB_TRITON_TMA", "")
     assert launch._tma_mode(k, k, k) == 0  # the default: pointers on the CPU interpreter
-    monkeypatch.setenv("ATTNHUB_TRITON_TMA", "1")
-    assert launch._tma_mode(k, k, k, packed=True) == 1  # forced: decode-shaped calls too
-    for bad in ("x", "4", "-1"):
+    monkeypatch.setenv("ATTNHUB_TRITON_TMA", "3")
+    assert launch._tma_mode(k, k, k, packed=True) == launch.POINTERS  # no descriptors in the interpreter
+    for bad in ("x", "1", "2", "4", "-1"):
         monkeypatch.setenv("ATTNHUB_TRITON_TMA", bad)
         with pytest.raises(AttnhubError, match="ATTNHUB_TRITON_TMA"):
             launch._tma_mode(k, k, k)
@@ -172,3 +158,28 @@ def test_launch_reused_only_for_its_signature(monkeypatch) -> None:
     monkeypatch.setenv("ATTNHUB_TRITON_SPLITS", "2")
     run(q.contiguous(), k, v)
     assert len(launch._FWD_LAUNCHES) == 5
+
+
+def test_rule_args_name_kernel_parameters() -> None:
+    """launch.rule_args' scalars are passed by name: each kernel takes all thirteen, in one run, and
+    its constexprs; a pinned config takes 4 to 6 integers (no warp-specialisation field)."""
+    from attnhub.errors import AttnhubError
+    from attnhub.request import build_request
+    from attnhub_backends.triton import configs, launch
+    from attnhub_backends.triton.loader import kernels
+
+    x = torch.zeros(1, 2, 6, 5, 16)
+    req, _ = build_request(x, x, x, Local((2, 3), 1), "scale_end", None, "bhsd", True)
+    scalars, consts = launch.rule_args(req)
+    assert len(scalars) == 13 and consts == {"NDIM": 2, "RULE": "local", "CAUSAL": False, "LOG2_STRIDE": 1}
+    for name in ("fwd_kernel", "dkdv_kernel", "dq_kernel"):
+        params = list(inspect.signature(getattr(kernels(), name).fn).parameters)
+        at = params.index("q_cols")
+        assert params[at : at + 13] == list(scalars), name
+        assert set(consts) <= set(params), name
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNHUB_TRITON_FWD_CFG", "64,64,4,3,128,1")
+        assert configs.forced("fwd") == configs.Cfg(64, 64, 4, 3, 128, band=True)
+        mp.setenv("ATTNHUB_TRITON_FWD_CFG", "64,64,4,3,0,0,1")
+        with pytest.raises(AttnhubError, match="ATTNHUB_TRITON_FWD_CFG"):
+            configs.forced("fwd")

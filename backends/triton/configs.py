@@ -14,20 +14,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from attnhub import settings
+from attnhub.errors import AttnhubError
 
 
 @dataclass(frozen=True)
 class Cfg:
     """Query tile rows ``bm``, key tile rows ``bn``, warps, software-pipelining stages; forward
-    only: a register cap per thread (``maxnreg``, 0 = none), Triton's warp specialisation, and the
-    band walk (one loop over a contiguous run of key tiles, where the plan allows it)."""
+    only: a register cap per thread (``maxnreg``, 0 = none) and the band walk (one loop over a
+    contiguous run of key tiles, where the plan allows it)."""
 
     bm: int
     bn: int
     warps: int = 4
     stages: int = 2
     maxnreg: int = 0
-    ws: bool = False
     band: bool = False
 
 
@@ -36,17 +36,16 @@ INTERPRET = {"fwd": Cfg(32, 16, 1, 1), "dkdv": Cfg(16, 32, 1, 1), "dq": Cfg(32, 
 
 def _band(bm: int, bn: int, warps: int, stages: int, maxnreg: int = 0) -> Cfg:
     """A forward candidate with the band walk (a causal call's diagonal, a window's two edges and
-    its unmasked run in one loop): up to 4 % faster than the index-list walk for causal calls at
-    D = 128 (H100, 2026-11-23 04:56), but 1-4 % slower on every D = 64 dense case pinned at 05:27,
-    so the D = 64 dense list keeps the index-list walk (and 128 x 64 first: fastest or tied there)."""
-    return Cfg(bm, bn, warps, stages, maxnreg, False, True)
+    its unmasked run in one loop): faster than the index-list walk for causal calls at D = 128 but
+    slower on D = 64 dense cases (docs/benchmarks.md), so the D = 64 dense list keeps the index-list
+    walk (and 128 x 64 first: fastest or tied there)."""
+    return Cfg(bm, bn, warps, stages, maxnreg, band=True)
 
 
 # (kernel, head-dim bucket, element size) -> candidates; for Hopper (sm90) and Ampere/Ada alike,
 # Hopper gets the deeper pipelines first. 16-bit lists start with what the tuner picked on the H100
-# at every dense length (2026-11-22 22:40 bench, checked pair by pair with
-# benchmarks/triton_bwd_probe.py at 00:11: the old first dK/dV candidate, 32x128, was 2.3x slower
-# than 64x128 at D = 128), so that untuned calls and ties get the measured best.
+# at every dense length (backward pairs checked with benchmarks/triton_bwd_probe.py; see
+# docs/benchmarks.md), so that untuned calls and ties get the measured best.
 _HOPPER: dict[tuple[str, int, int], list[Cfg]] = {
     ("fwd", 64, 2): [Cfg(128, 64, 4, 3), Cfg(64, 64, 4, 3), Cfg(128, 128, 8, 3), Cfg(128, 64, 4, 4)],
     ("fwd", 128, 2): [_band(128, 128, 8, 3), _band(128, 64, 8, 3), _band(64, 64, 4, 3)],
@@ -85,9 +84,9 @@ def small_q_candidates(head_dim: int, elem_size: int) -> list[Cfg]:
 
 
 # Sliding windows (16-bit, head dim <= 128), all with the band walk: 64-row query tiles waste fewer
-# pairs at a window's edges than 128-row ones (slower on every case, H100, 2026-11-22/23). At D = 64
-# a 128-register cap lets four programs share an SM (0.153 against 0.169 ms at w = 256, L = 16k,
-# 2026-11-23 05:02); 128 x 64 x 8 warps x 2 stages capped at 128 registers also fits two per SM.
+# pairs at a window's edges than 128-row ones (which were slower on every case measured). At D = 64
+# a 128-register cap lets four programs share an SM; 128 x 64 x 8 warps x 2 stages capped at 128
+# registers also fits two per SM.
 _LOCAL: dict[int, list[Cfg]] = {
     64: [_band(64, 64, 4, 3, 128), _band(64, 64, 4, 2, 128), _band(64, 64, 4, 3), _band(128, 64, 8, 2, 128)],
     128: [_band(64, 64, 4, 3), _band(64, 32, 4, 3), _band(128, 64, 8, 2, 128)],
@@ -111,17 +110,21 @@ CFG_SETTING = {
 
 
 def forced(kernel: str) -> Cfg | None:
-    """The kernel's ``CFG_SETTING`` (``bm,bn,warps,stages[,maxnreg[,ws[,band]]]``) pins one config."""
-    env = settings.raw(CFG_SETTING[kernel])
-    if not env:
+    """The kernel's ``CFG_SETTING`` (``bm,bn,warps,stages[,maxnreg[,band]]``) pins one config."""
+    parts = settings.value(CFG_SETTING[kernel])
+    if not parts:
         return None
-    parts = [int(x) for x in env.split(",")]
-    return Cfg(*parts[:5], *(bool(x) for x in parts[5:7]))
+    if not 4 <= len(parts) <= 6:
+        raise AttnhubError(
+            f"{CFG_SETTING[kernel]} takes bm,bn,warps,stages[,maxnreg[,band]] (4 to 6 integers), got "
+            f"{settings.raw(CFG_SETTING[kernel])!r}"
+        )
+    return Cfg(*parts[:5], *(bool(x) for x in parts[5:]))
 
 
 def _older(cfg: Cfg) -> Cfg:
     """Pre-Hopper parts have less shared memory: fewer stages."""
-    return Cfg(cfg.bm, cfg.bn, cfg.warps, max(1, min(cfg.stages, 2)), cfg.maxnreg, cfg.ws, cfg.band)
+    return Cfg(cfg.bm, cfg.bn, cfg.warps, max(1, min(cfg.stages, 2)), cfg.maxnreg, cfg.band)
 
 
 def candidates(kernel: str, head_dim: int, elem_size: int, capability: tuple[int, int]) -> list[Cfg]:
@@ -174,7 +177,7 @@ def choose(key: tuple, cands: list[Cfg], run: Callable[[Cfg], object], work: int
     if not live:
         raise RuntimeError(f"no Triton config fits this GPU for {key}")
     # Bring the clocks up first (about 50 ms of the default): an idle GPU times its first candidate
-    # slow, which biased the pick towards later candidates (seen on the H100, 2026-11-22).
+    # slow, which biased the pick towards later candidates.
     ms = _elapsed_ms(lambda: run(live[0]), 1)
     _elapsed_ms(lambda: run(live[0]), max(1, min(200, math.ceil(50.0 / max(ms, 1e-3)))))
     best_of: dict[Cfg, float] = {}
@@ -194,8 +197,8 @@ def _elapsed_ms(fn: Callable[[], object], n: int) -> float:
     Before each call the L2 cache is flushed by zeroing a buffer four times its size (skipped if
     the GPU has no room for it), as ``triton.testing.do_bench`` does: the kernels start from a cold
     cache, and the flush keeps the GPU busy while the CPU issues the call, so launch overhead counts
-    only where it exceeds the flush. Back-to-back batches (the previous tuner) kept a decode tile
-    that do_bench timed at 0.17 ms against 0.12 ms for another (H100, Lq = 1, Lk = 8k, 2026-11-22).
+    only where it exceeds the flush. Back-to-back batches (an earlier tuner) picked decode tiles
+    that ``do_bench`` timed slower than another candidate.
     """
     import torch
 

@@ -5,6 +5,19 @@ tile (forward, dq) or key tile (dk/dv) visits a contiguous run of tiles that nee
 list of tiles that do (see ``plan.py``); tiles a rule masks entirely are never visited.
 Logits are kept in the log2 domain (``log2(e)`` folded into the scale) so that ``exp2`` is used.
 
+The rule's runtime scalars (``launch.rule_args``) are the same thirteen kernel parameters in every
+kernel, gathered into one tuple ``rule`` at the top of the kernel and unpacked only by ``_keep``:
+
+- ``q_cols``, ``k_cols``: 2-d only, the query / key grid's row length (flat index -> row, column);
+- ``qy_scale``, ``qy_shift``, ``ky_scale``, ``ky_shift``: position along y = scale * row + shift;
+- ``qx_scale``, ``qx_shift``, ``kx_scale``, ``kx_shift``: the same along x (1-d: the only axis);
+- ``row_len``: the causal order of 2-d positions is ``y * row_len + x``;
+- ``window_y``, ``window_x``: a Local rule's window along each axis.
+
+Its constexprs: ``NDIM`` (1 or 2), ``RULE`` ("full", "causal" or "local"), ``CAUSAL`` (also for a
+causal window) and ``LOG2_STRIDE`` (a window's dilation). ``DOT_PRECISION`` selects how ``tl.dot``
+multiplies (see ``_dot``).
+
 This module is executed once per mode (compiled or ``TRITON_INTERPRET=1``) by ``loader.py``.
 """
 
@@ -15,12 +28,13 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _dot(a, b, IEEE: tl.constexpr, acc=None):
-    """a @ b (+ acc). IEEE: 0 = the dtype's tensor-core product, 1 = exact float32 (no tf32),
-    2 = upcast first (Triton's interpreter multiplies bfloat16 operands wrongly)."""
-    if IEEE == 1:
+def _dot(a, b, DOT_PRECISION: tl.constexpr, acc=None):
+    """a @ b (+ acc). DOT_PRECISION "native": tensor cores in the operands' dtype; "ieee": exact
+    float32 (no tf32); "ieee_upcast": operands upcast to float32 first (Triton's interpreter
+    multiplies bfloat16 operands wrongly)."""
+    if DOT_PRECISION == "ieee":
         return tl.dot(a, b, acc, input_precision="ieee")
-    elif IEEE == 2:
+    elif DOT_PRECISION == "ieee_upcast":
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
         return tl.dot(a, b, acc)
@@ -39,59 +53,46 @@ def _load_tile(ptrs, bounds, pad, BOUNDS: tl.constexpr, PAD: tl.constexpr):
 
 @triton.jit
 def _keep(
-    offs_m,
-    offs_n,
-    Nk,
-    XQ,
-    XK,
-    AQY,
-    BQY,
-    AKY,
-    BKY,
-    AQX,
-    BQX,
-    AKX,
-    BKX,
-    MX,
-    WY,
-    WX,
-    NDIM: tl.constexpr,
-    RULE: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    LOG2S: tl.constexpr,
-):
+    offs_m, offs_n, Nk, rule,
+    NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
+):  # fmt: skip
     """Boolean (len(offs_m), len(offs_n)) tile: query attends key, by the rule, from positions."""
-    if NDIM == 1 and CAUSAL and RULE == 2 and LOG2S == 0:
+    (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
+     row_len, window_y, window_x) = rule  # fmt: skip
+    if NDIM == 1 and CAUSAL and RULE == "local" and LOG2_STRIDE == 0:
         # 1-d causal sliding window (the common case): keep 0 <= d < w, d = P - R, and key < Nk,
         # which (key positions rising with the index) is d >= dmin = P - pos(Nk) + 1. Both bounds
         # are folded into the row, leaving one subtraction and one unsigned comparison per pair.
-        pqx = AQX * offs_m + BQX
-        dmin = tl.maximum(pqx - (AKX * Nk + BKX) + 1, 0)
-        span = tl.maximum(WX - dmin, 0).to(tl.uint32)
-        d = (pqx - dmin)[:, None] - (AKX * offs_n + BKX)[None, :]
+        pqx = qx_scale * offs_m + qx_shift
+        dmin = tl.maximum(pqx - (kx_scale * Nk + kx_shift) + 1, 0)
+        span = tl.maximum(window_x - dmin, 0).to(tl.uint32)
+        d = (pqx - dmin)[:, None] - (kx_scale * offs_n + kx_shift)[None, :]
         return d.to(tl.uint32, bitcast=True) < span[:, None]
     keep = (offs_n < Nk)[None, :] & (offs_m >= 0)[:, None]
     if NDIM == 2:
-        pqy = AQY * (offs_m // XQ) + BQY
-        pky = AKY * (offs_n // XK) + BKY
-        pqx = AQX * (offs_m % XQ) + BQX
-        pkx = AKX * (offs_n % XK) + BKX
+        pqy = qy_scale * (offs_m // q_cols) + qy_shift
+        pky = ky_scale * (offs_n // k_cols) + ky_shift
+        pqx = qx_scale * (offs_m % q_cols) + qx_shift
+        pkx = kx_scale * (offs_n % k_cols) + kx_shift
     else:
         pqy = offs_m * 0
         pky = offs_n * 0
-        pqx = AQX * offs_m + BQX
-        pkx = AKX * offs_n + BKX
+        pqx = qx_scale * offs_m + qx_shift
+        pkx = kx_scale * offs_n + kx_shift
     if CAUSAL:
-        fq = pqy * MX + pqx
-        fk = pky * MX + pkx
+        fq = pqy * row_len + pqx
+        fk = pky * row_len + pkx
         keep = keep & (fq[:, None] >= fk[None, :])
-    if RULE == 2:
+    if RULE == "local":
         dx = tl.abs(pqx[:, None] - pkx[None, :])
-        keep = keep & ((dx & ((1 << LOG2S) - 1)) == 0) & ((dx >> LOG2S) < WX)
+        keep = keep & ((dx & ((1 << LOG2_STRIDE) - 1)) == 0) & ((dx >> LOG2_STRIDE) < window_x)
         if NDIM == 2:
             dy = tl.abs(pqy[:, None] - pky[None, :])
-            keep = keep & ((dy & ((1 << LOG2S) - 1)) == 0) & ((dy >> LOG2S) < WY)
+            keep = keep & ((dy & ((1 << LOG2_STRIDE) - 1)) == 0) & ((dy >> LOG2_STRIDE) < window_y)
     return keep
+
+
+# --- forward --------------------------------------------------------------------------------------
 
 
 @triton.jit
@@ -102,14 +103,10 @@ def _load_kv(
 ):  # fmt: skip
     """K^T (BDQK, BN) and V (BN, BDV) tiles at key ``start_n``.
 
-    TMA 0: pointer loads (bounds/pad masks where needed). TMA 1: per-(batch, head) 2-d tensor
-    descriptors made in the kernel; 2: 4-d (B, H, L, D) descriptors made in the kernel; 3: 4-d
-    descriptors made on the host. Descriptors zero-fill rows past ``Nk`` (no padded head dims).
+    TMA: ``kd``/``vd`` are host-made 4-d (B, H, L, D) tensor descriptors, which zero-fill rows past
+    ``Nk`` (no padded head dims); otherwise pointer loads, with bounds/pad masks where needed.
     """
-    if TMA == 1:
-        kt = tl.trans(kd.load([start_n, 0]))
-        v = vd.load([start_n, 0])
-    elif TMA >= 2:
+    if TMA:
         kt = tl.trans(kd.load([b, hk, start_n, 0]).reshape(BN, BDQK))
         v = vd.load([b, hk, start_n, 0]).reshape(BN, BDV)
     else:
@@ -131,76 +128,35 @@ def _load_kv(
 
 
 @triton.jit
-def _accumulate(m_i, m_use, l_i, acc, p, v, IEEE: tl.constexpr):
+def _accumulate(m_i, m_use, l_i, acc, p, v, DOT_PRECISION: tl.constexpr):
     """Online-softmax update with a key tile's exponentials ``p`` (taken against ``m_use``): the
     row sums and output accumulator rescaled from the running max ``m_i``, then P V added."""
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = _dot(p.to(v.dtype), v, IEEE, acc * alpha[:, None])
+    acc = _dot(p.to(v.dtype), v, DOT_PRECISION, acc * alpha[:, None])
     return l_i, acc
 
 
 @triton.jit
 def _fwd_step(
-    q,
-    kd,
-    vd,
-    k_ptrs,
-    v_ptrs,
-    b,
-    hk,
-    start_n,
-    offs_m,
-    offs_n,
-    offs_dq,
-    offs_dv,
-    m_i,
-    l_i,
-    acc,
-    qk_scale,
-    skn,
-    skd,
-    svn,
-    svd,
-    Nk,
-    XQ,
-    XK,
-    AQY,
-    BQY,
-    AKY,
-    BKY,
-    AQX,
-    BQX,
-    AKX,
-    BKX,
-    MX,
-    WY,
-    WX,
-    DQK: tl.constexpr,
-    DV: tl.constexpr,
-    BDQK: tl.constexpr,
-    BDV: tl.constexpr,
-    MASKED: tl.constexpr,
-    NDIM: tl.constexpr,
-    RULE: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    LOG2S: tl.constexpr,
-    IEEE: tl.constexpr,
-    NEG: tl.constexpr,
-    BN: tl.constexpr,
-    TMA: tl.constexpr,
-):
+    q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc,
+    qk_scale, skn, svn, Nk, rule,
+    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BN: tl.constexpr,
+    MASKED: tl.constexpr, NEG: tl.constexpr, TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
+):  # fmt: skip
+    """One key tile of the index-list walk: the rule is evaluated only where ``MASKED``.
+
+    ``NEG``: a negative scale, so the row max is taken after scaling.
+    """
     cols = start_n + offs_n
     kt, v = _load_kv(
         kd, vd, k_ptrs, v_ptrs, start_n, b, hk, cols, offs_dq, offs_dv, skn, svn, Nk,
         DQK, DV, BDQK, BDV, BN, MASKED, TMA,
     )  # fmt: skip
-    qk = _dot(q, kt, IEEE)
+    qk = _dot(q, kt, DOT_PRECISION)
     if MASKED:
-        keep = _keep(
-            offs_m, cols, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
-            NDIM, RULE, CAUSAL, LOG2S,
-        )  # fmt: skip
+        keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
         qk = tl.where(keep, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -214,17 +170,17 @@ def _fwd_step(
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_use = m_new
         p = tl.math.exp2(qk - m_use[:, None])
-    l_i, acc = _accumulate(m_i, m_use, l_i, acc, p, v, IEEE)
+    l_i, acc = _accumulate(m_i, m_use, l_i, acc, p, v, DOT_PRECISION)
     return m_new, l_i, acc
 
 
 @triton.jit
 def _fwd_band_step(
     q, kd, vd, k_ptrs, v_ptrs, b, hk, t, full_lo, full_hi, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i,
-    acc, qk_scale, skn, svn, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
-    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, NDIM: tl.constexpr,
-    RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2S: tl.constexpr, IEEE: tl.constexpr,
-    BN: tl.constexpr, TMA: tl.constexpr, EVEN_K: tl.constexpr,
+    acc, qk_scale, skn, svn, Nk, rule,
+    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BN: tl.constexpr,
+    EVEN_K: tl.constexpr, TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
 ):  # fmt: skip
     """One key tile of a band walk: the rule is evaluated only on tiles outside the FULL run.
 
@@ -238,92 +194,42 @@ def _fwd_band_step(
         kd, vd, k_ptrs, v_ptrs, start_n, b, hk, cols, offs_dq, offs_dv, skn, svn, Nk,
         DQK, DV, BDQK, BDV, BN, not EVEN_K, TMA,
     )  # fmt: skip
-    qk = _dot(q, kt, IEEE)
+    qk = _dot(q, kt, DOT_PRECISION)
     if (t < full_lo) | (t >= full_hi):
-        keep = _keep(
-            offs_m, cols, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
-            NDIM, RULE, CAUSAL, LOG2S,
-        )  # fmt: skip
+        keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
         qk = tl.where(keep, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.math.exp2(qk * qk_scale - m_use[:, None])
-    l_i, acc = _accumulate(m_i, m_use, l_i, acc, p, v, IEEE)
+    l_i, acc = _accumulate(m_i, m_use, l_i, acc, p, v, DOT_PRECISION)
     return m_new, l_i, acc
 
 
 @triton.jit
 def fwd_kernel(
-    Q,
-    K,
-    V,
-    O,
-    LSE,
-    PLAN,
-    plan_stride,
-    sqb,
-    sqh,
-    sqn,
-    sqd,
-    skb,
-    skh,
-    skn,
-    skd,
-    svb,
-    svh,
-    svn,
-    svd,
-    sob,
-    soh,
-    son,
-    sod,
-    H,
-    GROUP,
-    Nq,
-    Nk,
-    qk_scale,
-    XQ,
-    XK,
-    AQY,
-    BQY,
-    AKY,
-    BKY,
-    AQX,
-    BQX,
-    AKX,
-    BKX,
-    MX,
-    WY,
-    WX,
-    SPLITS,
-    o_split,
-    l_split,
-    DQK: tl.constexpr,
-    DV: tl.constexpr,
-    BDQK: tl.constexpr,
-    BDV: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    NDIM: tl.constexpr,
-    RULE: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    LOG2S: tl.constexpr,
-    IEEE: tl.constexpr,
-    NEG: tl.constexpr,
-    PACK: tl.constexpr,
-    TMA: tl.constexpr = 0,
-    WS: tl.constexpr = False,
-    BAND: tl.constexpr = False,
-    EVEN_K: tl.constexpr = False,
-    NB=1,
-    HKV=1,
-):
+    Q, K, V, O, LSE, PLAN, plan_stride,
+    sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
+    H, GROUP, Nq, Nk, qk_scale,
+    q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
+    row_len, window_y, window_x,
+    SPLITS, o_split, l_split,
+    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr,
+    NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, NEG: tl.constexpr, PACK: tl.constexpr,
+    TMA: tl.constexpr = False, BAND: tl.constexpr = False, EVEN_K: tl.constexpr = False,
+):  # fmt: skip
     """One (query tile, key split, head, batch) program: out and natural-log lse of its rows.
 
+    ``K``/``V`` are tensors, or host-made tensor descriptors where ``TMA``. ``PACK``: GQA rows
+    packed into one tile (few queries). ``BAND``: one loop over a contiguous band of key tiles
+    (``plan.band_lists``), else the masked tiles' index list then the unmasked run (``plan.rows``).
     With SPLITS > 1 (split-KV, for few query tiles) each program visits every SPLITS-th partial tile
     and one slice of the unmasked run, and writes float32 partial results that ``combine_kernel``
     merges; ``o_split``/``l_split`` are the element strides between the splits' partial buffers.
     """
+    rule = (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
+            row_len, window_y, window_x)  # fmt: skip
     pid0 = tl.num_programs(0) - 1 - tl.program_id(0)  # heavy (late) tiles first under causal
     pid_m = pid0 // SPLITS
     split = pid0 % SPLITS
@@ -345,25 +251,18 @@ def fwd_kernel(
     offs_n = tl.arange(0, BN)
     offs_dq = tl.arange(0, BDQK)
     offs_dv = tl.arange(0, BDV)
-    if TMA == 3:  # K and V are host-made 4-d descriptors
+    if TMA:
         kd = K
         vd = V
         k_ptrs = 0
         v_ptrs = 0
     else:
+        kd = 0
+        vd = 0
         k_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
         v_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
         k_ptrs = k_base + offs_n[None, :] * skn + offs_dq[:, None] * skd
         v_ptrs = v_base + offs_n[:, None] * svn + offs_dv[None, :] * svd
-        if TMA == 1:
-            kd = tl.make_tensor_descriptor(k_base, [Nk, DQK], [skn, 1], [BN, BDQK])
-            vd = tl.make_tensor_descriptor(v_base, [Nk, DV], [svn, 1], [BN, BDV])
-        elif TMA == 2:
-            kd = tl.make_tensor_descriptor(K, [NB, HKV, Nk, DQK], [skb, skh, skn, 1], [1, 1, BN, BDQK])
-            vd = tl.make_tensor_descriptor(V, [NB, HKV, Nk, DV], [svb, svh, svn, 1], [1, 1, BN, BDV])
-        else:
-            kd = 0
-            vd = 0
     q_rows = Q + b.to(tl.int64) * sqb + tl.cast(hrow, tl.int64) * sqh + offs_m * sqn
     q = tl.load(
         q_rows[:, None] + offs_dq[None, :] * sqd,
@@ -380,8 +279,8 @@ def fwd_kernel(
         for t in range(tl.load(row + 2) + split, tl.load(row + 3), SPLITS):
             m_i, l_i, acc = _fwd_band_step(
                 q, kd, vd, k_ptrs, v_ptrs, b, hk, t, full_lo, full_hi, offs_m, offs_n, offs_dq, offs_dv,
-                m_i, l_i, acc, qk_scale, skn, svn, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX,
-                WY, WX, DQK, DV, BDQK, BDV, NDIM, RULE, CAUSAL, LOG2S, IEEE, BN, TMA, EVEN_K,
+                m_i, l_i, acc, qk_scale, skn, svn, Nk, rule,
+                DQK, DV, BDQK, BDV, BN, EVEN_K, TMA, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
             )  # fmt: skip
     else:  # plan.rows: [full_lo, full_hi, count, masked tile indices...]
         count = tl.load(row + 2)
@@ -392,23 +291,15 @@ def fwd_kernel(
             start_n = tl.load(row + 3 + t) * BN
             m_i, l_i, acc = _fwd_step(
                 q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc,
-                qk_scale, skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
-                DQK, DV, BDQK, BDV, True, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG, BN, TMA,
+                qk_scale, skn, svn, Nk, rule,
+                DQK, DV, BDQK, BDV, BN, True, NEG, TMA, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
             )  # fmt: skip
-        if WS:  # Triton's automatic warp specialisation of the unmasked run (Hopper: experimental)
-            for start_n in tl.range(full_lo * BN, full_hi * BN, BN, warp_specialize=True):
-                m_i, l_i, acc = _fwd_step(
-                    q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i,
-                    acc, qk_scale, skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX,
-                    WY, WX, DQK, DV, BDQK, BDV, False, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG, BN, TMA,
-                )  # fmt: skip
-        else:
-            for start_n in range(full_lo * BN, full_hi * BN, BN):
-                m_i, l_i, acc = _fwd_step(
-                    q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i,
-                    acc, qk_scale, skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX,
-                    WY, WX, DQK, DV, BDQK, BDV, False, NDIM, RULE, CAUSAL, LOG2S, IEEE, NEG, BN, TMA,
-                )  # fmt: skip
+        for start_n in range(full_lo * BN, full_hi * BN, BN):
+            m_i, l_i, acc = _fwd_step(
+                q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc,
+                qk_scale, skn, svn, Nk, rule,
+                DQK, DV, BDQK, BDV, BN, False, NEG, TMA, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
+            )  # fmt: skip
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
@@ -478,6 +369,9 @@ def combine_kernel(
     tl.store(LSE + base + rows, lse, mask=row_ok)
 
 
+# --- backward -------------------------------------------------------------------------------------
+
+
 @triton.jit
 def bwd_prep_kernel(
     O,
@@ -526,50 +420,13 @@ def bwd_prep_kernel(
 
 @triton.jit
 def _dkdv_step(
-    k,
-    v,
-    dk,
-    dv,
-    q_ptrs,
-    do_ptrs,
-    lse2_base,
-    delta_base,
-    start_m,
-    offs_n,
-    offs_mb,
-    offs_dq,
-    offs_dv,
-    qk_scale,
-    sqn,
-    sqd,
-    sdn,
-    sdd,
-    Nq,
-    Nk,
-    XQ,
-    XK,
-    AQY,
-    BQY,
-    AKY,
-    BKY,
-    AQX,
-    BQX,
-    AKX,
-    BKX,
-    MX,
-    WY,
-    WX,
-    DQK: tl.constexpr,
-    DV: tl.constexpr,
-    PADQ: tl.constexpr,
-    PADV: tl.constexpr,
-    MASKED: tl.constexpr,
-    NDIM: tl.constexpr,
-    RULE: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    LOG2S: tl.constexpr,
-    IEEE: tl.constexpr,
-):
+    k, v, dk, dv, q_ptrs, do_ptrs, lse2_base, delta_base, start_m, offs_n, offs_mb, offs_dq, offs_dv,
+    qk_scale, sqn, sdn, Nq, Nk, rule,
+    DQK: tl.constexpr, DV: tl.constexpr, PADQ: tl.constexpr, PADV: tl.constexpr, MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
+):  # fmt: skip
+    """One query tile's contribution to a key tile's dk and dv (the rule evaluated where ``MASKED``)."""
     rows = start_m + offs_mb
     ok = rows < Nq
     q = _load_tile(
@@ -584,82 +441,33 @@ def _dkdv_step(
     else:
         lse2 = tl.load(lse2_base + rows)
         delta = tl.load(delta_base + rows)
-    qkt = _dot(k, tl.trans(q), IEEE)  # (BN, BM)
+    qkt = _dot(k, tl.trans(q), DOT_PRECISION)  # (BN, BM)
     pt = tl.math.exp2(qkt * qk_scale - lse2[None, :])
     if MASKED:
-        keep = _keep(
-            rows, offs_n, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
-            NDIM, RULE, CAUSAL, LOG2S,
-        )  # fmt: skip
+        keep = _keep(rows, offs_n, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
         pt = tl.where(tl.trans(keep), pt, 0.0)
-    dv = _dot(pt.to(do.dtype), do, IEEE, dv)
-    dpt = _dot(v, tl.trans(do), IEEE)
+    dv = _dot(pt.to(do.dtype), do, DOT_PRECISION, dv)
+    dpt = _dot(v, tl.trans(do), DOT_PRECISION)
     dst = pt * (dpt - delta[None, :])
-    dk = _dot(dst.to(q.dtype), q, IEEE, dk)
+    dk = _dot(dst.to(q.dtype), q, DOT_PRECISION, dk)
     return dk, dv
 
 
 @triton.jit
 def dkdv_kernel(
-    Q,
-    K,
-    V,
-    DO,
-    LSE2,
-    DELTA,
-    DK,
-    DV_,
-    PLAN,
-    plan_stride,
-    sqb,
-    sqh,
-    sqn,
-    sqd,
-    skb,
-    skh,
-    skn,
-    skd,
-    svb,
-    svh,
-    svn,
-    svd,
-    sdb,
-    sdh,
-    sdn,
-    sdd,
-    HQ,
-    HKV,
-    GROUP,
-    Nq,
-    Nk,
-    qk_scale,
-    sm_scale,
-    XQ,
-    XK,
-    AQY,
-    BQY,
-    AKY,
-    BKY,
-    AQX,
-    BQX,
-    AKX,
-    BKX,
-    MX,
-    WY,
-    WX,
-    DQK: tl.constexpr,
-    DV: tl.constexpr,
-    BDQK: tl.constexpr,
-    BDV: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    NDIM: tl.constexpr,
-    RULE: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    LOG2S: tl.constexpr,
-    IEEE: tl.constexpr,
-):
+    Q, K, V, DO, LSE2, DELTA, DK, DV_, PLAN, plan_stride,
+    sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdn, sdd,
+    HQ, HKV, GROUP, Nq, Nk, qk_scale, sm_scale,
+    q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
+    row_len, window_y, window_x,
+    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr,
+    NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """One (key tile, kv head, batch) program: dk and dv summed over the query heads of its group."""
+    rule = (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
+            row_len, window_y, window_x)  # fmt: skip
     pid_n = tl.program_id(0)
     hk = tl.program_id(1)
     b = tl.program_id(2)
@@ -692,20 +500,18 @@ def dkdv_kernel(
         delta_base = DELTA + (b.to(tl.int64) * HQ + h) * Nq
         q_ptrs = q_base + offs_mb[:, None] * sqn + offs_dq[None, :] * sqd
         do_ptrs = do_base + offs_mb[:, None] * sdn + offs_dv[None, :] * sdd
-        for t in range(0, count):
+        for t in range(0, count):  # query tiles the rule masks in part: plan.cols' index list
             start_m = tl.load(row + 3 + t) * BM
             dk, dv = _dkdv_step(
-                k, v, dk, dv, q_ptrs, do_ptrs, lse2_base, delta_base, start_m, offs_n, offs_mb,
-                offs_dq, offs_dv, qk_scale, sqn, sqd, sdn, sdd, Nq, Nk, XQ, XK, AQY, BQY, AKY, BKY,
-                AQX, BQX, AKX, BKX, MX, WY, WX, DQK, DV, BDQK != DQK, BDV != DV, True, NDIM, RULE, CAUSAL,
-                LOG2S, IEEE,
+                k, v, dk, dv, q_ptrs, do_ptrs, lse2_base, delta_base, start_m, offs_n, offs_mb, offs_dq,
+                offs_dv, qk_scale, sqn, sdn, Nq, Nk, rule,
+                DQK, DV, BDQK != DQK, BDV != DV, True, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
             )  # fmt: skip
-        for start_m in range(full_lo * BM, full_hi * BM, BM):
+        for start_m in range(full_lo * BM, full_hi * BM, BM):  # the unmasked run
             dk, dv = _dkdv_step(
-                k, v, dk, dv, q_ptrs, do_ptrs, lse2_base, delta_base, start_m, offs_n, offs_mb,
-                offs_dq, offs_dv, qk_scale, sqn, sqd, sdn, sdd, Nq, Nk, XQ, XK, AQY, BQY, AKY, BKY,
-                AQX, BQX, AKX, BKX, MX, WY, WX, DQK, DV, BDQK != DQK, BDV != DV, False, NDIM, RULE, CAUSAL,
-                LOG2S, IEEE,
+                k, v, dk, dv, q_ptrs, do_ptrs, lse2_base, delta_base, start_m, offs_n, offs_mb, offs_dq,
+                offs_dv, qk_scale, sqn, sdn, Nq, Nk, rule,
+                DQK, DV, BDQK != DQK, BDV != DV, False, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
             )  # fmt: skip
     dk = dk * sm_scale
     base = (b.to(tl.int64) * HKV + hk) * Nk
@@ -723,125 +529,43 @@ def dkdv_kernel(
 
 @triton.jit
 def _dq_step(
-    q,
-    do,
-    dq,
-    lse2,
-    delta,
-    k_ptrs,
-    v_ptrs,
-    start_n,
-    offs_m,
-    offs_n,
-    offs_dq,
-    offs_dv,
-    qk_scale,
-    skn,
-    skd,
-    svn,
-    svd,
-    Nk,
-    XQ,
-    XK,
-    AQY,
-    BQY,
-    AKY,
-    BKY,
-    AQX,
-    BQX,
-    AKX,
-    BKX,
-    MX,
-    WY,
-    WX,
-    DQK: tl.constexpr,
-    DV: tl.constexpr,
-    PADQ: tl.constexpr,
-    PADV: tl.constexpr,
-    MASKED: tl.constexpr,
-    NDIM: tl.constexpr,
-    RULE: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    LOG2S: tl.constexpr,
-    IEEE: tl.constexpr,
-):
+    q, do, dq, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_dq, offs_dv,
+    qk_scale, skn, svn, Nk, rule,
+    DQK: tl.constexpr, DV: tl.constexpr, PADQ: tl.constexpr, PADV: tl.constexpr, MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
+):  # fmt: skip
+    """One key tile's contribution to a query tile's dq (the rule evaluated where ``MASKED``)."""
     cols = start_n + offs_n
     ok = (cols < Nk)[None, :]
     kt = _load_tile(k_ptrs + tl.cast(start_n, tl.int64) * skn, ok, (offs_dq < DQK)[:, None], MASKED, PADQ)
     vt = _load_tile(v_ptrs + tl.cast(start_n, tl.int64) * svn, ok, (offs_dv < DV)[:, None], MASKED, PADV)
-    qk = _dot(q, kt, IEEE)
+    qk = _dot(q, kt, DOT_PRECISION)
     p = tl.math.exp2(qk * qk_scale - lse2[:, None])
     if MASKED:
-        keep = _keep(
-            offs_m, cols, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
-            NDIM, RULE, CAUSAL, LOG2S,
-        )  # fmt: skip
+        keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
         p = tl.where(keep, p, 0.0)
-    dp = _dot(do, vt, IEEE)
+    dp = _dot(do, vt, DOT_PRECISION)
     ds = p * (dp - delta[:, None])
-    dq = _dot(ds.to(kt.dtype), tl.trans(kt), IEEE, dq)
+    dq = _dot(ds.to(kt.dtype), tl.trans(kt), DOT_PRECISION, dq)
     return dq
 
 
 @triton.jit
 def dq_kernel(
-    Q,
-    K,
-    V,
-    DO,
-    LSE2,
-    DELTA,
-    DQ,
-    PLAN,
-    plan_stride,
-    sqb,
-    sqh,
-    sqn,
-    sqd,
-    skb,
-    skh,
-    skn,
-    skd,
-    svb,
-    svh,
-    svn,
-    svd,
-    sdb,
-    sdh,
-    sdn,
-    sdd,
-    HQ,
-    GROUP,
-    Nq,
-    Nk,
-    qk_scale,
-    sm_scale,
-    XQ,
-    XK,
-    AQY,
-    BQY,
-    AKY,
-    BKY,
-    AQX,
-    BQX,
-    AKX,
-    BKX,
-    MX,
-    WY,
-    WX,
-    DQK: tl.constexpr,
-    DV: tl.constexpr,
-    BDQK: tl.constexpr,
-    BDV: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    NDIM: tl.constexpr,
-    RULE: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    LOG2S: tl.constexpr,
-    IEEE: tl.constexpr,
-):
+    Q, K, V, DO, LSE2, DELTA, DQ, PLAN, plan_stride,
+    sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdn, sdd,
+    HQ, GROUP, Nq, Nk, qk_scale, sm_scale,
+    q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
+    row_len, window_y, window_x,
+    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr,
+    NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """One (query tile, head, batch) program: dq of its rows."""
+    rule = (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
+            row_len, window_y, window_x)  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
@@ -873,18 +597,18 @@ def dq_kernel(
     full_lo = tl.load(row)
     full_hi = tl.load(row + 1)
     count = tl.load(row + 2)
-    for t in range(0, count):
+    for t in range(0, count):  # key tiles the rule masks in part: plan.rows' index list
         start_n = tl.load(row + 3 + t) * BN
         dq = _dq_step(
-            q, do, dq, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_dq, offs_dv, qk_scale,
-            skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
-            DQK, DV, BDQK != DQK, BDV != DV, True, NDIM, RULE, CAUSAL, LOG2S, IEEE,
+            q, do, dq, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_dq, offs_dv,
+            qk_scale, skn, svn, Nk, rule,
+            DQK, DV, BDQK != DQK, BDV != DV, True, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
         )  # fmt: skip
-    for start_n in range(full_lo * BN, full_hi * BN, BN):
+    for start_n in range(full_lo * BN, full_hi * BN, BN):  # the unmasked run
         dq = _dq_step(
-            q, do, dq, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_dq, offs_dv, qk_scale,
-            skn, skd, svn, svd, Nk, XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX,
-            DQK, DV, BDQK != DQK, BDV != DV, False, NDIM, RULE, CAUSAL, LOG2S, IEEE,
+            q, do, dq, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_dq, offs_dv,
+            qk_scale, skn, svn, Nk, rule,
+            DQK, DV, BDQK != DQK, BDV != DV, False, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
         )  # fmt: skip
     dq = dq * sm_scale
     tl.store(

@@ -21,8 +21,14 @@ from attnhub_backends.triton.relaunch import Relauncher
 LOG2E = 1.4426950408889634
 
 
-def mask_args(req: Request) -> tuple[list[int], dict[str, Any]]:
-    """Runtime scalars (XQ, XK, AQY, BQY, AKY, BKY, AQX, BQX, AKX, BKX, MX, WY, WX) and constexprs."""
+def rule_args(req: Request) -> tuple[dict[str, int], dict[str, Any]]:
+    """The rule's kernel arguments: runtime scalars and constexprs, by kernel parameter name.
+
+    Scalars (see kernels.py): each grid's row length (2-d), the affine position maps ``scale *
+    index + shift`` per axis (``positions.axis_affine``), the causal order's row length and the
+    window per axis. Constexprs: ``NDIM``, ``RULE`` ("full", "causal" or "local"), ``CAUSAL`` and
+    ``LOG2_STRIDE``.
+    """
     rule = req.rule
     if req.ndim == 2:
         (yq, xq), (yk, xk) = req.seq_q, req.seq_k
@@ -31,27 +37,32 @@ def mask_args(req: Request) -> tuple[list[int], dict[str, Any]]:
         (xq,), (xk,) = req.seq_q, req.seq_k
         ay = (1, 0, 1, 0)
     ax = axis_affine(xq, xk, req.sync)
-    mx = max(xq, xk)
     wy = wx = 1
-    log2s = 0
+    log2_stride = 0
     if isinstance(rule, Local):
-        ws = rule.windows(req.ndim)
-        wy, wx = (ws[0], ws[1]) if req.ndim == 2 else (1, ws[0])
-        log2s = rule.log2_stride
-    kind = 0 if isinstance(rule, Full) else 1 if isinstance(rule, Causal) else 2
+        windows = rule.windows(req.ndim)
+        wy, wx = (windows[0], windows[1]) if req.ndim == 2 else (1, windows[0])
+        log2_stride = rule.log2_stride
+    scalars = dict(
+        q_cols=xq, k_cols=xk,
+        qy_scale=ay[0], qy_shift=ay[1], ky_scale=ay[2], ky_shift=ay[3],
+        qx_scale=ax[0], qx_shift=ax[1], kx_scale=ax[2], kx_shift=ax[3],
+        row_len=max(xq, xk), window_y=wy, window_x=wx,
+    )  # fmt: skip
+    kind = "full" if isinstance(rule, Full) else "causal" if isinstance(rule, Causal) else "local"
     causal = isinstance(rule, Causal) or (isinstance(rule, Local) and rule.causal)
-    scalars = [xq, xk, *ay, *ax, mx, wy, wx]
-    consts = {"NDIM": req.ndim, "RULE": kind, "CAUSAL": causal, "LOG2S": log2s}
+    consts = {"NDIM": req.ndim, "RULE": kind, "CAUSAL": causal, "LOG2_STRIDE": log2_stride}
     return scalars, consts
 
 
-def _dot_mode(x: torch.Tensor) -> int:
-    """0: tensor-core product in the input dtype; 1: exact float32; 2: upcast (interpreter bf16)."""
+def _dot_precision(x: torch.Tensor) -> str:
+    """kernels._dot's mode: exact float32 for float32 inputs, tensor cores in the input dtype for
+    16-bit ones, except bfloat16 under the interpreter (upcast: its bfloat16 product is wrong)."""
     if x.dtype == torch.float32:
-        return 1
+        return "ieee"
     if x.dtype == torch.bfloat16 and interpret_mode():
-        return 2
-    return 0
+        return "ieee_upcast"
+    return "native"
 
 
 def _pad(d: int) -> int:
@@ -78,19 +89,20 @@ def _cfgs(kernel: str, req: Request, x: torch.Tensor) -> list[configs.Cfg]:
     return configs.candidates(kernel, d, x.element_size(), _capability(x.device))
 
 
-# TMA (tensor descriptor) modes of the forward's K/V loads; see kernels._load_kv.
-TMA_DEFAULT = 3  # host-made 4-d descriptors: fastest of 1-3 on the H100 (2026-11-22)
+# The forward's K/V load paths (ATTNHUB_TRITON_TMA's values); see kernels._load_kv.
+POINTERS = 0
+DESCRIPTORS = 3  # host-made 4-d (B, H, L, D) tensor descriptors: TMA loads
 
 
 def _tma_mode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: bool = False) -> int:
-    """The forward's K/V load path: a descriptor mode where TMA's rules hold, else 0 (pointers).
+    """The forward's K/V load path: ``DESCRIPTORS`` where TMA's rules hold, else ``POINTERS``.
 
     Descriptors need 16-byte aligned bases and outer strides, a contiguous head dim and a head dim
     that is its own power-of-two tile (no padding). By default they are used on sm90+ for 16-bit
     dtypes at head dim 128, except for decode-shaped calls (``packed``: GQA rows packed into one
-    tile, split-KV), where host descriptors measured 0.261 ms against 0.145 ms with pointers (H100,
-    Lq = 1, Lk = 8k, 2026-11-22). ``ATTNHUB_TRITON_TMA=N`` forces mode N wherever it is allowed (the
-    interpreter and packed calls too).
+    tile, split-KV), where pointer loads were faster (docs/backends/triton.md). The interpreter
+    always uses pointers. ``ATTNHUB_TRITON_TMA=0`` or ``=3`` forces a path where it is allowed
+    (packed calls too).
     """
     env = settings.raw("ATTNHUB_TRITON_TMA")
     if not env:  # unset (or set empty): the default
@@ -100,16 +112,18 @@ def _tma_mode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: bool = 
             return 0
         if q.shape[-1] != 128 or v.shape[-1] != 128:
             return 0  # a gain was measured at head dim 128 only (none at 64: see docs/benchmarks.md)
-        mode = TMA_DEFAULT
+        mode = DESCRIPTORS
     else:
         try:
             mode = int(env)
         except ValueError:
             mode = -1
-        if mode not in (0, 1, 2, 3):
-            raise AttnhubError(f"ATTNHUB_TRITON_TMA takes 0, 1, 2 or 3 (the K/V load path), got {env!r}")
-    if mode == 0:
-        return 0
+        if mode not in (POINTERS, DESCRIPTORS):
+            raise AttnhubError(
+                f"ATTNHUB_TRITON_TMA takes 0 (pointers) or 3 (descriptors), the K/V load path, got {env!r}"
+            )
+    if mode == POINTERS or interpret_mode():
+        return POINTERS
     size = k.element_size()
     for x in (k, v):
         d = x.shape[-1]
@@ -117,29 +131,7 @@ def _tma_mode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: bool = 
             return 0
         if any((s * size) % 16 for s in x.stride()[:-1]):
             return 0
-    if mode == 3 and interpret_mode():
-        return 0
-    _ensure_allocator()
     return mode
-
-
-_ALLOCATOR = False
-
-
-def _ensure_allocator() -> None:
-    """In-kernel descriptors need a global scratch allocator (set once for the process)."""
-    global _ALLOCATOR
-    if _ALLOCATOR:
-        return
-    import triton
-
-    device = "cpu" if interpret_mode() else "cuda"
-
-    def alloc(size: int, alignment: int, stream: Any) -> torch.Tensor:
-        return torch.empty(size, dtype=torch.int8, device=device)
-
-    triton.set_allocator(alloc)
-    _ALLOCATOR = True
 
 
 def _splits(programs: int, visits: int, device: torch.device) -> int:
@@ -180,7 +172,7 @@ def _work(req: Request) -> int:
 @dataclass(frozen=True)
 class _FwdLaunch:
     """What a forward launch needs beyond the tensors, fixed for one call signature: computed once
-    (plan, split-KV factor, tuned config, mask scalars, the kernels' constexprs and options) so that
+    (plan, split-KV factor, tuned config, rule scalars, the kernels' constexprs and options) so that
     repeated calls, such as decoding steps, pay only for the output allocations and the launches."""
 
     cfg: configs.Cfg
@@ -188,9 +180,9 @@ class _FwdLaunch:
     grid: tuple[int, int, int]
     splits: int
     tma: int
-    scalars: tuple[int, ...]
     qk_scale: float
-    kwargs: dict[str, Any]  # fwd_kernel's constexprs and launch options
+    kwargs: dict[str, Any]  # fwd_kernel's arguments after qk_scale (rule scalars, split strides,
+    # constexprs) and launch options
     combine_kwargs: dict[str, Any]  # combine_kernel's (used when splits > 1)
     fwd_launcher: Relauncher = field(default_factory=Relauncher)
     combine_launcher: Relauncher = field(default_factory=Relauncher)
@@ -231,7 +223,7 @@ def _make_launch(
     """The launch of ``cfg`` for this call signature."""
     b, hq, nq, dqk = q.shape
     hkv, dv = k.shape[1], v.shape[3]
-    scalars, consts = mask_args(req)
+    scalars, consts = rule_args(req)
     group = hq // hkv
     # GQA packing: with few queries, one tile holds every (query head of a group, query) row.
     pack = group > 1 and nq * group <= 64
@@ -243,18 +235,20 @@ def _make_launch(
     tma = _tma_mode(q, k, v, packed=pack)
     # The band walk needs contiguous visits (pl.band) and a positive scale (its -inf masking).
     band = cfg.band and not pack and pl.band is not None and req.scale > 0
+    # Element strides between the splits' partial buffers (contiguous, made in _launch_forward).
+    o_split, l_split = (b * hq * nq * dv, b * hq * nq) if splits > 1 else (0, 0)
     kwargs = dict(
-        DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=cfg.bn, IEEE=_dot_mode(q),
-        NEG=req.scale < 0, PACK=pack, TMA=tma, WS=cfg.ws and not pack, BAND=band,
-        EVEN_K=band and k.shape[2] % cfg.bn == 0, NB=b,
-        HKV=hkv, num_warps=cfg.warps, num_stages=cfg.stages, **consts,
+        **scalars, SPLITS=splits, o_split=o_split, l_split=l_split,
+        DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=cfg.bn, **consts,
+        DOT_PRECISION=_dot_precision(q), NEG=req.scale < 0, PACK=pack, TMA=tma == DESCRIPTORS, BAND=band,
+        EVEN_K=band and k.shape[2] % cfg.bn == 0, num_warps=cfg.warps, num_stages=cfg.stages,
     )  # fmt: skip
     if cfg.maxnreg:
         kwargs["maxnreg"] = cfg.maxnreg
     combine_kwargs = dict(DV=dv, BDV=_pad(dv), BM=16, BS=max(2, 1 << math.ceil(math.log2(splits))))
     return _FwdLaunch(
-        cfg, pl.band if band else pl.rows, (tiles * splits, heads, b), splits, tma, tuple(scalars),
-        req.scale * LOG2E, kwargs, combine_kwargs,
+        cfg, pl.band if band else pl.rows, (tiles * splits, heads, b), splits, tma, req.scale * LOG2E,
+        kwargs, combine_kwargs,
     )  # fmt: skip
 
 
@@ -281,25 +275,24 @@ def _launch_forward(
     hkv, nk, dv = k.shape[1], k.shape[2], v.shape[3]
     splits = fl.splits
     if splits == 1:
-        o_buf, l_buf, o_split, l_split = out, lse, 0, 0
-    else:
+        o_buf, l_buf = out, lse
+    else:  # fl.kwargs' o_split and l_split are these buffers' stride(0)
         o_buf = torch.empty((splits, b, hq, nq, dv), dtype=torch.float32, device=q.device)
         l_buf = torch.empty((splits, b, hq, nq), dtype=torch.float32, device=q.device)
-        o_split, l_split = o_buf.stride(0), l_buf.stride(0)
     o_strides = out.stride() if splits == 1 else o_buf.stride()[1:]
     kk, vv = k, v
-    if fl.tma == 3:
+    if fl.tma == DESCRIPTORS:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         kk = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, fl.cfg.bn, dqk])
         vv = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, fl.cfg.bn, dv])
     args = (
         q, kk, vv, o_buf, l_buf, fl.rows, fl.rows.stride(0), *q.stride(), *k.stride(), *v.stride(),
-        *o_strides, hq, hq // hkv, nq, nk, fl.qk_scale, *fl.scalars, splits, o_split, l_split,
+        *o_strides, hq, hq // hkv, nq, nk, fl.qk_scale,
     )  # fmt: skip
     fl.fwd_launcher(kern.fwd_kernel, fl.grid, args, fl.kwargs)
     if splits > 1:
-        args = (o_buf, l_buf, out, lse, splits, nq, hq, *out.stride(), o_split, l_split)
+        args = (o_buf, l_buf, out, lse, splits, nq, hq, *out.stride(), o_buf.stride(0), l_buf.stride(0))
         fl.combine_launcher(kern.combine_kernel, (triton_cdiv(nq, 16), hq, b), args, fl.combine_kwargs)
 
 
@@ -332,10 +325,10 @@ def backward(
     dq = torch.empty((b, hq, nq, dqk), dtype=q.dtype, device=q.device)
     dk = torch.empty((b, hkv, nk, dqk), dtype=q.dtype, device=q.device)
     dvv = torch.empty((b, hkv, nk, dv), dtype=q.dtype, device=q.device)
-    scalars, consts = mask_args(req)
+    scalars, consts = rule_args(req)
     qk_scale = req.scale * LOG2E
     common = dict(
-        DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), IEEE=_dot_mode(q), **consts
+        **scalars, DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), **consts, DOT_PRECISION=_dot_precision(q)
     )  # fmt: skip
 
     def run_dkdv(cfg: configs.Cfg) -> None:
@@ -343,7 +336,7 @@ def backward(
         kern.dkdv_kernel[(triton_cdiv(nk, cfg.bn), hkv, b)](
             q, k, v, dout, lse2, delta, dk, dvv, pl.cols, pl.cols.stride(0),
             *q.stride(), *k.stride(), *v.stride(), *dout.stride(),
-            hq, hkv, group, nq, nk, qk_scale, req.scale, *scalars,
+            hq, hkv, group, nq, nk, qk_scale, req.scale,
             BM=cfg.bm, BN=cfg.bn, num_warps=cfg.warps, num_stages=cfg.stages, **common,
         )  # fmt: skip
 
@@ -352,7 +345,7 @@ def backward(
         kern.dq_kernel[(triton_cdiv(nq, cfg.bm), hq, b)](
             q, k, v, dout, lse2, delta, dq, pl.rows, pl.rows.stride(0),
             *q.stride(), *k.stride(), *v.stride(), *dout.stride(),
-            hq, group, nq, nk, qk_scale, req.scale, *scalars,
+            hq, group, nq, nk, qk_scale, req.scale,
             BM=cfg.bm, BN=cfg.bn, num_warps=cfg.warps, num_stages=cfg.stages, **common,
         )  # fmt: skip
 

@@ -1,8 +1,8 @@
 """Relaunching a compiled Triton kernel without Triton's per-call argument binding.
 
 ``JITFunction.__getitem__(grid)(...)`` specialises every argument (type, 16-byte divisibility,
-value 1) and looks the compiled kernel up on each call: about 90 µs of CPU for the forward's 50-odd
-arguments on the H100's host (cProfile, 2026-11-23), more than a short kernel runs. The launchers
+value 1) and looks the compiled kernel up on each call: for the forward's 50-odd arguments that
+costs more CPU time than a short kernel runs (profiled on the H100's host). The launchers
 here are created per call signature (``launch._FwdLaunch``), whose key already fixes everything
 Triton specialises on (strides, lengths, alignments, dtypes); the first call goes through Triton and
 keeps the ``CompiledKernel`` it returns, later calls launch that kernel directly.
