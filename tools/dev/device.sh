@@ -117,8 +117,8 @@ date -u +"start %Y-%m-%d %H:%M:%S UTC"
 for stage in "${STAGES[@]}"; do
   fn="stage_${stage//-/_}"
   if ! declare -F "$fn" > /dev/null; then
-    summary+=("$stage: unknown stage (install precompile tests certify-quick certify bench bench32 probe)")
-    failed=1
+    line="$stage: unknown stage (install precompile tests certify-quick certify bench bench32 probe)"
+    echo "== $line"; summary+=("$line"); failed=1
     continue
   fi
   log="$OUT/$stage.log"; t0=$(date +%s)
