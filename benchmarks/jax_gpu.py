@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from envvars import env_set
 
 import attnhub
 from attnhub import Causal, Local
@@ -52,7 +53,7 @@ def attnhub_fn(rule: Any, sync: str, **env: str) -> Callable:
     fn = jax.jit(lambda q, k, v: attnhub.attention(q, k, v, mask=rule, sync=sync, layout="bshd"))
 
     def call(q: Any, k: Any, v: Any) -> Any:
-        with env_set(**env):
+        with mock.patch.dict(os.environ, env):
             return fn(q, k, v)
 
     return call
@@ -60,7 +61,7 @@ def attnhub_fn(rule: Any, sync: str, **env: str) -> Callable:
 
 def path_of(q: Any, k: Any, v: Any, rule: Any, sync: str, **env: str) -> str:
     """``backend:path`` that attnhub.explain reports for the request under ``env``."""
-    with env_set(**env):
+    with mock.patch.dict(os.environ, env):
         exp = attnhub.explain(q, k, v, mask=rule, sync=sync, layout="bshd")
     note = next((x.note for x in exp.verdicts if x.name == exp.chosen), None) or ""
     return f"{exp.chosen}:{note.split(':', 1)[0].removeprefix('path=')}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from attnhub import settings
 from attnhub_conformance.parallel import run_sharded
 
 FRAMEWORK_CHOICES = ("numpy", "torch", "tensorflow", "jax")
@@ -20,7 +22,7 @@ DEFAULT_EXAMPLES = 60
 
 def _plugin_autoloaded() -> bool:
     """True when pytest loads our plugin by itself (the ``pytest11`` entry point is installed)."""
-    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+    if settings.external("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         return False
     return any(ep.value == "attnhub_conformance.plugin" for ep in metadata.entry_points(group="pytest11"))
 
@@ -78,6 +80,7 @@ def certify(
     jobs: int,
 ) -> None:
     """Certify backend NAME against the float64 reference (SPEC §6); non-zero exit if any accepted case fails."""
+    _require_suite_dependencies()
     import pytest
     from rich.console import Console
 
@@ -98,10 +101,11 @@ def certify(
         why = f"availability() raised {type(exc).__name__}: {exc}"
     if why:
         raise click.ClickException(f"backend {name!r} is not available on this machine: {why}")
-    if "ATTNHUB_BACKEND" in os.environ:  # would turn the suite's auto-dispatch checks into forced ones
+    # ATTNHUB_BACKEND would turn the suite's auto-dispatch checks into forced ones
+    if settings.raw("ATTNHUB_BACKEND") is not None:
         console.print("[yellow]note: ignoring ATTNHUB_BACKEND while certifying[/]")
         del os.environ["ATTNHUB_BACKEND"]
-    disabled = [n.strip() for n in os.environ.get("ATTNHUB_DISABLE", "").split(",") if n.strip()]
+    disabled = [n.strip() for n in (settings.raw("ATTNHUB_DISABLE") or "").split(",") if n.strip()]
     if name in disabled:  # a disabled backend would decline everything for that reason alone
         console.print(f"[yellow]note: certifying {name} although ATTNHUB_DISABLE lists it[/]")
         os.environ["ATTNHUB_DISABLE"] = ",".join(n for n in disabled if n != name)
@@ -121,6 +125,8 @@ def certify(
         args = [
             str(suite), "-c", os.devnull, "--rootdir", str(suite.parent), "-p", "no:cacheprovider", "--import-mode=importlib",
             "--tb=no", "-rN", "-W", "ignore::DeprecationWarning", "-v" if verbose and jobs == 1 else "-q",
+            # installed from a wheel, pytest would ask to rewrite the already imported attnhub packages
+            "-W", "ignore::pytest.PytestAssertRewriteWarning",
             f"--attnhub-backend={name}", f"--attnhub-seed={seed}",
             f"--attnhub-examples={examples}", f"--attnhub-repro={extra}",
         ]  # fmt: skip
@@ -185,6 +191,16 @@ def certify(
         console.print(f"[yellow]{name} declined every case: it certifies nothing[/]")
     else:
         console.print(f"[bold green]{name}: certified[/] ({mode} mode, seed {seed})")
+
+
+def _require_suite_dependencies() -> None:
+    """The suite runs on pytest and hypothesis (the ``certify`` extra): say what to install, plainly."""
+    missing = [m for m in ("pytest", "hypothesis") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise click.ClickException(
+            f"attnhub certify needs {' and '.join(missing)}, which are not installed here: "
+            "pip install 'attnhub[certify]'"
+        )
 
 
 def main() -> None:  # pragma: no cover - `python -m attnhub_conformance.cli`

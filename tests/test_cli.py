@@ -70,3 +70,52 @@ def test_explain_cli_bad_request():
 def test_demo_runs_on_cpu_backends():
     out = run("demo")
     assert "reference" in out and "numpy" in out
+
+
+def test_every_command_loads():
+    """Each lazily imported command resolves (none shows up as '(unavailable: ...)')."""
+    from attnhub.cli import LAZY_COMMANDS
+
+    out = run("--help")
+    assert "unavailable" not in out
+    for name in LAZY_COMMANDS:
+        assert name in out
+        assert "Usage:" in run(name, "--help")
+
+
+def test_python_m_attnhub_cli():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "attnhub.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "show-mask" in out.stdout, out.stderr
+
+
+def test_info_settings_lists_every_setting_user_ones_first(monkeypatch):
+    from attnhub import settings
+
+    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.setenv("ATTNHUB_DISABLE", "tf,jax")
+    monkeypatch.setenv("ATTNHUB_TRITON_TMA", "x")  # not a valid value: shown as such, no error
+    monkeypatch.delenv("ATTNHUB_BACKEND", raising=False)
+    out = run("info", "--settings")
+    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("│ ATTNHUB_")}
+    assert list(rows) == sorted(settings.SETTINGS, key=lambda n: settings.SETTINGS[n].audience != "user")
+    assert all(n in rows for n in settings.SETTINGS)
+    user = [n for n, s in settings.SETTINGS.items() if s.audience == "user"]
+    assert list(rows)[: len(user)] == user
+    assert "tf,jax" in rows["ATTNHUB_DISABLE"] and "user" in rows["ATTNHUB_DISABLE"]
+    assert "invalid" in rows["ATTNHUB_TRITON_TMA"] and "dev" in rows["ATTNHUB_TRITON_TMA"]
+    assert rows["ATTNHUB_TRITON_TUNE"].split("│")[3].strip() == "1"  # default True, as a user writes it
+    assert rows["ATTNHUB_BACKEND"].split("│")[5].strip() == "-"  # not set here
+
+
+def test_certify_without_pytest_says_what_to_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "hypothesis" else real(n, *a))
+    result = CliRunner().invoke(main, ["certify", "reference", "--quick"])
+    assert result.exit_code != 0
+    assert "needs hypothesis" in result.output and "pip install 'attnhub[certify]'" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)

@@ -20,3 +20,13 @@ def test_numpy_call_through_reference_imports_no_framework():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_command_line_imports_no_test_framework():
+    """pytest and hypothesis are the `certify` extra: the CLI (certify's module too) loads without them."""
+    code = (
+        "import sys, attnhub.cli, attnhub.cli.info, attnhub.cli.demo, attnhub.cli.bench, attnhub_conformance.cli;"
+        "print([m for m in ('pytest', 'hypothesis') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -1,6 +1,6 @@
 """Try (warps, keys per tile) configurations of the cuda backend's tensor-core forward on one GPU.
 
-python benchmarks/cuda_tune.py   # prints TFLOP/s per configuration, head dim and mask
+python tools/dev/cuda_tune.py   # prints TFLOP/s per configuration, head dim and mask
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Sweep variants of the cuda backend's bf16 tensor-core kernels on one GPU, checked and timed.
 
-    python benchmarks/cuda_sweep.py [--old REV | --old-dir DIR] [--quick] [--no-fwd] [--no-bwd] [--tiles D:W,BN,RB ...] [--json FILE]
+    python tools/dev/cuda_sweep.py [--old REV | --old-dir DIR] [--quick] [--no-fwd] [--no-bwd] [--tiles D:W,BN,RB ...] [--json FILE]
 
 Forward: each (kernel source, tile, extra defines) variant is first checked against the float64
 reference backend (odd lengths, Full / Causal / Local(causal) rules, q x 8 for large logits), then

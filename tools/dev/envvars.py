@@ -1,4 +1,4 @@
-"""Environment switches for the benchmark scripts (run as ``python benchmarks/<script>.py``)."""
+"""Environment switches for the benchmark scripts (run as ``python tools/dev/<script>.py``)."""
 
 from __future__ import annotations
 

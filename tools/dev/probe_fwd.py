@@ -1,10 +1,10 @@
 """Forward probe for the device machine: correctness of each K/V load path, then timings of load
 paths x pinned configs against the peers (SDPA cuDNN, FlexAttention), all in one process.
 
-``python3 -m attnhub_backends.triton.probe_fwd [check] [dense] [local] [tuned] [ws] [checkband]
+``python3 tools/dev/probe_fwd.py [check] [dense] [local] [tuned] [ws] [checkband]
 [band] [causalband] [ncu]``; results are
 printed as lines ``RES <case> <variant> <ms> <TFLOP/s>`` and a per-case summary at the end.
-Variants are set through ``ATTNHUB_TRITON_TMA`` and ``ATTNHUB_TRITON_FWD_CFG`` (see launch.py).
+Variants are set through ``ATTNHUB_TRITON_TMA`` and ``ATTNHUB_TRITON_FWD_CFG`` (see backends/triton/launch.py).
 """
 
 from __future__ import annotations
@@ -275,8 +275,8 @@ def tuned(cases: list[Case]) -> None:
 def ws() -> None:
     """Warp specialisation in a child process (the Hopper pass may crash the compiler)."""
     code = (
-        "from attnhub_backends.triton.probe_fwd import _time, DENSE, LOCAL\n"
-        "import sys\n"
+        f"import sys\nsys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+        "from probe_fwd import _time, DENSE, LOCAL\n"
         "_time('triton', DENSE[2], 'ws ' + sys.argv[1])\n_time('triton', LOCAL[3], 'ws ' + sys.argv[1])\n"
     )
     for mode, cfg in (("1", "128,128,8,3,0,1"), ("0", "128,128,8,3,0,1")):

@@ -7,7 +7,7 @@ applies (integers: == 1 and % 16 == 0; tensors: dtype and 16-byte alignment). On
 distinct record is one compile, in every process that meets it, so the numbers below bound what
 ``certify triton -j N`` compiles per shard.
 
-    TRITON_INTERPRET=1 python benchmarks/triton_specialisations.py [--jobs 4,8,16]
+    TRITON_INTERPRET=1 python tools/dev/triton_specialisations.py [--jobs 4,8,16]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Check and time the cuda backend's Hopper (wgmma) forward against its mma.sync forward and SDPA.
 
-    python benchmarks/cuda_wgmma_probe.py [--configs 2,128 1,128 ...] [--lengths 4096 ...] [--json FILE]
-    python benchmarks/cuda_wgmma_probe.py --bwd [--bwd-modes wgmma:1 wgmma:2 fused split] [...]
+    python tools/dev/cuda_wgmma_probe.py [--configs 2,128 1,128 ...] [--lengths 4096 ...] [--json FILE]
+    python tools/dev/cuda_wgmma_probe.py --bwd [--bwd-modes wgmma:1 wgmma:2 fused split] [...]
 
 Each tile config (``ATTNHUB_CUDA_WGMMA=warpgroups,keys``; ``+p`` adds the pipelined loop,
 ``ATTNHUB_CUDA_WGMMA_PIPE=1``; ``:tiles`` or ``:heads`` the grid order ``ATTNHUB_CUDA_FWD_ORDER``) is first checked against the float64 reference

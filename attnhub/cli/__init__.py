@@ -1,4 +1,9 @@
-"""The ``attnhub`` command line: info, explain, demo, show-mask, and the lazily loaded certify/bench."""
+"""The ``attnhub`` command line: one module per command, each imported only when it is used.
+
+``info`` (:mod:`.info`), ``explain`` (:mod:`.explain`), ``demo`` (:mod:`.demo`), ``show-mask``
+(:mod:`.show_mask`), ``bench`` (:mod:`.bench`) and ``certify``, which belongs to the conformance
+suite (:mod:`attnhub_conformance.cli`). ``python -m attnhub.cli`` runs the same command.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,12 @@ import click
 
 #: Subcommands that live in their own modules, imported only when used: name -> "module:attribute".
 LAZY_COMMANDS = {
-    "info": "attnhub.cli_info:info",
-    "explain": "attnhub.cli_info:explain_cmd",
-    "demo": "attnhub.demo:demo",
-    "show-mask": "attnhub.show_mask:show_mask",
+    "info": "attnhub.cli.info:info",
+    "explain": "attnhub.cli.explain:explain_cmd",
+    "demo": "attnhub.cli.demo:demo",
+    "show-mask": "attnhub.cli.show_mask:show_mask",
     "certify": "attnhub_conformance.cli:certify",
-    "bench": "attnhub.bench.cli:bench",
+    "bench": "attnhub.cli.bench:bench",
 }
 
 
@@ -45,7 +50,3 @@ def _missing(name: str, exc: ImportError) -> click.Command:
 @click.version_option(package_name="attnhub")
 def main() -> None:
     """attnhub: exact attention on any framework, dispatched to the best backend."""
-
-
-if __name__ == "__main__":
-    main()

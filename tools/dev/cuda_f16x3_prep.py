@@ -2,7 +2,7 @@
 torch profiler (zeroing, attn_absmax, attn_split, attn_fwd_f16x3) and the whole call's median with
 triton's do_bench, for the ``attnhub bench`` float32 shapes (L = 4096, B = 4, H = 2048 / D).
 
-    python benchmarks/cuda_f16x3_prep.py
+    python tools/dev/cuda_f16x3_prep.py
 
 Then small calls (B = 1, H = 8, L = 128 .. 2048) against the 3xTF32 kernel, where launches count.
 """

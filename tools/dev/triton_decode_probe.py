@@ -4,7 +4,7 @@ Why: the issue's decode target (>= 0.8x the best SDPA backend) moved between com
 default and pinned variants (tile config, split-KV factor, K/V load path, tuner off) in one process
 so that their ratios are comparable. Every variant is checked against SDPA's output first.
 
-Usage (GPU): python benchmarks/triton_decode_probe.py [--lengths 8192,32768] [--batch 8]
+Usage (GPU): python tools/dev/triton_decode_probe.py [--lengths 8192,32768] [--batch 8]
 """
 
 from __future__ import annotations

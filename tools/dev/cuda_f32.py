@@ -1,6 +1,6 @@
 """float32 forward of the cuda backend: accuracy against float64 and speed against torch's math SDPA.
 
-    python benchmarks/cuda_f32.py [--configs f16x3:4,64,1 tf32:4,64,2/8 ...]
+    python tools/dev/cuda_f32.py [--configs f16x3:4,64,1 tf32:4,64,2/8 ...]
 
 Accuracy: ||out - ref|| / ||ref|| and max |out - ref| / max |ref| against SDPA (math) in float64 on
 the same float32 inputs, for the default (3xFP16) and 3xTF32 tensor-core kernels, the SIMT kernel (ATTNHUB_CUDA_F32=simt),

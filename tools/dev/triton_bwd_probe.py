@@ -1,7 +1,7 @@
 """Backward of the triton backend at one shape: every (dK/dV, dQ) candidate pair pinned, the tuned
 default, and SDPA flash, in one process (the tuner's pick against the measured best).
 
-Usage (GPU): python benchmarks/triton_bwd_probe.py [--dim 128] [--length 16384] [--causal]
+Usage (GPU): python tools/dev/triton_bwd_probe.py [--dim 128] [--length 16384] [--causal]
 """
 
 from __future__ import annotations

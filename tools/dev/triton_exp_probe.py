@@ -7,7 +7,7 @@ bits; relative error 1.7e-4, below bfloat16's rounding of P), MODE 2 half of eac
 Checked against SDPA, then timed against SDPA cuDNN / flash with triton's do_bench (B = 1, H = 32,
 L = 16k, and B = 4, L = 4k).
 
-    python benchmarks/triton_exp_probe.py
+    python tools/dev/triton_exp_probe.py
 """
 
 from __future__ import annotations

@@ -1,0 +1,5 @@
+"""``python -m attnhub.cli``: the ``attnhub`` command."""
+
+from attnhub.cli import main
+
+main()
