@@ -1,7 +1,7 @@
 """Forward probe for the device machine: correctness of each K/V load path, then timings of load
 paths x pinned configs against the peers (SDPA cuDNN, FlexAttention), all in one process.
 
-``python3 tools/dev/probe_fwd.py [check] [dense] [local] [tuned] [ws] [checkband]
+``python3 tools/dev/probe_fwd.py [check] [dense] [local] [tuned] [checkband]
 [band] [causalband] [ncu]``; results are
 printed as lines ``RES <case> <variant> <ms> <TFLOP/s>`` and a per-case summary at the end.
 Variants are set through ``ATTNHUB_TRITON_TMA`` and ``ATTNHUB_TRITON_FWD_CFG`` (see backends/triton/launch.py).
@@ -10,7 +10,6 @@ Variants are set through ``ATTNHUB_TRITON_TMA`` and ``ATTNHUB_TRITON_FWD_CFG`` (
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -36,13 +35,13 @@ DENSE_CFGS = ["128,128,8,3", "128,64,8,3", "128,64,4,3", "128,128,8,2"]
 LOCAL_CFGS = ["64,64,4,3", "128,64,4,3", "128,64,8,3", "64,32,4,3", "128,128,8,3"]
 # Band walk (Cfg.band): one loop over the contiguous key tiles, the rule only outside the full run.
 BAND_CFGS = [
-    "64,64,4,3", "64,32,4,3", "64,64,4,3,0,0,1", "64,32,4,3,0,0,1", "64,128,4,3,0,0,1",
-    "128,128,8,3,0,0,1", "128,128,8,2,0,0,1", "128,64,8,3,0,0,1", "128,64,4,3,0,0,1",
+    "64,64,4,3", "64,32,4,3", "64,64,4,3,0,1", "64,32,4,3,0,1", "64,128,4,3,0,1",
+    "128,128,8,3,0,1", "128,128,8,2,0,1", "128,64,8,3,0,1", "128,64,4,3,0,1",
 ]  # fmt: skip
 # Second round: stages, register caps and key-tile widths around the best band configs.
 BAND2_CFGS = [
-    "64,64,4,3,0,0,1", "64,64,4,2,0,0,1", "64,64,4,4,0,0,1", "64,64,4,3,128,0,1", "64,32,4,4,0,0,1",
-    "64,32,4,3,0,0,1",
+    "64,64,4,3,0,1", "64,64,4,2,0,1", "64,64,4,4,0,1", "64,64,4,3,128,1", "64,32,4,4,0,1",
+    "64,32,4,3,0,1",
 ]  # fmt: skip
 CAUSAL_BAND = [c for c in DENSE if isinstance(c.rule, Causal)] + [
     Case("dense", 1, 32, 32, 16384, 16384, 64, Causal()),
@@ -53,8 +52,8 @@ DENSE64 = [
     Case("dense", 4, 32, 32, 4096, 4096, 64, Causal()),
     Case("dense", 1, 32, 32, 16384, 16384, 64, Causal()),
 ]
-DENSE64_CFGS = ["64,64,4,3", "64,64,4,3,0,0,1", "128,64,4,3", "128,64,4,3,0,0,1"]
-CAUSAL_BAND_CFGS = ["128,128,8,3", "128,128,8,3,0,0,1", "128,64,4,3", "128,64,4,3,0,0,1"]
+DENSE64_CFGS = ["64,64,4,3", "64,64,4,3,0,1", "128,64,4,3", "128,64,4,3,0,1"]
+CAUSAL_BAND_CFGS = ["128,128,8,3", "128,128,8,3,0,1", "128,64,4,3", "128,64,4,3,0,1"]
 RESULTS: dict[str, dict[str, float]] = {}
 
 
@@ -85,7 +84,7 @@ def check() -> None:
 
     from tests.triton_check import check as chk
 
-    for mode in ("0", "1", "2", "3"):
+    for mode in ("0", "3"):
         _set(mode, None)
         try:
             chk(torch, device="cuda", dtype="bfloat16", seq_q=(1000,), seq_k=(1000,), rule=Causal(), b=2,
@@ -107,7 +106,7 @@ def check_band() -> None:
     from tests.triton_check import check as chk
 
     for mode in ("0", "3"):
-        for cfg in ("64,64,4,3,0,0,1", "128,128,8,3,0,0,1", "128,64,4,3,0,0,1"):
+        for cfg in ("64,64,4,3,0,1", "128,128,8,3,0,1", "128,64,4,3,0,1"):
             _set(mode, cfg)
             try:
                 chk(torch, device="cuda", dtype="bfloat16", seq_q=(1500,), seq_k=(1500,), b=2, hq=4, hkv=2,
@@ -127,7 +126,7 @@ def check_band() -> None:
     _set(None, None)
 
 
-WIN_DEFAULT = "0:0:64,64,4,3,128,0,1;1:0:64,64,4,3,128,0,1;1:0:64,64,4,2,128,0,1;2:3:64,64,4,3,0,0,1;3:3:64,64,4,3,0,0,1"
+WIN_DEFAULT = "0:0:64,64,4,3,128,1;0:0:64,64,4,2,128,1;3:3:64,64,4,3,0,1"
 
 
 def _win_items() -> list[tuple[Case, str, str]]:
@@ -173,7 +172,7 @@ def ncu_calls() -> None:
     """Two calls of each ``index:cfg`` pair of ``PROBE_NCU`` (LOCAL cases), for Nsight Compute."""
     import torch
 
-    for item in os.environ.get("PROBE_NCU", "1:64,64,4,3,128,0,1;3:64,64,4,3,0,0,1").split(";"):
+    for item in os.environ.get("PROBE_NCU", "1:64,64,4,3,128,0,1;3:64,64,4,3,0,1").split(";"):
         idx, cfg = item.split(":")
         _set("3", cfg)
         fn, (q, k, v) = _warm(LOCAL[int(idx)])
@@ -272,42 +271,25 @@ def tuned(cases: list[Case]) -> None:
         print("TUNED", " ".join(map(str, k)), v)
 
 
-def ws() -> None:
-    """Warp specialisation in a child process (the Hopper pass may crash the compiler)."""
-    code = (
-        f"import sys\nsys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
-        "from probe_fwd import _time, DENSE, LOCAL\n"
-        "_time('triton', DENSE[2], 'ws ' + sys.argv[1])\n_time('triton', LOCAL[3], 'ws ' + sys.argv[1])\n"
-    )
-    for mode, cfg in (("1", "128,128,8,3,0,1"), ("0", "128,128,8,3,0,1")):
-        env = dict(os.environ, ATTNHUB_TRITON_TMA=mode, ATTNHUB_TRITON_FWD_CFG=cfg)
-        try:
-            p = subprocess.run([sys.executable, "-c", code, f"tma{mode}"], env=env, timeout=90,
-                               capture_output=True, text=True)  # fmt: skip
-            print(p.stdout[-1500:], p.stderr[-1500:], "rc", p.returncode)
-        except subprocess.TimeoutExpired:
-            print("WS timeout", mode)
-
-
 def summary() -> None:
     print("\nSUMMARY (peer / variant time; best first)")
     for label, res in RESULTS.items():
-        peer = next((v for k, v in res.items() if not k.startswith(("tma", "tuned", "ws"))), None)
-        ranked = sorted((v, k) for k, v in res.items() if k.startswith(("tma", "tuned", "ws")))
+        peer = next((v for k, v in res.items() if not k.startswith(("tma", "tuned"))), None)
+        ranked = sorted((v, k) for k, v in res.items() if k.startswith(("tma", "tuned")))
         top = ", ".join(f"{k}={v:.4f} ({peer / v:.2f}x)" if peer else f"{k}={v:.4f}" for v, k in ranked[:4])
         print(f"{label:40s} peer={peer}  {top}")
 
 
 def main() -> None:
-    steps = sys.argv[1:] or ["check", "dense", "local", "tuned", "ws"]
+    steps = sys.argv[1:] or ["check", "dense", "local", "tuned"]
     for step in steps:
         t0 = time.time()
         if step == "check":
             check()
         elif step == "dense":
-            sweep(DENSE, DENSE_CFGS, ("0", "1", "3"), "sdpa-cudnn")
+            sweep(DENSE, DENSE_CFGS, ("0", "3"), "sdpa-cudnn")
         elif step == "local":
-            sweep(LOCAL, LOCAL_CFGS, ("0", "1", "3"), "flex")
+            sweep(LOCAL, LOCAL_CFGS, ("0", "3"), "flex")
         elif step == "hostprof":
             hostprof()
         elif step == "host":
@@ -331,8 +313,6 @@ def main() -> None:
             sweep(CAUSAL_BAND, CAUSAL_BAND_CFGS, ("3",), "sdpa-cudnn")
         elif step == "tuned":
             tuned(DENSE + LOCAL)
-        elif step == "ws":
-            ws()
         print(f"STEP {step} {time.time() - t0:.0f}s")
         summary()
 
