@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from attnhub_conformance.cases import SHORT
-from attnhub_conformance.report import markdown
+from attnhub_conformance.report import READABLE_SCHEMAS, markdown
 
 
 def load(paths: list[str]) -> list[dict[str, Any]]:
@@ -25,6 +25,8 @@ def load(paths: list[str]) -> list[dict[str, Any]]:
         data = json.loads(Path(p).read_text(encoding="utf-8"))
         if "matrix" not in data:
             raise SystemExit(f"{p}: not an attnhub certify report (write one with --report)")
+        if data.get("schema") not in READABLE_SCHEMAS:
+            raise SystemExit(f"{p}: report schema {data.get('schema')!r} is not one of {READABLE_SCHEMAS}")
         reports.append(data)
     return reports
 

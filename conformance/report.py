@@ -1,5 +1,11 @@
 """Support matrix from case results: aggregation, the JSON and Markdown reports, the rich table.
 
+The JSON report keeps what the support matrix needs, not every case: run metadata (seed, device,
+versions, command), the totals, each feature x dtype cell (status and counts), the likely culprits,
+how often each decline reason occurred, and the full result of every failing case. Passing and
+declined cases are only counted. (Schema ``/1`` reports also listed every case under ``results``;
+the matrix reads both forms.)
+
 A cell (feature x dtype) is ``FAIL`` when an accepted case with that feature failed, ``pass`` when
 accepted cases passed (with the count of declined ones, if any), ``declined (reason)`` when the
 backend declined every case, and ``-`` when no case of the grid has that combination.
@@ -7,6 +13,7 @@ backend declined every case, and ``-`` when no case of the grid has that combina
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import os
 import platform
@@ -17,7 +24,9 @@ from typing import Any
 from attnhub_conformance.cases import DTYPES, FEATURE_ROWS
 from attnhub_conformance.runner import Result
 
-SCHEMA = "attnhub-certify-report/1"
+SCHEMA = "attnhub-certify-report/2"
+#: Report schemas the matrix reader accepts (``/1`` carried every case result as well).
+READABLE_SCHEMAS = ("attnhub-certify-report/1", SCHEMA)
 
 
 def results_from(payload: dict[str, Any]) -> list[Result]:
@@ -155,8 +164,19 @@ def _version_of(backend: Any) -> str | None:
         return f"version() raised {type(exc).__name__}"
 
 
+def declined_reasons(results: list[Result]) -> dict[str, int]:
+    """How many cases were declined for each reason (a case's first reason), most frequent first."""
+    counts = Counter((r.reasons[0] if r.reasons else "declined") for r in results if r.status == "declined")
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def failures(results: list[Result]) -> list[dict[str, Any]]:
+    """Every failing case in full (id, dtype, features, check, message, request, repro)."""
+    return [dataclasses.asdict(r) for r in results if r.status == "FAIL"]
+
+
 def build_report(payload: dict[str, Any], elapsed_s: float, command: str) -> dict[str, Any]:
-    """The full JSON report: run metadata, the matrix, a summary and every case result."""
+    """The JSON report: run metadata, a summary, the matrix and the failing cases in full."""
     import attnhub
     from attnhub.registry import REGISTRY
 
@@ -198,11 +218,8 @@ def build_report(payload: dict[str, Any], elapsed_s: float, command: str) -> dic
         "dtypes": list(DTYPES),
         "matrix": aggregate(results),
         "suspects": suspects(results),
-        "failures": [
-            {"id": r.id, "check": r.check, "message": r.message, "request": r.request, "repro": r.repro}
-            for r in failed
-        ],
-        "results": payload["results"],
+        "declined_reasons": declined_reasons(results),
+        "failures": failures(results),
     }
 
 

@@ -207,6 +207,48 @@ def test_matrix_script_renders_reports(tmp_path):
     assert "| rule causal | **FAIL** f32 |" in text
 
 
+def _report(results: list[Result]) -> dict:
+    payload = {"backend": "reference", "mode": "quick", "seed": 1, "framework": "numpy", "device": "cpu",
+               "results": [r.__dict__ for r in results]}  # fmt: skip
+    return rep.build_report(payload, 1.0, "attnhub certify reference --quick")
+
+
+def test_report_keeps_failing_cases_in_full_and_only_counts_the_others():
+    report = _report(_results())
+    assert report["schema"] == rep.SCHEMA and "results" not in report
+    assert report["failures"] == [
+        {"id": "a", "dtype": "float32", "features": ["1-d", "rule causal", "lse"], "status": "FAIL",
+         "reasons": [], "check": "out", "message": "bad", "request": "", "repro": ""},
+        {"id": "d", "dtype": "float32", "features": ["1-d", "rule full", "backward"], "status": "FAIL",
+         "reasons": [], "check": "dq", "message": "bad grad", "request": "", "repro": ""},
+    ]  # fmt: skip
+    assert report["declined_reasons"] == {"supports dtypes float32": 1}
+    assert report["summary"] == {"cases": 4, "passed": 1, "failed": 2, "declined": 1, "certified": False}
+    text = json.dumps(report)
+    assert '"b"' not in text and '"c"' not in text  # passing and declined cases are counted, not named
+    # a thousand more passing cases change counts, not the report's size
+    many = _results() + [
+        Result(f"p{i}-with-a-long-case-id", "float32", ["1-d", "rule full"], "pass", request="r" * 80)
+        for i in range(1000)
+    ]
+    big = _report(many)
+    assert big["matrix"]["rule full"]["float32"]["passed"] == 1001
+    assert abs(len(json.dumps(big)) - len(text)) < 200
+
+
+def test_matrix_reads_both_report_schemas_and_refuses_others(tmp_path):
+    report = _report(_results())
+    old = {**report, "schema": "attnhub-certify-report/1", "results": [r.__dict__ for r in _results()]}
+    pages = []
+    for name, data in (("new", report), ("old", old)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+        pages.append(matrix_mod.render(matrix_mod.load([str(tmp_path / f"{name}.json")])))
+    assert pages[0] == pages[1] and "| rule causal | **FAIL** f32 |" in pages[0]
+    (tmp_path / "future.json").write_text(json.dumps({**report, "schema": "attnhub-certify-report/99"}))
+    with pytest.raises(SystemExit, match="schema"):
+        matrix_mod.load([str(tmp_path / "future.json")])
+
+
 def test_certify_unknown_and_unavailable_backends(broken_backends, monkeypatch):
     runner = CliRunner()
     res = runner.invoke(certify, ["no_such_backend", "--quick"])
@@ -235,7 +277,8 @@ def test_certify_reproduces_one_case(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads((tmp_path / "one.json").read_text())
-    assert [r["id"] for r in report["results"]] == [case.id]
+    assert report["summary"]["cases"] == report["summary"]["passed"] == 1
+    assert report["command"].endswith(f"--case={case.id}")
     assert (tmp_path / "one.md").read_text().startswith("# attnhub certify reference")
 
 
@@ -253,18 +296,33 @@ def test_a_backend_declining_everything_certifies_nothing(broken_backends):
 
 def test_randomised_cases_replay_by_id(tmp_path):
     """Full mode draws hypothesis cases from the seed; `--case random-N --seed S` replays one alone."""
-    base = [sys.executable, "-m", "attnhub_conformance.cli", "reference", "--seed", "13", "--examples", "4"]
-    out = subprocess.run(
-        [*base, "--feature", "randomised", "--report", str(tmp_path / "all")], capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    ids = [r["id"] for r in json.loads((tmp_path / "all.json").read_text())["results"]]
+    import os
+
+    import attnhub_conformance
+
+    # the report counts passing cases without naming them: the ids come from the suite's results file
+    suite = Path(attnhub_conformance.__file__).with_name("suite.py")
+    results = tmp_path / "results.json"
+    cmd = [
+        sys.executable, "-m", "pytest", str(suite), "-c", os.devnull, "--rootdir", str(suite.parent),
+        "-p", "no:cacheprovider", "--import-mode=importlib", "-q", "--attnhub-backend=reference",
+        "--attnhub-seed=13", "--attnhub-examples=4", "--attnhub-feature=randomised",
+        f"--attnhub-results={results}",
+    ]  # fmt: skip
+    if not _plugin_autoloaded():
+        cmd += ["-p", "attnhub_conformance.plugin"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    assert results.exists(), out.stdout + out.stderr
+    ids = [r["id"] for r in json.loads(results.read_text())["results"]]
     assert ids and all(i.startswith("random-") for i in ids)
+    base = [sys.executable, "-m", "attnhub_conformance.cli", "reference", "--seed", "13", "--examples", "4"]
     out = subprocess.run(
         [*base, "--case", ids[-1], "--report", str(tmp_path / "one")], capture_output=True, text=True
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert [r["id"] for r in json.loads((tmp_path / "one.json").read_text())["results"]] == [ids[-1]]
+    report = json.loads((tmp_path / "one.json").read_text())
+    assert report["summary"]["cases"] == report["summary"]["passed"] == 1
+    assert sum(report["matrix"]["randomised"][d]["passed"] for d in DTYPES) == 1
 
 
 def test_interrupted_jobs_report_what_they_recorded(tmp_path):
