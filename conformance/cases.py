@@ -7,6 +7,7 @@ lse, gradients, repeat) but not the data: the data is drawn from the run's seed 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -38,7 +39,8 @@ FEATURE_ROWS = (
     "L = 1",
     "batch/heads > 1",
     "GQA/MQA",
-    "Dqk != Dv",
+    "Dv < Dqk",
+    "Dv > Dqk",
     "head dim >= 128",
     "custom scale",
     "lse",
@@ -52,10 +54,25 @@ FEATURE_ROWS = (
     "fully masked rows",
     "non-contiguous",
     "randomised",
+    "inputs unchanged",
+    "framework numpy",
+    "framework torch",
+    "framework tensorflow",
+    "framework jax",
 )
 
 #: Features that belong to one check only: a failure elsewhere in a case does not mark them.
-CHECK_FEATURES = {"lse": "lse", "backward": "backward", "deterministic": "deterministic"}
+#: "inputs unchanged" is on every case; its check runs last (see runner), so when it alone fails the
+#: case's other rows passed.
+CHECK_FEATURES = {
+    "lse": "lse",
+    "backward": "backward",
+    "deterministic": "deterministic",
+    "inputs unchanged": "inputs",
+}
+
+#: Head-dim classes (kernels pick tiles by them: <= 32, 64, 128, 256): large logits are tested at each.
+HEAD_DIM_CLASSES = (32, 64, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -89,11 +106,19 @@ class Case:
     mask_empty_rows: bool = False
     #: Set for hypothesis-drawn cases: their id is ``random-<n>``.
     random_index: int | None = None
+    #: The inputs' framework; "" is the run's main one (``--framework``, or the backend's first).
+    #: Cases of the other declared frameworks carry it, and their id ends with it.
+    framework: str = ""
 
     @cached_property
     def id(self) -> str:
         if self.random_index is not None:
             return f"random-{self.random_index}"
+        return self.content_id
+
+    @cached_property
+    def content_id(self) -> str:
+        """The grid-style id of the case's content (a random case's id is only ``random-<n>``)."""
         dims = lambda s: "x".join(map(str, s))  # noqa: E731
         parts = [SHORT[self.dtype], f"{len(self.seq_q)}d", f"q{dims(self.seq_q)}", f"k{dims(self.seq_k)}"]
         parts.append(rule_token(self.rule))
@@ -112,10 +137,33 @@ class Case:
             (self.peaked, "peaked"),
             (bool(self.noncontig), self.noncontig),
             (self.repeat, "repeat"),
+            (bool(self.framework), self.framework),
         ):
             if flag:
                 parts.append(token)
         return "-".join(parts)
+
+    def describe(self) -> str:
+        """Every field in words (what a failed randomised case prints; its id says none of it)."""
+        seq = lambda s: "x".join(map(str, s))  # noqa: E731
+        rule = self.rule if isinstance(self.rule, str) else rule_token(self.rule)
+        parts = [
+            self.dtype,
+            f"q {seq(self.seq_q)} k {seq(self.seq_k)}",
+            f"B={self.batch} Hq={self.heads_q} Hkv={self.heads_kv} Dqk={self.dim_qk} Dv={self.dim_v}",
+            f"layout {self.layout}",
+            f"rule {rule}" + (f" ({self.mask_shape}{', empty rows' if self.mask_empty_rows else ''})"
+                              if isinstance(self.rule, str) else ""),
+            f"sync {self.sync}",
+            f"scale {'default' if self.scale is None else self.scale}",
+            f"large logits {'yes' if self.large_logits else 'no'}",
+        ]  # fmt: skip
+        for flag, token in ((self.lse, "lse"), (self.grad, "grad"), (self.peaked, "peaked rows"),
+                            (bool(self.noncontig), f"{self.noncontig} view"), (self.repeat, "repeat"),
+                            (bool(self.framework), f"framework {self.framework}")):  # fmt: skip
+            if flag:
+                parts.append(token)
+        return ", ".join(parts)
 
     @property
     def ndim(self) -> int:
@@ -166,8 +214,10 @@ class Case:
             f.append("batch/heads > 1")
         if self.heads_q != self.heads_kv:
             f.append("GQA/MQA")
-        if self.dim_qk != self.dim_v:
-            f.append("Dqk != Dv")
+        if self.dim_v < self.dim_qk:
+            f.append("Dv < Dqk")
+        elif self.dim_v > self.dim_qk:
+            f.append("Dv > Dqk")
         if max(self.dim_qk, self.dim_v) >= 128:
             f.append("head dim >= 128")
         if self.scale is not None:
@@ -189,6 +239,9 @@ class Case:
             f.append("non-contiguous")
         if self.random_index is not None:
             f.append("randomised")
+        f.append("inputs unchanged")
+        if self.framework:
+            f.append(f"framework {self.framework}")
         return tuple(f)
 
 
@@ -214,6 +267,32 @@ def _dedupe(cases: list[Case]) -> list[Case]:
     return list(seen.values())
 
 
+def big_logit_cases(dtype: str) -> list[Case]:
+    """Large logits (q x 8, SPEC §6) at every head-dim class: precision bugs of one tile path (e.g.
+    a half-precision accumulator) show only where logits are large *and* that path runs."""
+    return [
+        Case(dtype, (33,), (33,), Causal(), large_logits=True, lse=True),  # head dim 32
+        Case(dtype, (17,), (29,), Full(), heads_q=4, heads_kv=2, dim_qk=64, dim_v=64, large_logits=True,
+             lse=True),
+        Case(dtype, (21,), (21,), Causal(), sync="none_end", batch=1, dim_qk=128, dim_v=128, large_logits=True),
+        Case(dtype, (13,), (19,), Full(), batch=1, heads_q=1, heads_kv=1, dim_qk=256, dim_v=256,
+             large_logits=True, lse=True),
+    ]  # fmt: skip
+
+
+def layout_cases(dtype: str, grad: bool) -> list[Case]:
+    """Layouts where every wrong transposition still has valid shapes: the sequence length equals
+    the head count (``bshd`` read as ``bhsd``) or the head dim (``bhds`` read as ``bhsd``), so a
+    backend permuting the wrong axes computes on scrambled data instead of failing on a shape."""
+    return [
+        Case(dtype, (4,), (4,), Full(), heads_q=4, heads_kv=4, dim_qk=16, dim_v=16, layout="bshd", lse=True),
+        Case(dtype, (4,), (2,), Causal(), sync="none_end", heads_q=4, heads_kv=2, dim_qk=16, dim_v=16,
+             layout="bshd", grad=grad),
+        Case(dtype, (16,), (16,), Causal(), batch=1, heads_q=16, heads_kv=16, dim_qk=16, dim_v=16,
+             layout="bhds", lse=True),
+    ]  # fmt: skip
+
+
 def quick_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
     """A small representative grid: every feature row once or twice, small shapes (``--quick``)."""
     main = _main_dtype(dtypes)
@@ -233,13 +312,16 @@ def quick_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
     add(Case(m, (6, 7), (6, 7), Local(2, 2, causal=True), lse=True))
     add(Case(m, (4, 6), (8, 12), Causal(), sync="scale_end", lse=True))
     add(Case(m, (8, 12), (4, 6), Local((2, 3)), sync="scale_front"))
-    add(Case(m, (5, 5), (5, 5), Full(), layout="bshd", heads_q=4, heads_kv=1))
+    # layouts: the first sequence dimension equals the head count (see layout_cases)
+    add(Case(m, (4, 5), (4, 5), Full(), layout="bshd", heads_q=4, heads_kv=1))
     add(Case(m, (29,), (29,), Causal(), layout="bhds", lse=True))
-    add(Case(m, (4, 5), (4, 5), Causal(), layout="bhds", sync="none_end"))
+    add(Case(m, (4, 5), (4, 5), Causal(), layout="bhds", sync="none_end", heads_q=4, heads_kv=4))
+    c += layout_cases(m, grad=True)
     add(Case(m, (21,), (21,), "bool", mask_shape="bcast", mask_empty_rows=True, lse=True))
     add(Case(m, (13,), (27,), "additive", mask_shape="full", lse=True))
-    add(Case(m, (33,), (33,), Causal(), large_logits=True, lse=True))
+    c += big_logit_cases(m)
     add(Case(m, (25,), (17,), Full(), heads_q=4, heads_kv=1, dim_qk=64, dim_v=16))
+    add(Case(m, (17,), (25,), Causal(), heads_q=4, heads_kv=2, dim_qk=16, dim_v=64, lse=True))
     add(Case(m, (17,), (17,), Full(), batch=1, heads_q=1, heads_kv=1, dim_qk=128, dim_v=128))
     add(Case(m, (23,), (23,), Causal(), scale=0.3, lse=True))
     if strided:
@@ -248,7 +330,8 @@ def quick_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
     # gradients
     add(Case(m, (23,), (31,), Full(), heads_q=4, heads_kv=2, grad=True))
     add(Case(m, (31,), (17,), Causal(), sync="none_end", grad=True, dim_qk=32, dim_v=16))
-    add(Case(m, (5, 6), (5, 6), Local(2, 1, causal=True), grad=True, layout="bshd"))
+    add(Case(m, (19,), (23,), Full(), grad=True, dim_qk=16, dim_v=40))
+    add(Case(m, (2, 6), (2, 6), Local(2, 1, causal=True), grad=True, layout="bshd"))
     add(Case(m, (19,), (19,), "additive", mask_empty_rows=True, grad=True))
     add(Case(m, (21,), (21,), Causal(), grad=True, large_logits=True, scale=0.5))
     # determinism
@@ -262,9 +345,33 @@ def quick_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
         add(Case(dt, (19,), (45,), Causal(), sync="scale_end", lse=True))
         add(Case(dt, (6, 7), (6, 7), Local(2, 1, causal=True), heads_q=4, heads_kv=2))
         add(Case(dt, (45,), (19,), Causal(), sync="none_end", grad=True, large_logits=True))
+        c += big_logit_cases(dt)[1:]  # head dim 32 is the gradient case above
+        add(Case(dt, (4,), (4,), Full(), heads_q=4, heads_kv=4, dim_qk=16, dim_v=16, layout="bshd", lse=True))
         if dt in ("float16", "bfloat16"):
             add(Case(dt, (9,), (44,), Full(), grad=True, dim_qk=16, dim_v=16, peaked=True))
     return _dedupe(c)
+
+
+def secondary_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
+    """The quick cases run again with the inputs of another declared framework (``framework`` set):
+    conversions, layouts, masks and that framework's autodiff, in every declared dtype."""
+    main = _main_dtype(dtypes)
+    c = [
+        Case(main, (37,), (37,), Full(), heads_q=4, heads_kv=2, lse=True),
+        Case(main, (19,), (45,), Causal(), sync="none_end", lse=True),
+        Case(main, (6, 7), (6, 7), Local(2, 2, causal=True), lse=True),
+        Case(main, (21,), (21,), "bool", mask_shape="bcast", mask_empty_rows=True, lse=True),
+        Case(main, (17,), (25,), Causal(), heads_q=4, heads_kv=2, dim_qk=16, dim_v=64, lse=True),
+        Case(main, (23,), (31,), Full(), heads_q=4, heads_kv=2, grad=True),
+        Case(main, (19,), (19,), "additive", mask_empty_rows=True, grad=True),
+        *layout_cases(main, grad=True),
+    ]
+    if framework in ("numpy", "torch"):
+        c.append(Case(main, (19,), (31,), Full(), noncontig="sliced", heads_q=4, heads_kv=2, grad=True))
+    for dt in dtypes:
+        if dt != main:
+            c.append(Case(dt, (45,), (19,), Causal(), sync="none_end", grad=True, large_logits=True))
+    return _dedupe([dataclasses.replace(x, framework=framework) for x in c])
 
 
 def full_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
@@ -305,6 +412,10 @@ def full_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
                 for nc in kinds:
                     c.append(Case(main, sq, sk, Causal(), heads_q=4, heads_kv=2, layout=layout,
                                   grad=grad, noncontig=nc, lse=not grad))  # fmt: skip
+    c += layout_cases(main, grad=True)
+    if strided:
+        c.append(Case(main, (4,), (4,), Causal(), heads_q=4, heads_kv=4, layout="bshd", noncontig="transposed",
+                      grad=True))  # fmt: skip
     # head dims
     for dq, dv in ((16, 16), (32, 32), (64, 64), (128, 128), (256, 256), (256, 64), (64, 256), (8, 8)):
         for grad in (False, True):
@@ -322,6 +433,11 @@ def full_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
     for rule in (Full(), Causal(), Local(3)):
         for grad in (False, True):
             c.append(Case(main, (41,), (41,), rule, large_logits=True, grad=grad, lse=True))
+    c += big_logit_cases(main)
+    for dq, dv in ((64, 64), (128, 128), (64, 128)):
+        c.append(
+            Case(main, (29,), (23,), Causal(), batch=1, dim_qk=dq, dim_v=dv, large_logits=True, grad=True)
+        )
     for scale in (0.3, 2.0, -1.0):
         for grad in (False, True):
             c.append(Case(main, (23,), (29,), Causal(), sync="none_end", scale=scale, grad=grad, lse=True))
@@ -341,6 +457,8 @@ def full_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
         for layout in LAYOUTS:
             c.append(Case(dt, (23,), (23,), Causal(), layout=layout, lse=True))
         c.append(Case(dt, (33,), (33,), Causal(), large_logits=True, lse=True, grad=True))
+        c += big_logit_cases(dt)
+        c += layout_cases(dt, grad=True)
         if dt in ("float16", "bfloat16"):
             c.append(Case(dt, (9,), (44,), Full(), grad=True, dim_qk=16, dim_v=16, peaked=True))
             c.append(Case(dt, (44,), (44,), Causal(), grad=True, heads_q=4, heads_kv=2, dim_qk=16, dim_v=32,

@@ -124,9 +124,7 @@ def certify(
         results = Path(tmp) / "results.json"
         args = [
             str(suite), "-c", os.devnull, "--rootdir", str(suite.parent), "-p", "no:cacheprovider", "--import-mode=importlib",
-            "--tb=no", "-rN", "-W", "ignore::DeprecationWarning", "-v" if verbose and jobs == 1 else "-q",
-            # installed from a wheel, pytest would ask to rewrite the already imported attnhub packages
-            "-W", "ignore::pytest.PytestAssertRewriteWarning",
+            "--assert=plain", "--tb=no", "-rN", "-W", "ignore::DeprecationWarning", "-v" if verbose and jobs == 1 else "-q",
             f"--attnhub-backend={name}", f"--attnhub-seed={seed}",
             f"--attnhub-examples={examples}", f"--attnhub-repro={extra}",
         ]  # fmt: skip
@@ -165,6 +163,7 @@ def certify(
         f"{s['cases']} cases: {s['passed']} pass, {s['failed']} FAIL, {s['declined']} declined "
         f"({report['device_description']}; {elapsed:.1f} s)"
     )
+    console.print(rep.frameworks_text(report), highlight=False)
     if report_prefix:
         prefix = Path(report_prefix)
         prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -180,17 +179,18 @@ def certify(
             click.echo(f"    {f['repro']}")
         if len(report["failures"]) > 50:
             console.print(f"  ... and {len(report['failures']) - 50} more (see the report)")
-        if report["suspects"]:
-            console.print("[bold]most likely broken[/] (fail rate with the feature minus without it):")
-            for x in report["suspects"]:
-                click.echo(f"  {rep.suspect_text(x)}")
+        for line in rep.attribution(report):
+            click.echo(f"  {line}" if line.startswith("-") else line)
+        console.print(f"[bold red]{name}: FAILED[/] ({mode} mode, seed {seed}; re-run exactly: {command})")
         raise SystemExit(1)
     if int(rc) not in (0, 5):  # pytest failed outside the recorded cases (collection error, ...)
         raise click.ClickException(f"pytest exited with status {int(rc)} outside the recorded cases")
     if not s["passed"]:
         console.print(f"[yellow]{name} declined every case: it certifies nothing[/]")
     else:
-        console.print(f"[bold green]{name}: certified[/] ({mode} mode, seed {seed})")
+        console.print(
+            f"[bold green]{name}: certified[/] ({mode} mode, seed {seed}; re-run exactly: {command})"
+        )
 
 
 def _require_suite_dependencies() -> None:

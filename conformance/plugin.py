@@ -27,6 +27,9 @@ class SuiteState:
     wanted: frozenset[str]
     shard: tuple[int, int] = (0, 1)
     written: set[str] = dataclasses.field(default_factory=set)  # ids already in <results>.partial
+    #: The declared frameworks whose cases run, and those that do not, each with the reason.
+    frameworks_run: list[str] = dataclasses.field(default_factory=list)
+    frameworks_not_run: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def wants(self, case_id: str) -> bool:
         return not self.wanted or case_id in self.wanted
@@ -52,7 +55,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--attnhub-seed", type=int, default=None, help="seed of inputs and randomised cases")
     g.addoption("--attnhub-case", action="append", default=[], metavar="ID", help="run only this case")
     g.addoption(
-        "--attnhub-framework", default=None, help="framework of the inputs (default: backend's first)"
+        "--attnhub-framework",
+        default=None,
+        help="framework of the inputs, and the only one run (default: every declared one, the first in full)",
     )
     g.addoption("--attnhub-device", default=None, help="device of the inputs (default: from device_types)")
     g.addoption("--attnhub-examples", type=int, default=60, help="randomised cases in full mode")
@@ -71,7 +76,6 @@ def pytest_configure(config: pytest.Config) -> None:
     name = config.getoption("attnhub_backend", None)
     if not name:
         return
-    from attnhub_conformance.cases import full_grid, quick_grid
     from attnhub_conformance.runner import Certifier
 
     seed = config.getoption("attnhub_seed")
@@ -93,21 +97,52 @@ def pytest_configure(config: pytest.Config) -> None:
         cert.repro_extra = repro
     quick = bool(config.getoption("attnhub_quick"))
     dtypes = tuple(cert.backend.dtypes)
-    grid = (quick_grid if quick else full_grid)(dtypes, cert.framework)
+    run, not_run = _frameworks(cert, explicit=config.getoption("attnhub_framework") is not None)
+    grid = _grid(quick, dtypes, cert.framework, run[1:])
     feats = set(config.getoption("attnhub_feature"))
     if feats:
-        grid = [c for c in grid if feats & set(c.features)]
+        grid = [c for c in grid if feats & set(cert.features(c))]
     wanted = frozenset(config.getoption("attnhub_case"))
     cases = [c for c in grid if not wanted or c.id in wanted]
     if wanted and not cases and not any(w.startswith("random-") for w in wanted):
         # a case id from the other mode: look it up in both grids
-        other = full_grid(dtypes, cert.framework) + quick_grid(dtypes, cert.framework)
+        other = _grid(True, dtypes, cert.framework, run[1:]) + _grid(False, dtypes, cert.framework, run[1:])
         cases = list({c.id: c for c in other if c.id in wanted}.values())
     shard = _parse_shard(config.getoption("attnhub_shard"))
     config.stash[STATE] = SuiteState(
         cert, cases[shard[0] :: shard[1]], "quick" if quick else "full", int(config.getoption("attnhub_examples")),
-        wanted, shard,
+        wanted, shard, frameworks_run=run, frameworks_not_run=not_run,
     )  # fmt: skip
+
+
+def _frameworks(cert: Any, explicit: bool) -> tuple[list[str], dict[str, str]]:
+    """(frameworks whose cases run, the main one first; {declared framework not run: why})."""
+    run, not_run = [cert.framework], {}
+    for fw in cert.backend.frameworks:
+        if fw == cert.framework:
+            continue
+        if explicit:
+            not_run[fw] = f"--framework {cert.framework} runs that framework only"
+            continue
+        try:
+            cert.ops_for(fw)
+        except (ImportError, ValueError, RuntimeError) as exc:
+            not_run[fw] = f"cannot build {fw} inputs on {cert.device}: {exc}"
+            continue
+        run.append(fw)
+    return run, not_run
+
+
+def _grid(quick: bool, dtypes: tuple[str, ...], main: str, others: list[str]) -> list[Any]:
+    """The main framework's grid, then each other framework's cases (quick: a subset of the quick
+    grid's; full: the whole quick grid)."""
+    from attnhub_conformance.cases import full_grid, quick_grid, secondary_grid
+
+    cases = (quick_grid if quick else full_grid)(dtypes, main)
+    for fw in others:
+        more = secondary_grid(dtypes, fw) if quick else quick_grid(dtypes, fw)
+        cases += [dataclasses.replace(c, framework=fw) for c in more]
+    return cases
 
 
 def _parse_shard(text: str | None) -> tuple[int, int]:
@@ -127,11 +162,16 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     state = config.stash.get(STATE, None)
     if state is None:
         return []
+    from attnhub_conformance.report import frameworks_text
+
     c = state.certifier
     return [
         f"attnhub certify: backend {c.name}, {state.mode} mode, {len(state.cases)} grid cases"
         f"{f' + {state.random_examples} randomised' if state.random_enabled else ''}, "
-        f"framework {c.framework}, device {c.device}, seed {c.seed}"
+        f"framework {c.framework}, device {c.device}, seed {c.seed}",
+        frameworks_text(
+            {"frameworks_run": state.frameworks_run, "frameworks_not_run": state.frameworks_not_run}
+        ),
     ]
 
 
@@ -192,6 +232,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "mode": state.mode,
         "seed": c.seed,
         "framework": c.framework,
+        "frameworks_run": state.frameworks_run,
+        "frameworks_not_run": state.frameworks_not_run,
         "device": c.device,
         "random_examples": state.random_examples if state.random_enabled else 0,
         "results": [dataclasses.asdict(r) for r in c.results.values()],

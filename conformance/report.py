@@ -47,12 +47,11 @@ def aggregate(results: list[Result]) -> dict[str, dict[str, dict[str, Any]]]:
                 if f in cells:
                     cells[f][r.dtype]["failed"] += 1
                     cells[f][r.dtype]["failing"].append(r.id)
-            continue
-        for f in r.features:
+        for f in r.passed_features() if r.status == "FAIL" else r.features:
             if f not in cells:
                 continue
             c = cells[f][r.dtype]
-            if r.status == "pass":
+            if r.status in ("pass", "FAIL"):  # a FAIL's passed_features() (see above)
                 c["passed"] += 1
             else:
                 c["declined"] += 1
@@ -81,44 +80,76 @@ def aggregate(results: list[Result]) -> dict[str, dict[str, dict[str, Any]]]:
     return out
 
 
+def _score(accepted: list[Result], f: str) -> dict[str, Any] | None:
+    """How much more often the cases with row ``f`` fail than those without it (None: none fail on it)."""
+    with_f = [r for r in accepted if f in r.features]
+    without = [r for r in accepted if f not in r.features]
+    fail_with = sum(r.status == "FAIL" and f in r.failed_features() for r in with_f)
+    if not with_f or not fail_with:
+        return None
+    failed_without = sum(r.status == "FAIL" for r in without)
+    rate_without = failed_without / len(without) if without else 0.0
+    return {
+        "feature": f,
+        "score": round(fail_with / len(with_f) - rate_without, 3),
+        "failed": fail_with,
+        "accepted": len(with_f),
+        "failed_without": failed_without,
+        "accepted_without": len(without),
+    }
+
+
 def suspects(results: list[Result], threshold: float = 0.5) -> list[dict[str, Any]]:
     """Features whose cases fail far more often than the cases without them: the likely culprits.
 
     ``score = fail rate with the feature - fail rate without it`` over accepted cases; features
-    scoring at least ``threshold`` are returned, best first.
+    scoring at least ``threshold`` are returned, best first. When a row's failures all have one
+    dtype, the same score within that dtype's cases is used if higher (the entry then has
+    ``dtype``): a bug of one dtype's path (bfloat16 with large logits) stands out there.
     """
     accepted = [r for r in results if r.status in ("pass", "FAIL")]
     if not any(r.status == "FAIL" for r in accepted):
         return []
     found = []
     for f in FEATURE_ROWS:
-        with_f = [r for r in accepted if f in r.features]
-        without = [r for r in accepted if f not in r.features]
-        fail_with = sum(r.status == "FAIL" and f in r.failed_features() for r in with_f)
-        if not with_f or not fail_with:
+        best = _score(accepted, f)
+        if best is None:
             continue
-        rate_with = fail_with / len(with_f)
-        rate_without = sum(r.status == "FAIL" for r in without) / len(without) if without else 0.0
-        score = rate_with - rate_without
-        if score >= threshold:
-            found.append(
-                {
-                    "feature": f,
-                    "score": round(score, 3),
-                    "failed": fail_with,
-                    "accepted": len(with_f),
-                    "failed_without": sum(r.status == "FAIL" for r in without),
-                    "accepted_without": len(without),
-                }
-            )
+        failing_dtypes = {r.dtype for r in accepted if r.status == "FAIL" and f in r.failed_features()}
+        if len(failing_dtypes) == 1 and len({r.dtype for r in accepted if f in r.features}) > 1:
+            (dt,) = failing_dtypes
+            cell = _score([r for r in accepted if r.dtype == dt], f)
+            if cell is not None and cell["score"] > best["score"]:
+                best = {**cell, "dtype": dt}
+        if best["score"] >= threshold:
+            found.append(best)
     return sorted(found, key=lambda d: -d["score"])
 
 
 def suspect_text(s: dict[str, Any]) -> str:
+    where = f" {s['dtype']}" if s.get("dtype") else ""
     return (
-        f"{s['feature']}: {s['failed']}/{s['accepted']} accepted cases with it fail, "
-        f"{s['failed_without']}/{s['accepted_without']} without it"
+        f"{s['feature']}{f' ({where.strip()})' if where else ''}: {s['failed']}/{s['accepted']} accepted"
+        f"{where} cases with it fail, {s['failed_without']}/{s['accepted_without']} without it"
     )
+
+
+def attribution(report: dict[str, Any]) -> list[str]:
+    """The "most likely broken" block, printed whenever a case failed: the suspects, or when no
+    row reaches the threshold, the failing rows (most failures first)."""
+    if not report["failures"]:
+        return []
+    head = "Most likely broken (fail rate with the feature minus without it):"
+    if report.get("suspects"):
+        return [head, *(f"- {suspect_text(x)}" for x in report["suspects"])]
+    rows = []
+    for f in report["features"]:
+        failing = {d: c["failed"] for d, c in report["matrix"][f].items() if c["status"] == "FAIL"}
+        if failing:
+            rows.append((sum(failing.values()), f, failing))
+    rows.sort(key=lambda x: -x[0])
+    listed = "; ".join(f"{f} ({', '.join(f'{d} {n}' for d, n in by.items())})" for _, f, by in rows)
+    return [head, f"- no single row stands out; failing rows: {listed or 'none (see the failures)'}"]
 
 
 def cell_text(cell: dict[str, Any], short: bool = False) -> str:
@@ -199,6 +230,8 @@ def build_report(payload: dict[str, Any], elapsed_s: float, command: str) -> dic
         "mode": payload["mode"],
         "seed": payload["seed"],
         "framework": payload["framework"],
+        "frameworks_run": payload.get("frameworks_run", [payload["framework"]]),
+        "frameworks_not_run": payload.get("frameworks_not_run", {}),
         "device": payload["device"],
         "device_description": device_description(payload["framework"], payload["device"]),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -240,6 +273,7 @@ def markdown(report: dict[str, Any], heading: str = "#") -> str:
         "",
         f"- device: {report['device_description']} (inputs: {report['framework']} on {report['device']})",
         f"- backend runs on: {report['backend_info'].get('version') or 'unknown'}",
+        f"- {frameworks_text(report)}",
         f"- date: {report['date']}; attnhub {report['attnhub_version']}; Python {report['python']}",
         f"- command: `{report['command']}` (seed {report['seed']}, {report['elapsed_s']} s)",
         f"- cases: {s['cases']} ({s['passed']} pass, {s['failed']} FAIL, {s['declined']} declined)"
@@ -248,13 +282,22 @@ def markdown(report: dict[str, Any], heading: str = "#") -> str:
         matrix_table(report),
     ]
     if report["failures"]:
-        if report.get("suspects"):
-            lines += ["", "Most likely broken (fail rate with the feature minus without it):", ""]
-            lines += [f"- {suspect_text(x)}" for x in report["suspects"]]
+        head, *items = attribution(report)
+        lines += ["", head, "", *items]
         lines += ["", f"{heading}# Failures", ""]
         for f in report["failures"]:
             lines.append(f"- `{f['id']}`: {f['message']}  \n  reproduce: `{f['repro']}`")
     return "\n".join(lines) + "\n"
+
+
+def frameworks_text(report: dict[str, Any]) -> str:
+    """Which of the backend's declared frameworks were certified, and which were not (and why)."""
+    run = report.get("frameworks_run") or [report["framework"]]
+    text = f"frameworks run: {', '.join(run)}"
+    not_run = report.get("frameworks_not_run") or {}
+    if not_run:
+        text += "; NOT run: " + "; ".join(f"{fw} ({why})" for fw, why in not_run.items())
+    return text
 
 
 def matrix_table(report: dict[str, Any]) -> str:

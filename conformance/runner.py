@@ -61,9 +61,23 @@ class Result:
     repro: str = ""
 
     def failed_features(self) -> list[str]:
-        """Rows this result marks FAIL: check-specific rows only when that check failed."""
-        own = CHECK_FEATURES.get(self.check_family())
-        return [f for f in self.features if f not in CHECK_FEATURES or f == own]
+        """Rows this result marks FAIL: check-specific rows only when that check failed.
+
+        Modified inputs are checked after everything else passed (see ``Certifier._run``): such a
+        failure marks the "inputs unchanged" row alone."""
+        family = self.check_family()
+        if family == "inputs":
+            return [f for f in self.features if f == "inputs unchanged"]
+        return [f for f in self.features if f not in CHECK_FEATURES or CHECK_FEATURES[f] == family]
+
+    def passed_features(self) -> list[str]:
+        """Rows this result counts as passing: all of a passing case's; for a case that failed only
+        the inputs check, every other row (its results were checked and right)."""
+        if self.status == "pass":
+            return list(self.features)
+        if self.status == "FAIL" and self.check_family() == "inputs":
+            return [f for f in self.features if f != "inputs unchanged"]
+        return []
 
     def check_family(self) -> str:
         c = self.check
@@ -73,6 +87,8 @@ class Result:
             return "backward"
         if c.startswith("deterministic"):
             return "deterministic"
+        if c == "inputs modified":
+            return "inputs"
         return c
 
 
@@ -238,6 +254,7 @@ class Certifier:
         self.framework = framework or (self.backend.frameworks[0] if self.backend.frameworks else "numpy")
         self.device = device or default_device(self.backend)
         self.ops = Ops(self.framework, self.device)
+        self._ops = {self.framework: self.ops}
         self.results: dict[str, Result] = {}
         self.repro_base = f"attnhub certify {name}"
         self.repro_extra = ""
@@ -248,19 +265,36 @@ class Certifier:
             return TF32_TOLERANCES
         return TOLERANCES[dtype]
 
+    def ops_for(self, framework: str) -> Ops:
+        """The operations for ``framework`` on the run's device (raises when it cannot be used)."""
+        if framework not in self._ops:
+            self._ops[framework] = Ops(framework, self.device)
+        return self._ops[framework]
+
+    def framework_of(self, case: Case) -> str:
+        return case.framework or self.framework
+
+    def features(self, case: Case) -> list[str]:
+        """The case's matrix rows, with the framework its inputs were built in."""
+        own = f"framework {self.framework_of(case)}"
+        return [*case.features, *([] if own in case.features else [own])]
+
     def repro(self, case: Case) -> str:
         return f"{self.repro_base} --case {case.id} --seed {self.seed}{self.repro_extra}"
 
     def run(self, case: Case) -> Result:
         """Certify one case; records its result and raises :class:`CaseFailure` when it fails."""
-        res = Result(case.id, case.dtype, list(case.features), repro=self.repro(case))
+        res = Result(case.id, case.dtype, self.features(case), repro=self.repro(case))
+        # a randomised case's id names none of its content: its failures say it in full
+        about = "" if case.random_index is None else f"{{{case.describe()}; seed {self.seed}}} "
         try:
             self._run(case, res)
         except CaseFailure as exc:
-            res.status, res.check, res.message = "FAIL", exc.check, str(exc)
+            res.status, res.check, res.message = "FAIL", exc.check, about + str(exc)
             raise
         except Exception as exc:  # an accepted case that crashes fails
-            res.status, res.check, res.message = "FAIL", "error", f"{type(exc).__name__}: {exc}"
+            res.status, res.check = "FAIL", "error"
+            res.message = f"{about}{type(exc).__name__}: {exc}"
             raise CaseFailure("error", res.message) from exc
         finally:
             prev = self.results.get(case.id)
@@ -270,18 +304,12 @@ class Certifier:
 
     # -- one case -------------------------------------------------------------------------------
     def _run(self, case: Case, res: Result) -> None:
-        ops, b = self.ops, self.backend
+        fw = self.framework_of(case)
+        ops, b = self.ops_for(fw), self.backend
         rng = np.random.default_rng([self.seed, zlib.crc32(case.id.encode())])
         data = make_data(case, rng)
-        torch_grad = case.grad and self.framework == "torch"
-        xs = [
-            ops.array(to_layout(a, seq, case.layout), case.dtype, case.noncontig, grad=torch_grad)
-            for a, seq in ((data.q, case.seq_q), (data.k, case.seq_k), (data.v, case.seq_k))
-        ]
-        mask = ops.mask(data.mask, case.dtype) if data.mask is not None else case.mask
-        kw: dict[str, Any] = dict(
-            mask=mask, sync=case.sync, scale=case.scale, layout=case.layout, return_lse=case.lse
-        )
+        xs, kw = self._inputs(ops, fw, case, data)
+        mask = kw["mask"]
         req, _ = build_request(xs[0], xs[1], xs[2], mask, case.sync, case.scale, case.layout, case.lse)
         res.request = req.describe()
 
@@ -298,8 +326,11 @@ class Certifier:
             res.status, res.reasons = "declined", ["does not declare deterministic"]
             return
 
-        before = [ops.to_numpy(x) for x in xs]
-        out, lse = self._forward(xs, kw, req, case)
+        # Modified inputs are noted, the inputs rebuilt, and the other checks go on: the failure is
+        # raised last, so it names the "inputs unchanged" row alone when everything else is right.
+        modified: list[str] = []
+        before = self._snapshot(ops, xs, kw)
+        out, lse = self._forward(ops, fw, xs, kw, req, case)
         ref_out, ref_lse = kernel.forward(data.q, data.k, data.v, req, data.mask)
         fwd_tol, grad_tol = self.tolerances(case.dtype)
         empty = np.isneginf(ref_lse)
@@ -310,11 +341,12 @@ class Certifier:
         if case.lse:
             got_lse = ops.to_f64(lse).reshape(ref_lse.shape)
             compare("lse", got_lse, ref_lse, fwd_tol, case.dtype)
-        self._unchanged(xs, before, "forward")
+        if self._changed(ops, xs, kw, before, "the forward pass", modified):
+            xs, kw = self._inputs(ops, fw, case, data)
 
         grads = None
         if case.grad:
-            grads = self._grads(xs, kw, req, greq, data, case, res)
+            grads = self._grads(ops, fw, xs, kw, req, greq, data, case, res, modified)
             if grads is None:
                 return
             refs = kernel.backward(data.q, data.k, data.v, data.dout, req, data.mask)
@@ -322,10 +354,11 @@ class Certifier:
             for name, g, r, f in zip(("dq", "dk", "dv"), grads, refs, floors):
                 compare(name, g, r, grad_tol, case.dtype, f)
             require_zero_rows("dq", grads[0], empty)
-            self._unchanged(xs, before, "backward")
+            if self._changed(ops, xs, kw, before, "the backward pass", modified):
+                xs, kw = self._inputs(ops, fw, case, data)
 
         if case.repeat:
-            out2, lse2 = self._forward(xs, kw, req, case)
+            out2, lse2 = self._forward(ops, fw, xs, kw, req, case)
             if not np.array_equal(from_layout(ops.to_f64(out2), case.layout), got, equal_nan=True):
                 raise CaseFailure("deterministic out", "a repeated forward is not bitwise identical")
             if case.lse and not np.array_equal(
@@ -333,44 +366,63 @@ class Certifier:
             ):
                 raise CaseFailure("deterministic lse", "a repeated forward's lse is not bitwise identical")
             if grads is not None:
-                again = self._grads(xs, kw, req, greq, data, case, res)
+                again = self._grads(ops, fw, xs, kw, req, greq, data, case, res, modified)
                 for name, g, h in zip(("dq", "dk", "dv"), grads, again or ()):
                     if not np.array_equal(g, h, equal_nan=True):
                         raise CaseFailure(
                             "deterministic grad", f"a repeated backward's {name} is not bitwise identical"
                         )
+        if modified:
+            raise CaseFailure("inputs modified", "; ".join(dict.fromkeys(modified)))
 
-    def _forward(self, xs: list[Any], kw: dict[str, Any], req: Request, case: Case) -> tuple[Any, Any]:
-        ops = self.ops
+    def _inputs(self, ops: Ops, fw: str, case: Case, data: Data) -> tuple[list[Any], dict[str, Any]]:
+        """Fresh q, k, v in the case's framework and layout, and the call's keyword arguments."""
+        torch_grad = case.grad and fw == "torch"
+        xs = [
+            ops.array(to_layout(a, seq, case.layout), case.dtype, case.noncontig, grad=torch_grad)
+            for a, seq in ((data.q, case.seq_q), (data.k, case.seq_k), (data.v, case.seq_k))
+        ]
+        mask = ops.mask(data.mask, case.dtype) if data.mask is not None else case.mask
+        kw: dict[str, Any] = dict(
+            mask=mask, sync=case.sync, scale=case.scale, layout=case.layout, return_lse=case.lse
+        )
+        return xs, kw
+
+    def _forward(
+        self, ops: Ops, fw: str, xs: list[Any], kw: dict[str, Any], req: Request, case: Case
+    ) -> tuple[Any, Any]:
         nbytes = req.batch * req.heads_q * req.nq * (req.dim_v + 1) * 8
         ops.poison(nbytes)
         result = attnhub.attention(*xs, backend=self.name, **kw)
         out, lse = result if case.lse else (result, None)
-        self._hygiene("out", out, expected_out_shape(case), req.dtype, req.device)
+        self._hygiene(fw, "out", out, expected_out_shape(case), req.dtype, req.device)
         if case.lse:
             lse_dtype = "float64" if req.dtype == "float64" else "float32"
-            self._hygiene("lse", lse, (req.batch, req.heads_q, *req.seq_q), lse_dtype, req.device)
+            self._hygiene(fw, "lse", lse, (req.batch, req.heads_q, *req.seq_q), lse_dtype, req.device)
         return out, lse
 
     def _grads(
-        self, xs, kw, req: Request, greq: Request, data: Data, case: Case, res: Result
-    ) -> list[np.ndarray] | None:
+        self, ops: Ops, fw: str, xs, kw, req: Request, greq: Request, data: Data, case: Case, res: Result,
+        modified: list[str],
+    ) -> list[np.ndarray] | None:  # fmt: skip
         """(dq, dk, dv) canonical float64, by the framework's autodiff (NumPy: backend.backward)."""
-        ops, b = self.ops, self.backend
-        if self.framework == "numpy":
+        b = self.backend
+        if fw == "numpy":
             ad = adapter_for(xs[0])
             qc, kc, vc = (to_canonical(ad, x, case.layout) for x in xs)
             mc = None if data.mask is None else kw["mask"].reshape(req.rule.shape)  # type: ignore[union-attr]
-            before = [x.copy() for x in (qc, kc, vc)]
+            arrays = [qc, kc, vc] + ([] if mc is None else [mc])
+            before = [x.copy() for x in arrays]
             dout = data.dout.astype(numpy_dtype(case.dtype))
             ops.poison(0)
             out, lse = b.forward(qc, kc, vc, greq, mc)
+            if self._changed_np(arrays, before, "backend.forward", modified):
+                for x, y in zip(arrays, before):
+                    x[...] = y  # the backward gets the inputs it should have had
             grads = b.backward(qc, kc, vc, out, lse, dout, greq, mc)
             for name, g, x in zip(("dq", "dk", "dv"), grads, (qc, kc, vc)):
-                self._hygiene(f"grad {name}", g, x.shape, case.dtype, req.device)
-            for x, y in zip((qc, kc, vc), before):
-                if not np.array_equal(x, y, equal_nan=True):
-                    raise CaseFailure("inputs modified", "backend.backward wrote into its inputs")
+                self._hygiene(fw, f"grad {name}", g, x.shape, case.dtype, req.device)
+            self._changed_np(arrays, before, "backend.backward", modified)
             return [np.asarray(g, dtype=np.float64) for g in grads]
         gkw = dict(kw, return_lse=False)
         dout = ops.array(to_layout(data.dout, case.seq_q, case.layout), case.dtype)
@@ -383,17 +435,17 @@ class Certifier:
         for name, g, x in zip(("dq", "dk", "dv"), grads, xs):
             if g is None:
                 raise CaseFailure(f"grad {name}", "the framework returned no gradient")
-            self._hygiene(f"grad {name}", g, tuple(int(s) for s in x.shape), case.dtype, req.device)
+            self._hygiene(fw, f"grad {name}", g, tuple(int(s) for s in x.shape), case.dtype, req.device)
         return [from_layout(ops.to_f64(g), case.layout) for g in grads]
 
     # -- checks ---------------------------------------------------------------------------------
-    def _hygiene(self, what: str, x: Any, shape: tuple[int, ...], dtype: str, device: str) -> None:
+    def _hygiene(self, fw: str, what: str, x: Any, shape: tuple[int, ...], dtype: str, device: str) -> None:
         try:
             ad = adapter_for(x)
         except Exception:
             raise CaseFailure(f"hygiene {what}", f"not an array: {type(x).__name__}") from None
-        if ad.name != self.framework:
-            raise CaseFailure(f"hygiene {what}", f"a {ad.name} array, the inputs are {self.framework}")
+        if ad.name != fw:
+            raise CaseFailure(f"hygiene {what}", f"a {ad.name} array, the inputs are {fw}")
         if ad.shape(x) != tuple(shape):
             raise CaseFailure(f"hygiene {what}", f"shape {ad.shape(x)}, expected {tuple(shape)}")
         if ad.dtype_name(x) != dtype:
@@ -401,10 +453,38 @@ class Certifier:
         if ad.device(x) != device:
             raise CaseFailure(f"hygiene {what}", f"on device {ad.device(x)}, the inputs are on {device}")
 
-    def _unchanged(self, xs: list[Any], before: list[np.ndarray], when: str) -> None:
-        for name, x, old in zip("qkv", xs, before):
-            if not np.array_equal(self.ops.to_numpy(x), old, equal_nan=True):
-                raise CaseFailure("inputs modified", f"the {when} pass modified the caller's {name}")
+    @staticmethod
+    def _named(xs: list[Any], kw: dict[str, Any]) -> list[tuple[str, Any]]:
+        """The caller's arrays: q, k, v and an explicit mask."""
+        named = list(zip("qkv", xs))
+        if hasattr(kw["mask"], "shape"):
+            named.append(("mask", kw["mask"]))
+        return named
+
+    def _snapshot(self, ops: Ops, xs: list[Any], kw: dict[str, Any]) -> list[np.ndarray]:
+        return [ops.to_numpy(x) for _, x in self._named(xs, kw)]
+
+    def _changed(
+        self,
+        ops: Ops,
+        xs: list[Any],
+        kw: dict[str, Any],
+        before: list[np.ndarray],
+        when: str,
+        notes: list[str],
+    ) -> bool:
+        """Whether ``when`` changed a bit of the caller's arrays (noted in ``notes``)."""
+        bad = [n for (n, x), old in zip(self._named(xs, kw), before) if not same_bits(ops.to_numpy(x), old)]
+        if bad:
+            notes.append(f"{when} modified the caller's {', '.join(bad)}")
+        return bool(bad)
+
+    @staticmethod
+    def _changed_np(arrays: list[np.ndarray], before: list[np.ndarray], when: str, notes: list[str]) -> bool:
+        bad = [n for n, x, old in zip(("q", "k", "v", "mask"), arrays, before) if not same_bits(x, old)]
+        if bad:
+            notes.append(f"{when} wrote into its inputs ({', '.join(bad)})")
+        return bool(bad)
 
     def _honest_decline(self, xs: list[Any], kw: dict[str, Any], reasons: list[str]) -> None:
         """A declined request: ``backend=NAME`` raises with the same reasons; ``auto`` avoids it."""
@@ -420,6 +500,12 @@ class Certifier:
         chosen = attnhub.explain(*xs, **kw).chosen
         if chosen == self.name:
             raise CaseFailure("honesty", "auto dispatch chose the backend for a request it declines")
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bitwise equality (NaN payloads and the sign of zero included)."""
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 def expected_out_shape(case: Case) -> tuple[int, ...]:

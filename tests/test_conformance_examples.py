@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "toy_backend"
 
 #: variant -> (the matrix row it breaks, the check that catches it, a row it leaves passing)
+#: The last four were certified by the grids before they chose cases from what each bug looks like.
 BROKEN = {
     "toy_causal_off_by_one": ("rule causal", "out", "rule full"),
     "toy_sync_confused": ("sync scale_end", "out", "sync scale_front"),
@@ -31,7 +32,13 @@ BROKEN = {
     "toy_masked_row_nan": ("fully masked rows", "out", "rule full"),
     "toy_grad_wrong": ("backward", "dq", "lse"),
     "toy_mask_ignored": ("explicit additive mask", "out", "rule causal"),
+    "toy_bf16_in_f16": ("large logits", "out", "rule local"),
+    "toy_bshd_ignored": ("layout bshd", "out", "layout bhds"),
+    "toy_dv_gt_dqk": ("Dv > Dqk", "out", "Dv < Dqk"),
+    "toy_modifies_inputs": ("inputs unchanged", "inputs modified", "rule full"),
 }
+#: variants whose bug lives in one dtype: the row fails there and passes in the others
+ONE_DTYPE = {"toy_bf16_in_f16": "bfloat16"}
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +93,9 @@ def test_broken_variant_fails_on_its_feature(toy_site, tmp_path, variant):
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     matrix = report["matrix"]
     assert any(c["status"] == "FAIL" for c in matrix[row].values()), f"{row} does not show FAIL"
+    if variant in ONE_DTYPE:
+        assert {d for d, c in matrix[row].items() if c["status"] == "FAIL"} == {ONE_DTYPE[variant]}
+        assert any(c["status"] == "pass" for c in matrix[row].values())
     assert row in [s["feature"] for s in report["suspects"][:2]], report["suspects"]
     assert check in {f["check"] for f in report["failures"]}
     # a feature the variant does not touch still passes: the failure is named, not smeared
@@ -95,6 +105,9 @@ def test_broken_variant_fails_on_its_feature(toy_site, tmp_path, variant):
     first = report["failures"][0]
     assert first["repro"] == f"attnhub certify {variant} --case {first['id']} --seed 11"
     assert first["repro"] in out.stdout
+    # the attribution block is printed, and the run ends with its seed
+    assert "Most likely broken" in out.stdout
+    assert out.stdout.rstrip().splitlines()[-1].startswith(f"{variant}: FAILED (quick mode, seed 11")
 
 
 def test_jobs_run_the_same_cases_as_one_process(toy_site, tmp_path):

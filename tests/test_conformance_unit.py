@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +19,15 @@ from attnhub.registry import REGISTRY
 from attnhub_backends.reference.backend import ReferenceBackend
 from attnhub_conformance import matrix as matrix_mod
 from attnhub_conformance import report as rep
-from attnhub_conformance.cases import DTYPES, FEATURE_ROWS, Case, full_grid, quick_grid
+from attnhub_conformance.cases import (
+    DTYPES,
+    FEATURE_ROWS,
+    HEAD_DIM_CLASSES,
+    Case,
+    full_grid,
+    quick_grid,
+    secondary_grid,
+)
 from attnhub_conformance.cli import _plugin_autoloaded, certify
 from attnhub_conformance.runner import CaseFailure, Certifier, Result, compare, make_data
 
@@ -29,12 +39,58 @@ def test_grids_have_unique_ids_and_cover_every_row():
         ids = [c.id for c in grid]
         assert len(ids) == len(set(ids))
         covered = {f for c in grid for f in c.features}
-        assert set(FEATURE_ROWS) - covered == {"randomised"}
+        assert set(FEATURE_ROWS) - covered == {"randomised"} | {
+            f for f in FEATURE_ROWS if f.startswith("framework")
+        }
     quick = quick_grid(ALL, "numpy")
-    assert len(quick) <= 60  # --quick must stay small for the slow backends
+    assert len(quick) <= 70  # --quick must stay small for the slow backends
     # every dtype has a column even when declined, and frameworks without strides skip views
     assert {c.dtype for c in quick_grid(("float32",), "numpy")} == set(DTYPES)
     assert not any(c.noncontig for c in quick_grid(ALL, "jax"))
+
+
+@pytest.mark.parametrize("grid", [quick_grid, full_grid])
+def test_grids_hold_the_cases_each_bug_needs(grid):
+    """Cases chosen from what bugs look like: a precision bug of one tile path shows only with large
+    logits at that head dim; a wrong transposition only where the swapped axes have equal sizes."""
+    cases = grid(ALL, "numpy")
+    for dt in ALL:
+        big = {max(c.dim_qk, c.dim_v) for c in cases if c.dtype == dt and c.large_logits}
+        assert set(HEAD_DIM_CLASSES) <= big, (dt, big)
+    for layout, axis in (("bshd", "heads"), ("bhds", "dim")):
+        same = [
+            c
+            for c in cases
+            if c.layout == layout
+            and c.ndim == 1
+            and c.seq_q[0] == (c.heads_q if axis == "heads" else c.dim_qk)
+        ]
+        assert same, layout
+    assert any(c.layout == "bshd" and c.seq_k[0] == c.heads_kv and c.grad for c in cases)
+    assert any(c.dim_v > c.dim_qk for c in cases) and any(c.dim_v < c.dim_qk for c in cases)
+    assert any(c.dim_v > c.dim_qk and c.grad for c in cases)
+
+
+def test_secondary_frameworks_get_their_own_cases():
+    quick = {c.id for c in quick_grid(ALL, "numpy")}
+    torch = secondary_grid(ALL, "torch")
+    assert torch and all(c.framework == "torch" and c.id.endswith("-torch") for c in torch)
+    assert not quick & {c.id for c in torch}
+    assert {"framework torch", "backward", "layout bshd", "explicit bool mask"} <= {
+        f for c in torch for f in c.features
+    }
+    assert {c.dtype for c in torch} == set(ALL)
+    assert not any(c.noncontig for c in secondary_grid(ALL, "jax"))
+
+
+def test_random_cases_describe_themselves():
+    case = Case("bfloat16", (7,), (9,), Local(3, 1, True), "scale_end", 1, 4, 2, 16, 32, "bshd", 0.25,
+                large_logits=True, grad=True, random_index=123)  # fmt: skip
+    assert case.id == "random-123"
+    text = case.describe()
+    for part in ("bfloat16", "q 7 k 9", "Hq=4 Hkv=2 Dqk=16 Dv=32", "layout bshd", "rule local3s1c",
+                 "sync scale_end", "scale 0.25", "large logits yes", "grad"):  # fmt: skip
+        assert part in text, (part, text)
 
 
 def test_case_features_follow_the_rule():
@@ -158,6 +214,42 @@ def test_runner_catches_contract_breaks(broken_backends, name, check):
     assert cert.results[case.id].repro == f"attnhub certify {name} --case {case.id} --seed 2"
 
 
+def test_modified_inputs_fail_their_own_row_only(broken_backends):
+    """A backend writing into its inputs, results otherwise right: the "inputs unchanged" row fails,
+    the case's other rows count as passing (their checks ran on rebuilt inputs and passed)."""
+    cert = Certifier("t_conf_scribble", seed=2)
+    case = Case("float32", (11,), (13,), Causal(), lse=True)
+    with pytest.raises(CaseFailure, match="modified the caller's k"):
+        cert.run(case)
+    mask_case = Case("float32", (9,), (9,), "additive", grad=True)
+    with pytest.raises(CaseFailure):
+        cert.run(mask_case)
+    results = list(cert.results.values())
+    m = rep.aggregate(results)
+    assert m["inputs unchanged"]["float32"]["status"] == "FAIL"
+    assert m["rule causal"]["float32"]["status"] == "pass" and m["lse"]["float32"]["status"] == "pass"
+    assert m["backward"]["float32"]["status"] == "pass"
+    assert [s["feature"] for s in rep.suspects(results)] == ["inputs unchanged"]
+
+
+def test_inputs_compared_bitwise():
+    from attnhub_conformance.runner import same_bits
+
+    assert same_bits(np.array([0.0, np.nan]), np.array([0.0, np.nan]))
+    assert not same_bits(np.array([0.0]), np.array([-0.0]))  # equal values, other bits
+    assert not same_bits(np.zeros(2, np.float32), np.zeros(2, np.float64))
+
+
+def test_a_failed_random_case_says_what_it_was(broken_backends):
+    cert = Certifier("t_conf_dtype", seed=9)
+    case = Case("float32", (5,), (6,), Full(), layout="bhds", scale=1.7, large_logits=True, random_index=77)
+    with pytest.raises(CaseFailure):
+        cert.run(case)
+    msg = cert.results["random-77"].message
+    assert "layout bhds" in msg and "scale 1.7" in msg and "large logits yes" in msg and "seed 9" in msg
+    assert "[hygiene out]" in msg
+
+
 def test_torch_gradients_through_autograd():
     pytest.importorskip("torch")
     cert = Certifier("reference", seed=3, framework="torch")
@@ -185,6 +277,33 @@ def test_matrix_cells_and_suspects():
     assert m["2-d"]["float32"]["status"] == "untested"
     top = rep.suspects(_results())
     assert {s["feature"] for s in top} >= {"rule causal", "backward"}
+
+
+def test_attribution_is_printed_when_no_row_stands_out():
+    results = [
+        Result(str(i), "float32", ["1-d", "rule full" if i % 2 else "rule causal"], "FAIL" if i < 2 else "pass",
+               check="out", message="bad")
+        for i in range(8)
+    ]  # fmt: skip
+    payload = {"backend": "reference", "mode": "quick", "seed": 1, "framework": "numpy", "device": "cpu",
+               "results": [r.__dict__ for r in results]}  # fmt: skip
+    report = rep.build_report(payload, 1.0, "attnhub certify reference --quick")
+    assert report["suspects"] == []
+    lines = rep.attribution(report)
+    assert lines[0].startswith("Most likely broken")
+    assert lines[1].startswith("- no single row stands out; failing rows: 1-d (float32 2)")
+    assert "rule full (float32 1)" in lines[1] and "rule causal (float32 1)" in lines[1]
+    assert lines[1] in rep.markdown(report)
+
+
+def test_suspects_find_a_bug_of_one_dtype():
+    """Large logits fail in bfloat16 only: few of all large-logit cases, most of bfloat16's."""
+    results = [Result(f"{d}{i}", d, ["1-d", "large logits"], "pass") for d in ALL for i in range(3)]
+    results += [Result(f"{d}x{i}", d, ["1-d"], "pass") for d in ALL for i in range(3)]
+    results[9].status, results[10].status = "FAIL", "FAIL"  # two of bfloat16's three
+    (top,) = rep.suspects(results)
+    assert (top["feature"], top["dtype"]) == ("large logits", "bfloat16")
+    assert rep.suspect_text(top).startswith("large logits (bfloat16): 2/3 accepted bfloat16 cases")
 
 
 def test_matrix_script_renders_reports(tmp_path):
@@ -362,3 +481,63 @@ def test_plugin_appends_partial_results(tmp_path):
     final = {r["id"] for r in json.loads(results.read_text())["results"]}
     partial = [json.loads(x)["id"] for x in Path(f"{results}.partial").read_text().splitlines()]
     assert len(final) >= 35 and sorted(partial) == sorted(final)
+
+
+def _cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "attnhub_conformance.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+
+
+def test_every_declared_framework_runs_and_the_seed_is_recorded(tmp_path):
+    """Without --framework every declared framework gets cases (the report says which ran); without
+    --seed one is drawn, printed first and last, and stored; --framework F says what did not run."""
+    out = _cli("reference", "--quick", "--feature", "rule local strided", "--report", str(tmp_path / "all"))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = json.loads((tmp_path / "all.json").read_text())
+    seed = report["seed"]
+    lines = out.stdout.strip().splitlines()
+    assert f"seed {seed} " in lines[0] and f"seed {seed};" in lines[-1]
+    assert f"--seed {seed}" in report["command"]
+    assert report["frameworks_run"] == ["numpy", "torch", "tensorflow", "jax"]
+    assert report["frameworks_not_run"] == {}
+    for fw in ("torch", "tensorflow", "jax"):
+        assert any(r["id"].endswith(f"-{fw}") for r in report["results"]), fw
+        assert any(c["status"] == "pass" for c in report["matrix"][f"framework {fw}"].values()), fw
+    assert "frameworks run: numpy, torch, tensorflow, jax" in out.stdout
+
+    again = _cli("reference", "--quick", "--feature", "rule local strided", "--seed", str(seed),
+                 "--framework", "numpy", "--report", str(tmp_path / "numpy"))  # fmt: skip
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    only = json.loads((tmp_path / "numpy.json").read_text())
+    assert only["frameworks_run"] == ["numpy"] and set(only["frameworks_not_run"]) == {
+        "torch",
+        "tensorflow",
+        "jax",
+    }
+    assert "NOT run: torch (--framework numpy runs that framework only)" in again.stdout
+    assert "NOT run: torch" in (tmp_path / "numpy.md").read_text()
+    numpy_cases = lambda r: {x["id"]: x["status"] for x in r["results"] if "framework numpy" in x["features"]}  # noqa: E731
+    assert numpy_cases(only) == numpy_cases(report)
+
+
+def test_certify_prints_no_warnings(tmp_path):
+    """Installed as a wheel (not editable), pytest would mark attnhub's already imported modules
+    for assertion rewriting and warn (PytestAssertRewriteWarning) on every run: certify runs it
+    with --assert=plain."""
+    root = Path(__file__).resolve().parents[1]
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("attnhub", "backends", "conformance"):
+        shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, src / name)
+    site = tmp_path / "site"
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+           "--target", str(site), str(src)]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    env = dict(os.environ, PYTHONPATH=str(site))
+    case = quick_grid(ALL, "numpy")[0]
+    out = _cli("reference", "--case", case.id, "--seed", "3", "--framework", "numpy", env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "reference: certified" in out.stdout
+    assert "warning" not in (out.stdout + out.stderr).lower()

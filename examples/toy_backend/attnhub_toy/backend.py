@@ -79,6 +79,20 @@ class ToyBackend(Backend):
     def dq_factor(self, req: Request) -> float:
         return self.softmax_scale(req)
 
+    def read_input(self, x: Any, heads: int, seq: tuple[int, ...], req: Request) -> np.ndarray:
+        """The canonical (B, H, N, D) array (sequence shape ``seq``) the backend computes on, in float64."""
+        return np.asarray(x).astype(np.float64)
+
+    def dot_scores(self, qq: np.ndarray, kk: np.ndarray, req: Request) -> np.ndarray:
+        """q @ k^T (float64 inputs and accumulation)."""
+        return qq @ np.swapaxes(kk, -1, -2)
+
+    def finish_out(self, out: np.ndarray, req: Request) -> np.ndarray:
+        return out
+
+    def after_forward(self, q: Any, k: Any, v: Any, req: Request) -> None:
+        """Called once the result is computed (the correct backend leaves its inputs alone)."""
+
     # -- the computation ----------------------------------------------------------------------------
     def keep_matrix(self, req: Request) -> np.ndarray:
         """Boolean Nq x Nk: which keys each query attends under the request's rule and sync mode."""
@@ -110,9 +124,9 @@ class ToyBackend(Backend):
 
     def probabilities(self, q, k, req: Request, mask) -> tuple[np.ndarray, np.ndarray]:
         """Normalised probabilities (B, Hq, Nq, Nk) and lse (B, Hq, Nq), float64."""
-        qq = np.asarray(q).astype(np.float64)
-        kk = np.repeat(np.asarray(k).astype(np.float64), req.group, axis=1)
-        s = self.softmax_scale(req) * (qq @ np.swapaxes(kk, -1, -2))
+        qq = self.read_input(q, req.heads_q, req.seq_q, req)
+        kk = np.repeat(self.read_input(k, req.heads_kv, req.seq_k, req), req.group, axis=1)
+        s = self.softmax_scale(req) * self.dot_scores(qq, kk, req)
         s, keep = self.apply_mask(s, self.keep_matrix(req), mask, req)
         s = np.where(keep, s, -np.inf)
         rowmax = s.max(axis=-1, keepdims=True)
@@ -124,19 +138,21 @@ class ToyBackend(Backend):
 
     def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
         p, lse = self.probabilities(q, k, req, mask)
-        vv = np.repeat(np.asarray(v).astype(np.float64), req.group, axis=1)
-        out = p @ vv
+        vv = np.repeat(self.read_input(v, req.heads_kv, req.seq_k, req), req.group, axis=1)
+        out = self.finish_out(p @ vv, req)
         lse_dtype = np.float64 if req.dtype == "float64" else np.float32
-        return out.astype(q.dtype), lse.astype(lse_dtype)
+        result = out.astype(q.dtype), lse.astype(lse_dtype)
+        self.after_forward(q, k, v, req)
+        return result
 
     def backward(
         self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
     ) -> tuple[Any, Any, Any]:
         p, _ = self.probabilities(q, k, req, mask)
         g = req.group
-        qq = np.asarray(q).astype(np.float64)
-        kk = np.repeat(np.asarray(k).astype(np.float64), g, axis=1)
-        vv = np.repeat(np.asarray(v).astype(np.float64), g, axis=1)
+        qq = self.read_input(q, req.heads_q, req.seq_q, req)
+        kk = np.repeat(self.read_input(k, req.heads_kv, req.seq_k, req), g, axis=1)
+        vv = np.repeat(self.read_input(v, req.heads_kv, req.seq_k, req), g, axis=1)
         do = np.asarray(dout).astype(np.float64)
         o = p @ vv
         dp = do @ np.swapaxes(vv, -1, -2)
@@ -219,6 +235,66 @@ class MaskIgnored(ToyBackend):
         return s, keep
 
 
+def f16_truncating_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b^T summed term by term in a float16 accumulator that truncates (rounds toward zero)."""
+    acc = np.zeros((*a.shape[:-1], b.shape[-2]), dtype=np.float64)
+    for i in range(a.shape[-1]):
+        exact = acc + a[..., i : i + 1] * b[..., None, :, i]
+        r = exact.astype(np.float16)
+        over = np.abs(r.astype(np.float64)) > np.abs(exact)
+        r[over] = np.nextafter(r[over], np.float16(0))
+        acc = r.astype(np.float64)
+    return acc
+
+
+class Bf16InF16(ToyBackend):
+    """bfloat16 scores accumulated in a truncating float16 accumulator on the wide-head path
+    (head dim >= 64); over tolerance only where logits are large."""
+
+    name: ClassVar[str] = "toy_bf16_in_f16"
+
+    def dot_scores(self, qq, kk, req):
+        if req.dtype == "bfloat16" and req.dim_qk >= 64:
+            return f16_truncating_dot(qq, kk)
+        return super().dot_scores(qq, kk, req)
+
+
+class BshdIgnored(ToyBackend):
+    """Guesses the layout from the shape: a ``bshd`` array whose dimension 1 equals its head count
+    looks like ``bhsd`` and is read as such (wrong only when the sequence length equals the heads)."""
+
+    name: ClassVar[str] = "toy_bshd_ignored"
+
+    def read_input(self, x, heads, seq, req):
+        x = np.asarray(x)
+        if req.layout == "bshd":
+            b, _, _, d = x.shape
+            caller = np.moveaxis(x.reshape(b, heads, *seq, d), 1, -2)  # (B, *S, H, D)
+            if caller.shape[1] == heads:
+                x = caller.reshape(b, heads, -1, d)
+        return x.astype(np.float64)
+
+
+class DvGtDqk(ToyBackend):
+    """The output's tile loop runs over Dqk columns: when Dv > Dqk the columns past Dqk stay 0."""
+
+    name: ClassVar[str] = "toy_dv_gt_dqk"
+
+    def finish_out(self, out, req):
+        out = out.copy()
+        out[..., req.dim_qk :] = 0.0
+        return out
+
+
+class ModifiesInputs(ToyBackend):
+    """Reuses q as scratch space: once the result is computed, q is scaled in place."""
+
+    name: ClassVar[str] = "toy_modifies_inputs"
+
+    def after_forward(self, q, k, v, req):
+        np.multiply(q, req.scale, out=q, casting="unsafe")
+
+
 VARIANTS = (
     ToyBackend,
     CausalOffByOne,
@@ -228,4 +304,8 @@ VARIANTS = (
     MaskedRowNaN,
     GradWrong,
     MaskIgnored,
+    Bf16InF16,
+    BshdIgnored,
+    DvGtDqk,
+    ModifiesInputs,
 )
