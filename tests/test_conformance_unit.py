@@ -501,7 +501,7 @@ def test_every_declared_framework_runs_and_the_seed_is_recorded(tmp_path):
     assert report["frameworks_run"] == ["numpy", "torch", "tensorflow", "jax"]
     assert report["frameworks_not_run"] == {}
     for fw in ("torch", "tensorflow", "jax"):
-        assert any(r["id"].endswith(f"-{fw}") for r in report["results"]), fw
+        assert sum(c["passed"] for c in report["matrix"][f"framework {fw}"].values()) > 0, fw
         assert any(c["status"] == "pass" for c in report["matrix"][f"framework {fw}"].values()), fw
     assert "frameworks run: numpy, torch, tensorflow, jax" in out.stdout
 

@@ -26,10 +26,12 @@ CODE_SPAN = re.compile(r"`[^`\n]*`")
 
 
 def files(root: Path, suffixes: tuple[str, ...]) -> list[Path]:
-    """Files under ``root`` ending in one of ``suffixes``, outside virtualenvs, VCS and build output."""
+    """Files under ``root`` ending in one of ``suffixes``, outside hidden folders (virtualenvs, VCS, local scratch) and build output."""
     found = []
     for top, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info"))
+        dirs[:] = sorted(
+            d for d in dirs if d not in SKIP_DIRS and not d.startswith(".") and not d.endswith(".egg-info")
+        )
         found += [Path(top) / n for n in names if n.endswith(suffixes)]
     return sorted(found)
 
