@@ -1,7 +1,7 @@
 """Tile sizes of every cuda kernel family and the shared memory each tile needs.
 
-One table per family gives its default tile for each (Dqk, Dv); an ``ATTNHUB_CUDA_*`` setting may
-override it (tuning); a ``*_smem_bytes`` function gives a tile's dynamic shared memory; and
+One table per family gives its default tile for each (Dqk, Dv); a tuning setting
+(attnhub/settings.py) may override it; a ``*_smem_bytes`` function gives a tile's dynamic shared memory; and
 :func:`tile_for` walks a forward's default and smaller fallback tiles to the first that fits a GPU.
 The measurements behind the defaults are in docs/backends/cuda.md and docs/benchmarks.md.
 """
