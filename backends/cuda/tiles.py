@@ -95,8 +95,11 @@ def tf32_pvc(dqk: int, dv: int, config: tuple[int, int, int]) -> int:
     (tuning), else TF32_PVC for the default tile, else 0 (the kernel's default: 4 with one row block
     per warp, else 2)."""
     warps, bn, rb = config
-    pvc = settings.value("ATTNHUB_CUDA_TF32_PVC")
-    if pvc and (bn // 8) % pvc:
+    try:
+        pvc = settings.value("ATTNHUB_CUDA_TF32_PVC")
+    except settings.SettingError:
+        pvc = -1  # reported below, with the tile's count of 8-key blocks
+    if pvc < 0 or (pvc and (bn // 8) % pvc):
         text = settings.raw("ATTNHUB_CUDA_TF32_PVC")
         raise AttnhubError(
             f"ATTNHUB_CUDA_TF32_PVC takes a divisor of the tile's {bn // 8} 8-key blocks, got {text!r}"
