@@ -68,6 +68,32 @@ def _int(text: str) -> int:
     return int(text)
 
 
+def _ints_n(least: int, most: int | None = None) -> Callable[[str], tuple[int, ...]]:
+    """Comma-separated integers, at least ``least`` (and at most ``most``) of them."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        vals = _ints(text)
+        if len(vals) < least or (most is not None and len(vals) > most):
+            raise ValueError(text)
+        return vals
+
+    return parse
+
+
+def _digits(text: str) -> int:
+    """A non-negative integer written in digits only (no sign, no spaces)."""
+    if not text.isdigit():
+        raise ValueError(text)
+    return int(text)
+
+
+def _bit(text: str) -> bool:
+    """Exactly ``0`` or ``1``."""
+    if text not in ("0", "1"):
+        raise ValueError(text)
+    return text == "1"
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in allowed:
@@ -132,17 +158,18 @@ _declare("ATTNHUB_CUDA_BWD", _choice("wgmma", "fused", "split", "simt"), None, "
 _declare("ATTNHUB_CUDA_F32", _choice("f16x3", "tf32", "simt"), None, "force the cuda float32 forward kernel", expects="f16x3, tf32 or simt")
 _declare("ATTNHUB_CUDA_FWD_ORDER", _choice("tiles", "heads", "rule"), None, "grid order of the cuda forward", expects="tiles, heads or rule")
 _declare("ATTNHUB_CUDA_BWD_ORDER", _choice("tiles", "heads", "rule"), None, "grid order of the cuda backward", expects="tiles, heads or rule")
-_declare("ATTNHUB_CUDA_MMA", _ints, None, "cuda mma.sync forward tile", expects="warps,bn[,rb]")
-_declare("ATTNHUB_CUDA_TF32", _ints, None, "cuda 3xTF32 forward tile", expects="warps,bn[,rb]")
-_declare("ATTNHUB_CUDA_TF32_PVC", _int, 0, "cuda 3xTF32 forward: 8-key blocks per P.V chunk", expects="a divisor of the tile's 8-key blocks")
-_declare("ATTNHUB_CUDA_F16X3", _ints, None, "cuda 3xFP16 forward tile", expects="warps,bn[,rb]")
-_declare("ATTNHUB_CUDA_WGMMA", _ints, None, "cuda wgmma forward tile", expects="warpgroups,keys_per_tile")
-_declare("ATTNHUB_CUDA_WGMMA_PIPE", _flag, None, "cuda wgmma forward: pipelined loop", expects="0 or 1")
-_declare("ATTNHUB_CUDA_BWD_STEPS", _ints, None, "cuda mma backward steps", expects="kb_q,qb_n[,krb]")
+_CUDA_TILE = "'warps,keys_per_tile[,row_blocks]' (integers)"
+_declare("ATTNHUB_CUDA_MMA", _ints_n(2), None, "cuda mma.sync forward tile", expects=_CUDA_TILE)
+_declare("ATTNHUB_CUDA_TF32", _ints_n(2), None, "cuda 3xTF32 forward tile", expects=_CUDA_TILE)
+_declare("ATTNHUB_CUDA_TF32_PVC", _digits, 0, "cuda 3xTF32 forward: 8-key blocks per P.V chunk", expects="a divisor of the tile's 8-key blocks")
+_declare("ATTNHUB_CUDA_F16X3", _ints_n(2), None, "cuda 3xFP16 forward tile", expects=_CUDA_TILE)
+_declare("ATTNHUB_CUDA_WGMMA", _ints_n(2, 2), None, "cuda wgmma forward tile", expects="'warpgroups,keys_per_tile' (integers)")
+_declare("ATTNHUB_CUDA_WGMMA_PIPE", _bit, None, "cuda wgmma forward: pipelined loop", expects="0 or 1")
+_declare("ATTNHUB_CUDA_BWD_STEPS", _ints_n(2), None, "cuda mma backward steps", expects="'kb_q,qb_n[,krb]' (integers)")
 _declare("ATTNHUB_CUDA_BWD_WARPS", _choice("4", "8"), None, "cuda mma backward warps", expects="4 or 8")
 _declare("ATTNHUB_CUDA_BWD_WG", _choice("1", "2"), None, "cuda wgmma backward warpgroups", expects="1 or 2")
-_declare("ATTNHUB_CUDA_BWD_MINB", _choice("1", "2", "3", "4"), None, "cuda wgmma backward: min blocks per SM", expects="1-4")
-_declare("ATTNHUB_CUDA_BWD_OVERLAP", _choice("0", "1"), None, "cuda wgmma backward: overlapped loop", expects="0 or 1")
+_declare("ATTNHUB_CUDA_BWD_MINB", _choice("1", "2", "3", "4"), None, "cuda wgmma backward: min blocks per SM", expects="one of 1, 2, 3, 4")
+_declare("ATTNHUB_CUDA_BWD_OVERLAP", _choice("0", "1"), None, "cuda wgmma backward: overlapped loop", expects="one of 0, 1")
 
 # fmt: on
 

@@ -17,7 +17,8 @@ from attnhub.rules import Causal, Full, Local
 
 pytest.importorskip("cuda.core", reason="the cuda extra (cuda-core, NVRTC) is not installed")
 compiler = pytest.importorskip("attnhub_backends.cuda.compiler")
-from attnhub_backends.cuda.launch import mask_args  # noqa: E402
+from attnhub_backends.cuda import choice, tiles, variants  # noqa: E402
+from attnhub_backends.cuda.mask import mask_args  # noqa: E402
 
 ARCHS = ("sm_80", "sm_90")
 
@@ -36,14 +37,14 @@ def _compile(job):
 def test_every_variant_compiles_for_sm80_and_sm90():
     from concurrent.futures import ProcessPoolExecutor
 
-    jobs = [(v, a) for v in compiler.all_variants() for a in ARCHS]
+    jobs = [(v, a) for v in variants.all_variants() for a in ARCHS]
     with ProcessPoolExecutor(2) as ex:
         cubins = list(ex.map(_compile, jobs))
     for (variant, arch), cubin in zip(jobs, cubins):
         assert cubin[:4] == b"\x7fELF", (variant.name, arch)
         for kernel in variant.kernels:
             assert kernel.encode() in cubin, f"{kernel} missing from {variant.name} ({arch})"
-    assert len({v.name for v in compiler.all_variants()}) == len(compiler.all_variants())
+    assert len({v.name for v in variants.all_variants()}) == len(variants.all_variants())
 
 
 def test_every_wgmma_variant_compiles_for_sm90a():
@@ -51,19 +52,19 @@ def test_every_wgmma_variant_compiles_for_sm90a():
     exports its kernels."""
     from concurrent.futures import ProcessPoolExecutor
 
-    variants = compiler.wgmma_variants()
-    jobs = [(v, compiler.WGMMA_ARCH) for v in variants]
+    wgmma = variants.wgmma_variants()
+    jobs = [(v, variants.WGMMA_ARCH) for v in wgmma]
     with ProcessPoolExecutor(2) as ex:
         cubins = list(ex.map(_compile, jobs))
-    for variant, cubin in zip(variants, cubins):
+    for variant, cubin in zip(wgmma, cubins):
         assert cubin[:4] == b"\x7fELF", variant.name
         for kernel in variant.kernels:
             assert kernel.encode() in cubin, f"{kernel} missing from {variant.name}"
-    assert len({v.name for v in variants}) == len(variants)
+    assert len({v.name for v in wgmma}) == len(wgmma)
 
 
 def test_cache_reused_across_processes(cache):
-    variant = compiler.simt_variant("float32")
+    variant = variants.simt_variant("float32")
     before = compiler.COMPILES
     first = compiler.get_cubin(variant, "sm_80")
     assert before + 1 == compiler.COMPILES
@@ -72,9 +73,9 @@ def test_cache_reused_across_processes(cache):
         """
         import json, time
         t0 = time.perf_counter()
-        from attnhub_backends.cuda import compiler
+        from attnhub_backends.cuda import compiler, variants
         t1 = time.perf_counter()
-        data = compiler.get_cubin(compiler.simt_variant("float32"), "sm_80")
+        data = compiler.get_cubin(variants.simt_variant("float32"), "sm_80")
         t2 = time.perf_counter()
         print(json.dumps({"compiles": compiler.COMPILES, "size": len(data), "load_s": t2 - t1}))
         """
@@ -87,10 +88,10 @@ def test_cache_reused_across_processes(cache):
 
 
 def test_cache_key_depends_on_source_arch_and_defines():
-    a = compiler.cache_key(compiler.simt_variant("float32"), "sm_80")
-    assert a != compiler.cache_key(compiler.simt_variant("float32"), "sm_90")
-    assert a != compiler.cache_key(compiler.simt_variant("float64"), "sm_80")
-    assert a == compiler.cache_key(compiler.simt_variant("float32"), "sm_80")
+    a = compiler.cache_key(variants.simt_variant("float32"), "sm_80")
+    assert a != compiler.cache_key(variants.simt_variant("float32"), "sm_90")
+    assert a != compiler.cache_key(variants.simt_variant("float64"), "sm_80")
+    assert a == compiler.cache_key(variants.simt_variant("float32"), "sm_80")
 
 
 def test_compile_error_is_attnhub_error_with_log(tmp_path, monkeypatch):
@@ -102,7 +103,7 @@ def test_compile_error_is_attnhub_error_with_log(tmp_path, monkeypatch):
     (kdir / "fwd_simt.cu").write_text('extern "C" __global__ void attn_fwd_simt() { int x = ; }\n')
     monkeypatch.setattr(compiler, "KERNEL_DIR", kdir)
     with pytest.raises(AttnhubError, match=r"(?s)fwd_simt.*sm_80.*expected an expression"):
-        compiler.compile_variant(compiler.simt_variant("float32"), "sm_80")
+        compiler.compile_variant(variants.simt_variant("float32"), "sm_80")
 
 
 # --- the mask parameters, evaluated in Python exactly as common.cuh does on the device ------------
@@ -286,26 +287,23 @@ def test_backend_declines_with_reasons():
 
 def test_shared_memory_limits_pick_smaller_tiles_or_decline(monkeypatch):
     """On GPUs with 99 KiB of shared memory per block (sm_86/sm_89) big tiles shrink or decline."""
-    from attnhub_backends.cuda import backend as be
-
-    monkeypatch.setattr(be, "_smem_limit", lambda device: 101376)
 
     def req(dtype, d, grad):
         return Request(
             "torch", "cuda:0", dtype, "bhsd", 1, 1, 1, (8,), (8,), d, d, Full(), "none_front", 0.1, grad
         )
 
-    cfg = be._tile_for("mma", req("bfloat16", 128, True), 101376)
-    assert cfg is not None and compiler.mma_smem_bytes(128, 128, cfg) <= 101376
-    assert be._smem_reasons(req("bfloat16", 128, True)) == []
-    assert be._smem_reasons(req("float64", 64, True)) == []
+    cfg = tiles.tile_for("mma", req("bfloat16", 128, True), 101376)
+    assert cfg is not None and tiles.mma_smem_bytes(128, 128, cfg) <= 101376
+    assert choice.smem_reasons(req("bfloat16", 128, True), 101376) == []
+    assert choice.smem_reasons(req("float64", 64, True), 101376) == []
     for kern in ("tf32", "f16x3"):  # the float32 forwards fall back to smaller tiles too
         monkeypatch.setenv("ATTNHUB_CUDA_F32", kern)
-        cfg = be._tile_for(kern, req("float32", 128, False), 101376)
-        assert cfg is not None and be._TILES[kern][2](128, 128, cfg) <= 101376
-        assert be._smem_reasons(req("float32", 128, False)) == []
+        cfg = tiles.tile_for(kern, req("float32", 128, False), 101376)
+        assert cfg is not None and tiles.FORWARD_TILES[kern][2](128, 128, cfg) <= 101376
+        assert choice.smem_reasons(req("float32", 128, False), 101376) == []
     monkeypatch.delenv("ATTNHUB_CUDA_F32")
-    (reason,) = be._smem_reasons(req("float64", 128, True))
+    (reason,) = choice.smem_reasons(req("float64", 128, True), 101376)
     assert "backward kernel needs" in reason and "101376" in reason
 
 
@@ -314,25 +312,25 @@ def test_tile_overrides_from_the_environment(monkeypatch):
     from attnhub.errors import AttnhubError
 
     monkeypatch.setenv("ATTNHUB_CUDA_MMA", "8,32")
-    assert compiler.mma_config(64, 64) == (8, 32, 1)
+    assert tiles.mma_config(64, 64) == (8, 32, 1)
     monkeypatch.setenv("ATTNHUB_CUDA_TF32", "4,64,2")
-    assert compiler.tf32_config(128, 128) == (4, 64, 2)
+    assert tiles.tf32_config(128, 128) == (4, 64, 2)
     monkeypatch.delenv("ATTNHUB_CUDA_MMA")
-    assert compiler.mma_config(64, 64) == compiler.MMA_CONFIGS[(64, 64)]
+    assert tiles.mma_config(64, 64) == tiles.MMA_CONFIGS[(64, 64)]
     monkeypatch.setenv("ATTNHUB_CUDA_TF32", "four")
     with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_TF32"):
-        compiler.tf32_config(64, 64)
+        tiles.tf32_config(64, 64)
     monkeypatch.setenv("ATTNHUB_CUDA_TF32", "4,64,2")
     for bad in ("two", "3"):  # not a number; not a divisor of the 8 blocks of a 64-key tile
         monkeypatch.setenv("ATTNHUB_CUDA_TF32_PVC", bad)
         with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_TF32_PVC"):
-            compiler.tf32_variant(64, 64)
+            variants.tf32_variant(64, 64)
     monkeypatch.setenv("ATTNHUB_CUDA_TF32_PVC", "4")
-    assert ("PVC", 4) in compiler.tf32_variant(64, 64).defines
+    assert ("PVC", 4) in variants.tf32_variant(64, 64).defines
     monkeypatch.delenv("ATTNHUB_CUDA_TF32_PVC")
     monkeypatch.setenv("ATTNHUB_CUDA_F16X3", "4,32")
-    assert compiler.f16x3_config(128, 128) == (4, 32, 1)
-    assert ("BN", 32) in compiler.f16x3_variant(128, 128).defines
+    assert tiles.f16x3_config(128, 128) == (4, 32, 1)
+    assert ("BN", 32) in variants.f16x3_variant(128, 128).defines
 
 
 def test_float32_kernel_choice(monkeypatch):
@@ -340,26 +338,25 @@ def test_float32_kernel_choice(monkeypatch):
     launches); ATTNHUB_CUDA_F32 forces f16x3, tf32 or simt; other requests have no tensor-core float32
     kernel; a bad value is a clear error."""
     from attnhub.errors import AttnhubError
-    from attnhub_backends.cuda import backend as be
 
     def req(dtype, d, n=4096):
         return Request(
             "torch", "cuda:0", dtype, "bhsd", 1, 8, 8, (n,), (n,), d, d, Full(), "none_front", 0.1, False
         )
 
-    assert be.f32_kernel(req("float32", 128)) == "f16x3" and be.use_f16x3(req("float32", 64))
-    assert be.f32_kernel(req("float32", 128, 1024)) == "tf32"  # 8 * 1024**2 * 256 = 2.1e9 < 4e9
-    assert be.f32_kernel(req("float32", 64, 2048)) == "f16x3"  # 4.3e9
-    assert be.f32_kernel(req("float32", 32)) is None and be.f32_kernel(req("bfloat16", 64)) is None
+    assert choice.f32_kernel(req("float32", 128)) == "f16x3" and choice.use_f16x3(req("float32", 64))
+    assert choice.f32_kernel(req("float32", 128, 1024)) == "tf32"  # 8 * 1024**2 * 256 = 2.1e9 < 4e9
+    assert choice.f32_kernel(req("float32", 64, 2048)) == "f16x3"  # 4.3e9
+    assert choice.f32_kernel(req("float32", 32)) is None and choice.f32_kernel(req("bfloat16", 64)) is None
     monkeypatch.setenv("ATTNHUB_CUDA_F32", "f16x3")
-    assert be.f32_kernel(req("float32", 64, 8)) == "f16x3"
+    assert choice.f32_kernel(req("float32", 64, 8)) == "f16x3"
     monkeypatch.setenv("ATTNHUB_CUDA_F32", "tf32")
-    assert be.use_tf32(req("float32", 64)) and not be.use_f16x3(req("float32", 64))
+    assert choice.use_tf32(req("float32", 64)) and not choice.use_f16x3(req("float32", 64))
     monkeypatch.setenv("ATTNHUB_CUDA_F32", "simt")
-    assert be.f32_kernel(req("float32", 64)) is None
+    assert choice.f32_kernel(req("float32", 64)) is None
     monkeypatch.setenv("ATTNHUB_CUDA_F32", "fp16")
     with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_F32"):
-        be.f32_kernel(req("float32", 64))
+        choice.f32_kernel(req("float32", 64))
 
 
 def test_backward_steps_from_the_environment(monkeypatch):
@@ -367,56 +364,56 @@ def test_backward_steps_from_the_environment(monkeypatch):
     from attnhub.errors import AttnhubError
 
     for dims in ((64, 64), (128, 128)):
-        kb_q, qb_n, krb = compiler.bwd_config(*dims)
-        assert ("KRB", krb) in compiler.bwd_mma_variant("bfloat16", *dims).defines
+        kb_q, qb_n, krb = tiles.bwd_config(*dims)
+        assert ("KRB", krb) in variants.bwd_mma_variant("bfloat16", *dims).defines
     monkeypatch.setenv("ATTNHUB_CUDA_BWD_STEPS", "32,16")
-    assert compiler.bwd_config(64, 64) == (32, 16, 1)
-    v = compiler.bwd_mma_variant("bfloat16", 64, 64)
+    assert tiles.bwd_config(64, 64) == (32, 16, 1)
+    v = variants.bwd_mma_variant("bfloat16", 64, 64)
     assert ("KB_Q", 32) in v.defines and ("QB_N", 16) in v.defines
-    dkdv, dq = compiler.bwd_mma_smem_bytes(64, 64)
+    dkdv, dq = tiles.bwd_mma_smem_bytes(64, 64)
     assert dkdv == 2 * (64 * 128 + 2 * 32 * 128) + 16 * 32 and dq == 2 * (64 * 128 + 2 * 16 * 128)
     monkeypatch.setenv("ATTNHUB_CUDA_BWD_STEPS", "32,64,2")  # 128 keys per dK/dV block
-    assert compiler.bwd_config(64, 64) == (32, 64, 2)
-    assert compiler.bwd_mma_smem_bytes(64, 64)[0] == 2 * (128 * 128 + 2 * 32 * 128) + 16 * 32
+    assert tiles.bwd_config(64, 64) == (32, 64, 2)
+    assert tiles.bwd_mma_smem_bytes(64, 64)[0] == 2 * (128 * 128 + 2 * 32 * 128) + 16 * 32
     for bad in ("simt", "32", "48,32", "32,32,3", "32,32,2,1"):
         monkeypatch.setenv("ATTNHUB_CUDA_BWD_STEPS", bad)
         with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_BWD_STEPS"):
-            compiler.bwd_config(64, 64)
+            tiles.bwd_config(64, 64)
 
 
 def test_wgmma_switches_from_the_environment(monkeypatch):
     """The Hopper kernels' tiles and switches: defaults, overrides, smem sizes, clear errors."""
     from attnhub.errors import AttnhubError
 
-    assert compiler.wgmma_config(64, 64) == compiler.WGMMA_CONFIGS[(64, 64)]
+    assert tiles.wgmma_config(64, 64) == tiles.WGMMA_CONFIGS[(64, 64)]
     monkeypatch.setenv("ATTNHUB_CUDA_WGMMA", "3,128")
-    assert compiler.wgmma_config(128, 128) == (3, 128)
-    assert ("NWG", 3) in compiler.wgmma_variant("bfloat16", 128, 128).defines
+    assert tiles.wgmma_config(128, 128) == (3, 128)
+    assert ("NWG", 3) in variants.wgmma_variant("bfloat16", 128, 128).defines
     # Q tile, double-buffered K and V, 1 KB of alignment slack (the plain loop at D = 128)
-    assert compiler.wgmma_smem_bytes(128, 128, (3, 128)) == 2 * (192 * 128 + 2 * 128 * 256) + 1024
+    assert tiles.wgmma_smem_bytes(128, 128, (3, 128)) == 2 * (192 * 128 + 2 * 128 * 256) + 1024
     for bad in ("2", "4,128", "2,96", "x,y"):
         monkeypatch.setenv("ATTNHUB_CUDA_WGMMA", bad)
         with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_WGMMA"):
-            compiler.wgmma_config(64, 64)
+            tiles.wgmma_config(64, 64)
     monkeypatch.delenv("ATTNHUB_CUDA_WGMMA")
-    assert (("PIPE", 1) in compiler.wgmma_variant("bfloat16", 64, 64).defines) == (
-        (64, 64) in compiler.WGMMA_PIPE_DIMS
+    assert (("PIPE", 1) in variants.wgmma_variant("bfloat16", 64, 64).defines) == (
+        (64, 64) in tiles.WGMMA_PIPE_DIMS
     )
     monkeypatch.setenv("ATTNHUB_CUDA_WGMMA_PIPE", "1")
-    assert ("PIPE", 1) in compiler.wgmma_variant("bfloat16", 128, 128).defines
+    assert ("PIPE", 1) in variants.wgmma_variant("bfloat16", 128, 128).defines
     # three K / V buffers when pipelined
-    assert compiler.wgmma_smem_bytes(128, 128, (2, 128)) == 2 * (128 * 128 + 3 * 128 * 256) + 1024
+    assert tiles.wgmma_smem_bytes(128, 128, (2, 128)) == 2 * (128 * 128 + 3 * 128 * 256) + 1024
     monkeypatch.setenv("ATTNHUB_CUDA_WGMMA_PIPE", "2")
     with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_WGMMA_PIPE"):
-        compiler.wgmma_variant("bfloat16", 64, 64)
+        variants.wgmma_variant("bfloat16", 64, 64)
     monkeypatch.delenv("ATTNHUB_CUDA_WGMMA_PIPE")
-    v = compiler.bwd_wgmma_variant("float16", 64, 64)
-    assert ("NWG", compiler.BWD_WGMMA_WARPGROUPS[(64, 64)]) in v.defines and ("BWD_OVERLAP", 1) in v.defines
-    assert not any(k == "BWD_OVERLAP" for k, _ in compiler.bwd_wgmma_variant("float16", 128, 128).defines)
+    v = variants.bwd_wgmma_variant("float16", 64, 64)
+    assert ("NWG", tiles.BWD_WGMMA_WARPGROUPS[(64, 64)]) in v.defines and ("BWD_OVERLAP", 1) in v.defines
+    assert not any(k == "BWD_OVERLAP" for k, _ in variants.bwd_wgmma_variant("float16", 128, 128).defines)
     # K, V, two Q and dO tiles, dS^T, lse and delta, slack
-    assert compiler.bwd_wgmma_smem_bytes(128, 128, 2) == 2 * (128 * 256 * 2 + 128 * 64) + 1024 + 1024
+    assert tiles.bwd_wgmma_smem_bytes(128, 128, 2) == 2 * (128 * 256 * 2 + 128 * 64) + 1024 + 1024
     monkeypatch.setenv("ATTNHUB_CUDA_BWD_WG", "1")
-    assert compiler.bwd_wgmma_warpgroups(64, 64) == 1
+    assert tiles.bwd_wgmma_warpgroups(64, 64) == 1
     for var, bad in (
         ("ATTNHUB_CUDA_BWD_WG", "3"),
         ("ATTNHUB_CUDA_BWD_MINB", "8"),
@@ -424,7 +421,7 @@ def test_wgmma_switches_from_the_environment(monkeypatch):
     ):
         monkeypatch.setenv(var, bad)
         with pytest.raises(AttnhubError, match=var):
-            compiler.bwd_wgmma_variant("bfloat16", 64, 64)
+            variants.bwd_wgmma_variant("bfloat16", 64, 64)
         monkeypatch.delenv(var)
 
 
@@ -448,22 +445,22 @@ def test_backward_mode_and_warps_choices(monkeypatch):
 
     monkeypatch.delenv("ATTNHUB_CUDA_BWD", raising=False)
     monkeypatch.delenv("ATTNHUB_CUDA_BWD_STEPS", raising=False)
-    assert compiler.bwd_fused(64, 64, "sm_90") and compiler.bwd_fused(64, 128, "sm_100")
-    assert not compiler.bwd_fused(128, 128, "sm_90") and not compiler.bwd_fused(64, 64, "sm_80")
+    assert choice.bwd_fused(64, 64, "sm_90") and choice.bwd_fused(64, 128, "sm_100")
+    assert not choice.bwd_fused(128, 128, "sm_90") and not choice.bwd_fused(64, 64, "sm_80")
     monkeypatch.setenv("ATTNHUB_CUDA_BWD", "fused")
-    assert compiler.bwd_fused(128, 128, "sm_80")
+    assert choice.bwd_fused(128, 128, "sm_80")
     monkeypatch.setenv("ATTNHUB_CUDA_BWD_STEPS", "32,64")  # the fused kernel needs 64-query steps
-    assert not compiler.bwd_fused(64, 64, "sm_90")
+    assert not choice.bwd_fused(64, 64, "sm_90")
     monkeypatch.setenv("ATTNHUB_CUDA_BWD", "split")
     monkeypatch.delenv("ATTNHUB_CUDA_BWD_STEPS")
-    assert not compiler.bwd_fused(64, 64, "sm_90")
+    assert not choice.bwd_fused(64, 64, "sm_90")
     monkeypatch.setenv("ATTNHUB_CUDA_BWD", "atomic")
     with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_BWD"):
-        compiler.bwd_fused(64, 64, "sm_90")
-    assert compiler.bwd_warps(64, 64) == 4 and compiler.bwd_block_keys(64, 64) == 64
+        choice.bwd_fused(64, 64, "sm_90")
+    assert tiles.bwd_warps(64, 64) == 4 and tiles.bwd_block_keys(64, 64) == 64
     monkeypatch.setenv("ATTNHUB_CUDA_BWD_WARPS", "8")
-    assert compiler.bwd_block_keys(64, 64) == 128
-    assert ("NWK", 8) in compiler.bwd_mma_variant("bfloat16", 64, 64).defines
+    assert tiles.bwd_block_keys(64, 64) == 128
+    assert ("NWK", 8) in variants.bwd_mma_variant("bfloat16", 64, 64).defines
     monkeypatch.setenv("ATTNHUB_CUDA_BWD_WARPS", "6")
     with pytest.raises(AttnhubError, match="ATTNHUB_CUDA_BWD_WARPS"):
-        compiler.bwd_warps(64, 64)
+        tiles.bwd_warps(64, 64)

@@ -27,7 +27,7 @@ TDT = {
 @pytest.fixture(autouse=True)
 def _float32_on_f16x3(monkeypatch):
     """float32 tests run the 3xFP16 kernel at every size (by default small calls take 3xTF32, see
-    backend.F16X3_MIN_WORK); tests that name a kernel set ATTNHUB_CUDA_F32 themselves."""
+    choice.F16X3_MIN_WORK); tests that name a kernel set ATTNHUB_CUDA_F32 themselves."""
     monkeypatch.setenv("ATTNHUB_CUDA_F32", "f16x3")
 
 
@@ -150,7 +150,7 @@ def test_forward_float32_tensor_core_tiles(rng, monkeypatch, config, dims):
 
 
 def test_forward_float32_default_choice(rng, monkeypatch):
-    # Without ATTNHUB_CUDA_F32: a small call on 3xTF32, a larger one on 3xFP16 (backend.f32_kernel).
+    # Without ATTNHUB_CUDA_F32: a small call on 3xTF32, a larger one on 3xFP16 (choice.f32_kernel).
     monkeypatch.delenv("ATTNHUB_CUDA_F32")
     _check(rng, "float32", (100,), (100,), Causal(), "none_front", hq=2, hkv=1, b=1)
     _check(
@@ -163,7 +163,7 @@ def test_forward_float32_default_choice(rng, monkeypatch):
 def test_forward_float32_long_flat_rows(rng, monkeypatch, kern, dims):
     # Flat softmax over 4096 keys: the output is a small average of many terms, so float32 errors
     # of the P V sums show at full size. Summing whole rows in the tensor core's (truncating) float32
-    # accumulator gave 2.9e-5 on such rows (benchmarks/cuda_f32.py, L = 4096), over the 2e-5
+    # accumulator gave 2.9e-5 on such rows (tools/dev/cuda_f32.py, L = 4096), over the 2e-5
     # tolerance; chunked sums gave ~1e-6.
     monkeypatch.setenv("ATTNHUB_CUDA_F32", kern)
     _check(rng, "float32", (256,), (4096,), Full(), "none_front", dqk=dims[0], dv=dims[1], hq=2, hkv=1, b=1)

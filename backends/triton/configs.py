@@ -44,7 +44,7 @@ def _band(bm: int, bn: int, warps: int, stages: int, maxnreg: int = 0) -> Cfg:
 
 # (kernel, head-dim bucket, element size) -> candidates; for Hopper (sm90) and Ampere/Ada alike,
 # Hopper gets the deeper pipelines first. 16-bit lists start with what the tuner picked on the H100
-# at every dense length (backward pairs checked with benchmarks/triton_bwd_probe.py; see
+# at every dense length (backward pairs checked with tools/dev/triton_bwd_probe.py; see
 # docs/benchmarks.md), so that untuned calls and ties get the measured best.
 _HOPPER: dict[tuple[str, int, int], list[Cfg]] = {
     ("fwd", 64, 2): [Cfg(128, 64, 4, 3), Cfg(64, 64, 4, 3), Cfg(128, 128, 8, 3), Cfg(128, 64, 4, 4)],

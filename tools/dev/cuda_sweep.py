@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnhub
-from attnhub_backends.cuda import compiler
+from attnhub_backends.cuda import variants as cuda_variants
 
 FWD_TILES = {64: [(4, 128, 2)], 128: [(4, 64, 2)]}
 # "mode steps [wN]": ATTNHUB_CUDA_BWD (fused: one kernel, dQ by atomics; split: dK/dV and dQ kernels),
@@ -64,10 +64,10 @@ def _patch(old_dir: str | None, extra: tuple[tuple[str, int], ...]) -> None:
         headers = ("common.cuh", os.path.join(old_dir, "mma.cuh"))
         return dataclasses.replace(v, source=source, defines=keep + extra, headers=headers)
 
-    compiler.mma_variant = variant
+    cuda_variants.mma_variant = variant
 
 
-_ORIG_MMA_VARIANT = compiler.mma_variant
+_ORIG_MMA_VARIANT = cuda_variants.mma_variant
 
 
 def _check(d: int) -> float:
@@ -140,7 +140,7 @@ def sweep_forward(variants, quick: bool) -> list[dict]:
                     if quick:
                         break
     os.environ.pop("ATTNHUB_CUDA_MMA", None)
-    compiler.mma_variant = _ORIG_MMA_VARIANT
+    cuda_variants.mma_variant = _ORIG_MMA_VARIANT
     return rows
 
 

@@ -1,0 +1,41 @@
+"""The kernels' ``Mask`` struct (common.cuh) for a request: 16 int32 launch arguments that encode
+the rule and the sequence positions of SPEC §2-3."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnhub.positions import axis_affine
+from attnhub.request import Request
+from attnhub.rules import Causal, Full, Local
+
+#: Largest window value passed to the kernels (larger windows behave identically: no position is farther).
+_WINDOW_CAP = 1 << 30
+
+
+def mask_args(req: Request) -> list[np.int32]:
+    """The 16 integers of the kernels' ``Mask`` struct for ``req`` (1-d requests as 2-d with Y = 1)."""
+    seq_q, seq_k = req.seq_q, req.seq_k
+    if len(seq_q) == 1:
+        seq_q, seq_k = (1, *seq_q), (1, *seq_k)
+    (lqy, lqx), (lky, lkx) = seq_q, seq_k
+    aqy, bqy, aky, bky = axis_affine(lqy, lky, req.sync)
+    aqx, bqx, akx, bkx = axis_affine(lqx, lkx, req.sync)
+    mx = max(lqx, lkx)
+    rule = req.rule
+    wy = wx = 1
+    log2s = lcausal = 0
+    if isinstance(rule, Full):
+        code = 0
+    elif isinstance(rule, Causal):
+        code = 1
+    elif isinstance(rule, Local):
+        code = 2
+        ws = rule.windows(req.ndim)
+        ws = (1, *ws) if len(ws) == 1 else ws
+        wy, wx = (min(w, _WINDOW_CAP) for w in ws)
+        log2s, lcausal = rule.log2_stride, int(rule.causal)
+    else:  # pragma: no cover - explicit masks are declined by check()
+        raise TypeError(f"the cuda backend cannot evaluate {rule!r}")
+    vals = [lqx, lkx, aqy, bqy, aqx, bqx, aky, bky, akx, bkx, mx, code, wy, wx, log2s, lcausal]
+    return [np.int32(x) for x in vals]
