@@ -220,7 +220,13 @@ class TensorFlowAdapter(Adapter):
         record = _tf_record()
         if record is None:  # TensorFlow without the probe: assume a tape may watch it
             return True
-        return bool(record.should_record_backprop([mask]))
+        tf = sys.modules["tensorflow"]
+        try:
+            if isinstance(mask, tf.Variable):  # a tape watches trainable variables it sees read
+                return bool(mask.trainable and record.could_possibly_record())
+            return bool(record.should_record_backprop([mask]))
+        except Exception:  # the probe failed: assume a tape may watch it
+            return True
 
     def to_numpy(self, x: Any) -> np.ndarray:
         return x.numpy()
