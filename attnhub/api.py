@@ -160,8 +160,8 @@ def passes_through(exc: BaseException) -> bool:
     return isinstance(exc, (AttnhubError, MemoryError)) or type(exc).__name__.endswith("OutOfMemoryError")
 
 
-def backend_error(name: str, req: Request, problem: str) -> BackendError:
-    return BackendError(name, req.describe(), problem)
+def backend_error(name: str, req: Request | None, problem: str) -> BackendError:
+    return BackendError(name, req.describe() if req is not None else "a request", problem)
 
 
 def explain(

@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from attnhub.errors import BackendError
 from attnhub.request import Request
 
 
@@ -35,7 +34,7 @@ class _AttentionFunction(torch.autograd.Function):
         from attnhub.api import backend_error, passes_through
 
         q, k, v, out, lse = ctx.saved_tensors
-        name = ctx.backend.name
+        name = getattr(ctx.backend, "name", type(ctx.backend).__name__)
         try:
             grads = tuple(ctx.backend.backward(q, k, v, out, lse, dout.contiguous(), ctx.req, ctx.mask))
         except Exception as exc:
@@ -46,7 +45,7 @@ class _AttentionFunction(torch.autograd.Function):
             raise backend_error(name, ctx.req, f"backward returned {len(grads)} gradients, expected 3 or 4")
         dmask = grads[3] if len(grads) == 4 else None
         if ctx.needs_input_grad[5] and dmask is None:
-            raise BackendError(name, ctx.req.describe(), "gave no gradient for the mask, which requires grad")
+            raise backend_error(name, ctx.req, "gave no gradient for the mask, which requires grad")
         return grads[0], grads[1], grads[2], None, None, dmask
 
 
