@@ -9,7 +9,7 @@ from __future__ import annotations
 from attnhub.api import BackendRecord, attention, backends, explain
 from attnhub.backend import FEATURES, Backend
 from attnhub.dispatch import Explanation, use_backend
-from attnhub.errors import AttnhubError, BackendUnsupported, NoBackendError, SpecError
+from attnhub.errors import AttnhubError, BackendError, BackendUnsupported, NoBackendError, SpecError
 from attnhub.hookspecs import hookimpl
 from attnhub.registry import REGISTRY
 from attnhub.request import Request
@@ -22,6 +22,7 @@ __all__ = [
     "REGISTRY",
     "AttnhubError",
     "Backend",
+    "BackendError",
     "BackendRecord",
     "BackendUnsupported",
     "Causal",

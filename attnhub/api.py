@@ -7,16 +7,20 @@ from typing import Any
 
 from attnhub.backend import Backend
 from attnhub.dispatch import CACHE, DISPATCHER, Explanation, _disabled, explain_request, override_state
+from attnhub.errors import AttnhubError, BackendError
 from attnhub.frameworks import Adapter, adapter_for
 from attnhub.registry import REGISTRY
-from attnhub.request import Request, build_request, from_canonical, to_canonical
-from attnhub.rules import Causal, Full, Local
+from attnhub.request import Request, build_request, check_backend_arg, from_canonical, to_canonical
+from attnhub.rules import Causal, ExplicitMask, Full, Local
 
 
 class _Plan:
     """Everything decided once per call signature: the request, the backend, the layout moves."""
 
-    __slots__ = ("req", "ad", "backend", "run", "reshape_in", "reshape_out", "lse_shape")
+    __slots__ = (
+        "req", "ad", "backend", "run", "reshape_in", "reshape_out", "lse_shape", "out_shape",
+        "lse_dtype", "guard_mask",
+    )  # fmt: skip
 
     def __init__(self, req: Request, ad: Adapter, backend: Backend) -> None:
         self.req, self.ad, self.backend, self.run = req, ad, backend, backend.run
@@ -24,18 +28,44 @@ class _Plan:
         self.reshape_in = not (req.layout == "bhsd" and req.ndim == 1)
         self.reshape_out = self.reshape_in
         self.lse_shape = (req.batch, req.heads_q, *req.seq_q)
+        self.out_shape = (req.batch, req.heads_q, req.nq, req.dim_v)
+        self.lse_dtype = "float64" if req.dtype == "float64" else "float32"
+        # A float mask traced by jax.jit may be differentiated after the trace (grad of jit): guard
+        # it so that its gradient is never silently zero (SPEC §9).
+        rule = req.rule
+        self.guard_mask = (
+            req.framework == "jax" and req.symbolic and isinstance(rule, ExplicitMask)
+            and rule.kind == "additive" and "dbias" not in backend.features
+        )  # fmt: skip
 
     def execute(self, q: Any, k: Any, v: Any, mask: Any) -> Any:
         req, ad = self.req, self.ad
         if req.is_empty:
-            return _empty_result(ad, q, req)
+            return _empty_result(ad, q, k, v, mask, req)
         if self.reshape_in:
             q, k, v = (to_canonical(ad, x, req.layout) for x in (q, k, v))
         if mask is not None and hasattr(mask, "shape") and not isinstance(mask, str):
             mask = adapter_for(mask).reshape(mask, req.rule.shape)  # type: ignore[union-attr]
+            if self.guard_mask:
+                from attnhub.glue.jax_guard import guard_mask
+
+                mask = guard_mask(mask, self.backend.name)
         else:
             mask = None
-        out, lse = self.run(q, k, v, req, mask)
+        try:
+            out, lse = self.run(q, k, v, req, mask)
+        except Exception as exc:
+            if passes_through(exc):
+                raise
+            raise backend_error(self.backend.name, req, f"raised {type(exc).__name__}: {exc}") from exc
+        why = ad.result_problem(out, self.out_shape, None, q)  # q's dtype: req.dtype
+        if why is None and req.return_lse:
+            why = ad.result_problem(lse, self.out_shape[:3], self.lse_dtype, q)
+            why = why and "lse: expected " + why
+        elif why is not None:
+            why = "out: expected " + why
+        if why is not None:
+            raise backend_error(self.backend.name, req, f"returned a wrong result ({why})")
         if self.reshape_out:
             out = from_canonical(ad, out, req)
         if req.return_lse:
@@ -49,28 +79,35 @@ def _mask_key(mask: Any) -> Any:
     if mask is None or isinstance(mask, (str, Full, Causal, Local)):
         return mask
     if hasattr(mask, "shape") and hasattr(mask, "dtype"):
-        mad = adapter_for(mask)
-        return ("array", type(mask), tuple(mask.shape), mask.dtype, mad.device(mask))
-    return ("other", id(mask))
+        return ("array", adapter_for(mask, "mask").mask_key(mask))
+    raise TypeError  # not a mask: validated (and rejected) without the cache
 
 
 def _plan(q, k, v, mask, sync, scale, layout, return_lse, backend) -> _Plan:
     """The plan for this call signature: from the dispatch cache (so that a repeated call skips
-    validation and backend choice), else validated, dispatched and cached."""
+    validation and backend choice), else validated, dispatched and cached.
+
+    The key holds every argument that the request depends on, the types of the scalar ones
+    included (``scale=1`` and ``scale=True`` hash alike, but only one is valid), so that a key
+    that was cached after validation is only ever found again by arguments that validate the same.
+    Arguments of which no key can be built (of the wrong type or framework) skip the cache and are
+    rejected by :func:`build_request`.
+    """
     ad = adapter_for(q)
     try:
         key = (
-            ad.call_key(q, k, v), _mask_key(mask), sync, scale, layout, return_lse, backend,
-            override_state(),
+            ad.call_key(q, k, v), _mask_key(mask), sync, scale, type(scale), layout, return_lse,
+            type(return_lse), backend, override_state(),
         )  # fmt: skip
         hit = CACHE.recent.get(key)
         if hit is None:
             hit = CACHE.get(key)
-    except TypeError:  # something unhashable (an odd scale object): plan without the cache
+    except (TypeError, AttributeError):  # unhashable or not an array: plan without the cache
         key, hit = None, None
     if hit is not None:
         return hit
     req, ad = build_request(q, k, v, mask, sync, scale, layout, return_lse)
+    check_backend_arg(backend)
     plan = _Plan(req, ad, DISPATCHER.choose(req, backend))
     if key is not None:
         CACHE.put(key, plan)
@@ -98,15 +135,33 @@ def attention(
     return _plan(q, k, v, mask, sync, scale, layout, return_lse, backend).execute(q, k, v, mask)
 
 
-def _empty_result(ad: Adapter, like: Any, req: Request) -> Any:
-    """SPEC §7: empty work returns an empty output; no keys means fully masked rows (0, -inf)."""
+def _empty_result(ad: Adapter, like: Any, k: Any, v: Any, mask: Any, req: Request) -> Any:
+    """SPEC §7: empty work returns an empty output; no keys means fully masked rows (0, -inf).
+
+    When the caller differentiates, the output is connected to the inputs (and to a float mask)
+    with zero gradients, so that ``backward`` works and no gradient is dropped."""
     out = ad.full((req.batch, req.heads_q, req.nq, req.dim_v), 0.0, req.dtype, like)
     out = from_canonical(ad, out, req)
+    if req.framework in ("torch", "tensorflow"):
+        from attnhub.glue import empty
+
+        out = empty.connect(req, out, like, k, v, mask)
     if not req.return_lse:
         return out
     lse_dtype = "float64" if req.dtype == "float64" else "float32"
     lse = ad.full((req.batch, req.heads_q, *req.seq_q), float("-inf"), lse_dtype, like)
     return out, lse
+
+
+def passes_through(exc: BaseException) -> bool:
+    """Exceptions from a backend that reach the caller unchanged: attnhub's own (a SpecError a
+    backend raises is still about the request) and running out of memory, which callers catch
+    by type (``MemoryError``, ``torch.OutOfMemoryError``) to retry smaller."""
+    return isinstance(exc, (AttnhubError, MemoryError)) or type(exc).__name__.endswith("OutOfMemoryError")
+
+
+def backend_error(name: str, req: Request | None, problem: str) -> BackendError:
+    return BackendError(name, req.describe() if req is not None else "a request", problem)
 
 
 def explain(
@@ -123,6 +178,7 @@ def explain(
 ) -> Explanation:
     """Which backend ``attention`` would run for these arguments, and why each other one would not."""
     req, _ = build_request(q, k, v, mask, sync, scale, layout, return_lse)
+    check_backend_arg(backend)
     return explain_request(req, backend)
 
 
@@ -150,7 +206,7 @@ def backends() -> list[BackendRecord]:
         try:
             reason = b.availability()
         except Exception as exc:  # an availability probe must never take the listing down
-            reason = f"availability check raised {type(exc).__name__}: {exc}"
+            reason = f"availability() raised {type(exc).__name__}: {exc}"
         try:
             version = b.version() if reason is None else None
         except Exception:

@@ -29,6 +29,9 @@ FEATURES = (
     "backward",
     "deterministic",
     "tf32",
+    # Returns the gradient of a float (additive) mask when the caller differentiates it (SPEC §9);
+    # without it the core declines such requests.
+    "dbias",
 )
 
 

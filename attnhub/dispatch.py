@@ -89,17 +89,35 @@ def _mode(backend: str) -> tuple[str, str | None]:
     return "auto", None
 
 
+#: Why every backend without the "dbias" feature declines a differentiated float mask.
+DBIAS_REASON = "cannot compute the gradient of a float mask/bias (SPEC §9)"
+
+
 def backend_reasons(b: Backend, req: Request, disabled: frozenset[str]) -> list[str]:
-    """Every reason ``b`` cannot serve ``req`` (empty: it can)."""
+    """Every reason ``b`` cannot serve ``req`` (empty: it can).
+
+    A backend's ``availability()`` or ``check()`` that raises makes that backend unavailable for
+    the request, with the error as the reason; it never takes dispatch down for the others.
+    """
     if b.name in disabled:
         return ["disabled by ATTNHUB_DISABLE"]
     if req.framework not in b.frameworks:
         # Decided from the declaration alone: no need to probe (and import) the backend's framework.
         return [f"takes {', '.join(b.frameworks) or 'no'} arrays, got a {req.framework} array"]
-    why = b.availability()
+    try:
+        why = b.availability()
+    except Exception as exc:
+        return [f"unavailable: availability() raised {type(exc).__name__}: {exc}"]
     if why:
         return [f"unavailable: {why}"]
-    return b.check(req)
+    try:
+        reasons = list(b.check(req))
+    except Exception as exc:
+        return [f"check() raised {type(exc).__name__}: {exc}"]
+    # Checked here, not in Backend.check, so that a backend overriding check() cannot forget it.
+    if req.mask_needs_grad and not req.is_empty and "dbias" not in b.features:
+        reasons.append(DBIAS_REASON + "; the mask requires grad")
+    return reasons
 
 
 def explain_request(req: Request, backend: str = "auto") -> Explanation:

@@ -1,39 +1,116 @@
-"""Exceptions raised by attnhub; every one derives from :class:`AttnhubError`."""
+"""Exceptions raised by attnhub; every one derives from :class:`AttnhubError`.
+
+Each error keeps ``Exception.__init__`` and sets its attributes in ``__new__``, so that it can be
+rebuilt from its ``args`` (``type(e)(*e.args)``, pickling) and from a message alone: TensorFlow's
+AutoGraph re-raises an error from inside a ``tf.function`` as ``type(e)(message)`` only for
+exception classes whose ``__init__`` is ``Exception.__init__``, and otherwise replaces it with a
+``StagingError`` that ``except SpecError`` does not catch.
+"""
 
 from __future__ import annotations
+
+import re
+from typing import Any
+
+_UNSET: Any = object()
 
 
 class AttnhubError(Exception):
     """Base class of every error attnhub raises on purpose."""
 
+    __init__ = Exception.__init__
+
 
 class SpecError(AttnhubError, ValueError):
-    """The request breaks SPEC.md (bad shape, dtype, rule, ...); raised before any kernel runs."""
+    """The request breaks SPEC.md (bad shape, dtype, rule, ...); raised before any kernel runs.
 
-    def __init__(self, argument: str, expected: str, actual: object) -> None:
-        self.argument = argument
-        self.expected = expected
-        self.actual = actual
-        super().__init__(f"{argument}: expected {expected}, got {actual!r}")
+    ``argument`` names the argument, ``expected`` and ``actual`` say what it should be and was.
+    """
+
+    __init__ = Exception.__init__
+
+    argument: str
+    expected: str
+    actual: object
+
+    def __new__(cls, argument: str, expected: str = _UNSET, actual: object = _UNSET, *rest: Any):
+        if expected is _UNSET:  # rebuilt from a message (AutoGraph): recover the argument name
+            self = super().__new__(cls, argument)
+            found = re.search(r"(?:^|\n)\s*(?:\w+: )?([^\n:]+): expected (.*), got (.*)", str(argument))
+            self.argument = found.group(1) if found else str(argument)
+            self.expected = found.group(2) if found else ""
+            self.actual = found.group(3) if found else None
+            self._message = str(argument)
+            return self
+        self = super().__new__(cls, argument, expected, actual, *rest)
+        self.argument, self.expected, self.actual = argument, expected, actual
+        self._message = f"{argument}: expected {expected}, got {actual!r}"
+        return self
+
+    def __str__(self) -> str:
+        return self._message
 
 
 class BackendUnsupported(AttnhubError):
     """A backend named explicitly cannot serve the request; ``reasons`` says why."""
 
-    def __init__(self, backend: str, reasons: list[str]) -> None:
-        self.backend = backend
-        self.reasons = list(reasons)
+    __init__ = Exception.__init__
+
+    def __new__(cls, backend: str, reasons: Any = _UNSET, *rest: Any):
+        if reasons is _UNSET:  # rebuilt from a message
+            self = super().__new__(cls, backend)
+            self.backend, self.reasons, self._message = "", [], str(backend)
+            return self
+        self = super().__new__(cls, backend, reasons, *rest)
+        self.backend, self.reasons = backend, list(reasons)
         lines = "\n".join(f"  - {r}" for r in self.reasons)
-        super().__init__(f"backend {backend!r} cannot run this request:\n{lines}")
+        self._message = f"backend {backend!r} cannot run this request:\n{lines}"
+        return self
+
+    def __str__(self) -> str:
+        return self._message
 
 
 class NoBackendError(AttnhubError):
-    """``backend="auto"`` found no backend able to serve the request."""
+    """``backend="auto"`` found no backend able to serve the request; ``reasons`` by backend."""
 
-    def __init__(self, reasons: dict[str, list[str]]) -> None:
+    __init__ = Exception.__init__
+
+    def __new__(cls, reasons: Any = _UNSET, *rest: Any):
+        if isinstance(reasons, str) or reasons is _UNSET:  # rebuilt from a message
+            self = super().__new__(cls) if reasons is _UNSET else super().__new__(cls, reasons)
+            self.reasons, self._message = {}, "" if reasons is _UNSET else reasons
+            return self
+        self = super().__new__(cls, reasons, *rest)
         self.reasons = {name: list(r) for name, r in reasons.items()}
-        parts = []
-        for name, rs in self.reasons.items():
-            parts.append(f"  {name}: " + "; ".join(rs))
+        parts = [f"  {name}: " + "; ".join(rs) for name, rs in self.reasons.items()]
         body = "\n".join(parts) if parts else "  (no backend is registered)"
-        super().__init__(f"no backend can run this request:\n{body}")
+        self._message = f"no backend can run this request:\n{body}"
+        return self
+
+    def __str__(self) -> str:
+        return self._message
+
+
+class BackendError(AttnhubError, RuntimeError):
+    """A backend failed on a request it had accepted: an exception in its forward or backward, or
+    a result of the wrong shape, dtype, framework or device. ``backend`` names it, ``request``
+    describes the call (``Request.describe()``); the backend's own exception is the ``__cause__``.
+    """
+
+    __init__ = Exception.__init__
+
+    def __new__(cls, backend: str, request: str = _UNSET, problem: str = "", *rest: Any):
+        if request is _UNSET:  # rebuilt from a message
+            self = super().__new__(cls, backend)
+            found = re.search(r"backend '([^']*)' failed", str(backend))
+            self.backend = found.group(1) if found else ""
+            self.request, self.problem, self._message = "", "", str(backend)
+            return self
+        self = super().__new__(cls, backend, request, problem, *rest)
+        self.backend, self.request, self.problem = backend, request, problem
+        self._message = f"backend {backend!r} failed on {request}: {problem}"
+        return self
+
+    def __str__(self) -> str:
+        return self._message

@@ -47,6 +47,41 @@ class Adapter:
     def requires_grad(self, x: Any) -> bool:
         return False
 
+    def dense_problem(self, x: Any) -> str | None:
+        """What ``x`` is when it is not a plain dense array (sparse, nested, ...), else None."""
+        return None
+
+    def mask_key(self, mask: Any) -> tuple:
+        """A cheap hashable key of everything about an explicit mask array a request depends on."""
+        return (type(mask), mask.shape, mask.dtype, self.device(mask))
+
+    def mask_needs_grad(self, mask: Any) -> bool:
+        """True when the caller may differentiate with respect to this float mask (SPEC §9)."""
+        return False
+
+    def result_problem(self, x: Any, shape: tuple[int, ...], dtype: str | None, like: Any) -> str | None:
+        """Why a backend's result ``x`` is not a ``shape`` array of ``dtype`` (None: ``like``'s dtype)
+        of this framework on ``like``'s device, or None; cheap, as it runs on every call."""
+        if dtype is None:
+            if type(x) is np.ndarray and x.shape == shape and x.dtype is like.dtype:  # the usual case
+                return None
+            dtype = self.dtype_name(like)
+        found = _ADAPTERS.get(type(x))
+        if found is None:
+            try:
+                found = adapter_for(x)
+            except SpecError:
+                found = None
+        if found is not self:
+            return f"a {self.name} array, got {type(x).__module__}.{type(x).__qualname__}"
+        if tuple(x.shape) != shape:
+            return f"shape {shape}, got {tuple(x.shape)}"
+        if self.dtype_name(x) != dtype:
+            return f"dtype {dtype}, got {self.dtype_name(x)}"
+        if self.device(x) != self.device(like):
+            return f"device {self.device(like)}, got {self.device(x)}"
+        return None
+
     def is_concrete(self, x: Any) -> bool:
         """False for symbolic values (a JAX tracer, a TF graph tensor) that hold no data."""
         return True
@@ -81,11 +116,48 @@ class TorchAdapter(Adapter):
 
     def call_key(self, q: Any, k: Any, v: Any) -> tuple:
         return (
-            type(q), q.shape, q.dtype, q.device, q.requires_grad,
-            type(k), k.shape, k.dtype, k.device, k.requires_grad,
-            type(v), v.shape, v.dtype, v.device, v.requires_grad,
+            type(q), q.shape, q.dtype, q.device, q.requires_grad, q.layout,
+            type(k), k.shape, k.dtype, k.device, k.requires_grad, k.layout,
+            type(v), v.shape, v.dtype, v.device, v.requires_grad, v.layout,
             sys.modules["torch"].is_grad_enabled(),
         )  # fmt: skip
+
+    def dense_problem(self, x: Any) -> str | None:
+        torch = sys.modules["torch"]
+        if x.layout is not torch.strided:
+            return f"a tensor of layout {x.layout}"
+        if x.is_nested:
+            return "a nested tensor"
+        if x.is_quantized:
+            return "a quantized tensor"
+        return None
+
+    def mask_key(self, mask: Any) -> tuple:
+        return (type(mask), mask.shape, mask.dtype, mask.device, mask.requires_grad, mask.layout)
+
+    def mask_needs_grad(self, mask: Any) -> bool:
+        return self.requires_grad(mask)
+
+    def result_problem(self, x: Any, shape: tuple[int, ...], dtype: str | None, like: Any) -> str | None:
+        if (
+            dtype is None
+            and x.__class__ is like.__class__
+            and x.dtype is like.dtype
+            and x.shape == shape
+            and x.device == like.device
+        ):
+            return None  # the usual case (torch dtypes are singletons)
+        dtype = dtype or self.dtype_name(like)
+        torch = sys.modules["torch"]
+        if not isinstance(x, torch.Tensor):
+            return f"a torch tensor, got {type(x).__module__}.{type(x).__qualname__}"
+        if x.shape != shape:
+            return f"shape {shape}, got {tuple(x.shape)}"
+        if self.dtype_name(x) != dtype:
+            return f"dtype {dtype}, got {self.dtype_name(x)}"
+        if x.device != like.device:
+            return f"device {like.device}, got {x.device}"
+        return None
 
     def to_numpy(self, x: Any) -> np.ndarray:
         x = x.detach()
@@ -135,8 +207,42 @@ class TensorFlowAdapter(Adapter):
         base = super().call_key(q, k, v)
         return (*base, self.device(q), self.device(k), self.device(v), self.is_concrete(q))
 
+    def mask_key(self, mask: Any) -> tuple:
+        # A tape's watching the mask changes the request (mask_needs_grad), so it is in the key.
+        return (*super().mask_key(mask), self.mask_needs_grad(mask))
+
+    def mask_needs_grad(self, mask: Any) -> bool:
+        """True when a GradientTape records operations on ``mask`` (eagerly, or a tape opened
+        inside the same tf.function). A tape outside a tf.function that differentiates with
+        respect to an input of that function is not visible while it traces (docs/semantics.md)."""
+        if not mask.dtype.is_floating:
+            return False
+        record = _tf_record()
+        if record is None:  # TensorFlow without the probe: assume a tape may watch it
+            return True
+        tf = sys.modules["tensorflow"]
+        try:
+            if isinstance(mask, tf.Variable):  # a tape watches trainable variables it sees read
+                return bool(mask.trainable and record.could_possibly_record())
+            return bool(record.should_record_backprop([mask]))
+        except Exception:  # the probe failed: assume a tape may watch it
+            return True
+
     def to_numpy(self, x: Any) -> np.ndarray:
         return x.numpy()
+
+    def result_problem(self, x: Any, shape: tuple[int, ...], dtype: str | None, like: Any) -> str | None:
+        dtype = dtype or self.dtype_name(like)
+        tf = sys.modules["tensorflow"]
+        if not tf.is_tensor(x):
+            return f"a TensorFlow tensor, got {type(x).__module__}.{type(x).__qualname__}"
+        if not x.shape.is_compatible_with(shape):  # in a graph, a dimension may be unknown
+            return f"shape {shape}, got {tuple(x.shape)}"
+        if x.dtype.name != dtype:
+            return f"dtype {dtype}, got {x.dtype.name}"
+        if self.is_concrete(x) and self.device(x) != self.device(like):
+            return f"device {self.device(like)}, got {self.device(x)}"
+        return None
 
     def from_numpy(self, a: np.ndarray, dtype: str, like: Any) -> Any:
         tf = sys.modules["tensorflow"]
@@ -169,6 +275,13 @@ class JaxAdapter(Adapter):
         base = super().call_key(q, k, v)
         return (*base, self.device(q), self.device(k), self.device(v))
 
+    def mask_needs_grad(self, mask: Any) -> bool:
+        """True when ``mask`` is being differentiated now (a JVP or linearize tracer: an argument
+        of ``jax.grad``/``jax.vjp``). A mask traced by ``jax.jit`` may still be differentiated
+        later (``grad(jit(f))``): the core guards such masks so that asking for their gradient
+        raises instead of giving zeros (docs/semantics.md)."""
+        return type(mask).__name__ in ("JVPTracer", "LinearizeTracer")
+
     def from_numpy(self, a: np.ndarray, dtype: str, like: Any) -> Any:
         jnp = sys.modules["jax.numpy"]
         return jnp.asarray(np.asarray(a).astype(numpy_dtype(dtype), copy=False))
@@ -185,8 +298,32 @@ _BY_ROOT = {
 }
 
 
-def adapter_for(x: Any) -> Adapter:
-    """The adapter of ``x``'s framework; :class:`SpecError` for anything that is not an array."""
+#: Array types of a known framework that are not dense arrays; rejected by name (SPEC §12).
+_NOT_DENSE = {
+    "numpy.ma.MaskedArray": "a masked array",
+    "numpy.matrix": "a numpy.matrix",
+    "tensorflow.SparseTensor": "a tf.SparseTensor",
+    "tensorflow.RaggedTensor": "a tf.RaggedTensor",
+    "tensorflow.IndexedSlices": "a tf.IndexedSlices",
+}
+
+
+def _not_dense(cls: type) -> str | None:
+    for klass in cls.__mro__:
+        mod = klass.__module__ or ""
+        name = klass.__qualname__
+        for prefix, what in _NOT_DENSE.items():
+            pmod, pname = prefix.rsplit(".", 1)
+            if name == pname and mod.split(".", 1)[0] == pmod.split(".", 1)[0]:
+                return what
+        if mod.startswith("jax.experimental.sparse"):
+            return "a jax.experimental.sparse array"
+    return None
+
+
+def adapter_for(x: Any, name: str = "q") -> Adapter:
+    """The adapter of ``x``'s framework; :class:`SpecError` naming ``name`` for anything that is
+    not a dense array of a supported framework."""
     cls = type(x)
     found = _ADAPTERS.get(cls)
     if found is not None:
@@ -196,11 +333,19 @@ def adapter_for(x: Any) -> Adapter:
         if root in _BY_ROOT:
             found = _BY_ROOT[root]
             break
+    expected = "a NumPy array, torch tensor, TensorFlow tensor or JAX array"
     if found is None or not hasattr(x, "shape") or not hasattr(x, "dtype"):
-        raise SpecError(
-            "q/k/v",
-            "a NumPy array, torch tensor, TensorFlow tensor or JAX array",
-            f"{cls.__module__}.{cls.__qualname__}",
-        )
+        raise SpecError(name, expected, f"{cls.__module__}.{cls.__qualname__}")
+    what = _not_dense(cls)
+    if what is not None:
+        raise SpecError(name, "a dense " + expected.removeprefix("a "), what)
     _ADAPTERS[cls] = found
     return found
+
+
+def _tf_record() -> Any:
+    try:
+        from tensorflow.python.eager import record
+    except ImportError:
+        return None
+    return record if hasattr(record, "should_record_backprop") else None

@@ -7,8 +7,11 @@ dispatcher caches its choice. Arrays never live in it.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from attnhub.errors import SpecError
 from attnhub.frameworks import FLOAT_DTYPES, Adapter, adapter_for
@@ -39,6 +42,9 @@ class Request:
     return_lse: bool = False
     #: True when the inputs hold no data yet (traced under jax.jit, or a tf.function graph).
     symbolic: bool = False
+    #: True when the caller differentiates with respect to the float (additive) mask, so the
+    #: backend must return its gradient (SPEC §9): only backends declaring "dbias" may run it.
+    mask_needs_grad: bool = False
 
     @property
     def ndim(self) -> int:
@@ -75,6 +81,7 @@ class Request:
             f"Hkv={self.heads_kv} Sq={sq} Sk={sk} Dqk={self.dim_qk} Dv={self.dim_v} "
             f"{self.rule.describe()} sync={self.sync}"
             + (" grad" if self.needs_grad else "")
+            + (" mask-grad" if self.mask_needs_grad else "")
             + (" lse" if self.return_lse else "")
         )
 
@@ -114,18 +121,23 @@ def build_request(
     layout: str,
     return_lse: bool,
 ) -> tuple[Request, Adapter]:
-    """Validate a call against SPEC §7 and describe it; raises :class:`SpecError` on bad input."""
-    ad = adapter_for(q)
+    """Validate a call against SPEC §7 and §12 and describe it; raises :class:`SpecError` naming
+    the argument on bad input (types included: a bool is not a number here, a list not an array)."""
+    ad = adapter_for(q, "q")
     for name, x in (("k", k), ("v", v)):
-        other = adapter_for(x)
+        other = adapter_for(x, name)
         if other.name != ad.name:
-            raise SpecError(name, f"a {ad.name} array like q", other.name)
-    if layout not in LAYOUTS:
+            raise SpecError(name, f"a {ad.name} array like q", f"a {other.name} array")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        why = ad.dense_problem(x)
+        if why is not None:
+            raise SpecError(name, f"a dense {ad.name} array", why)
+    if not isinstance(layout, str) or layout not in LAYOUTS:
         raise SpecError("layout", "one of " + ", ".join(LAYOUTS), layout)
-    if sync not in SYNC_MODES:
+    if not isinstance(sync, str) or sync not in SYNC_MODES:
         raise SpecError("sync", "one of " + ", ".join(SYNC_MODES), sync)
     if not isinstance(return_lse, bool):
-        raise SpecError("return_lse", "a bool", return_lse)
+        raise SpecError("return_lse", "a bool (True or False)", return_lse)
 
     shapes = {n: ad.shape(x) for n, x in (("q", q), ("k", k), ("v", v))}
     for n, s in shapes.items():
@@ -158,14 +170,7 @@ def build_request(
     if devices[1] != devices[0] or devices[2] != devices[0]:
         raise SpecError("k.device/v.device", f"{devices[0]} (the device of q)", (devices[1], devices[2]))
 
-    if scale is None:
-        scale_value = 1.0 / math.sqrt(dqk)
-    else:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) and not hasattr(scale, "__float__"):
-            raise SpecError("scale", "a finite real number or None", scale)
-        scale_value = float(scale)
-        if not math.isfinite(scale_value):
-            raise SpecError("scale", "a finite real number or None", scale)
+    scale_value = 1.0 / math.sqrt(dqk) if scale is None else scale_float(scale)
 
     rule = parse_rule(mask)
     nq, nk = math.prod(sq), math.prod(sk)
@@ -192,17 +197,66 @@ def build_request(
         needs_grad=any(ad.requires_grad(x) for x in (q, k, v)),
         return_lse=return_lse,
         symbolic=not ad.is_concrete(q),
+        mask_needs_grad=isinstance(rule, ExplicitMask)
+        and rule.kind == "additive"
+        and ad.mask_needs_grad(mask),
     )
     return req, ad
+
+
+_SCALE = "a finite real number (not a bool) or None"
+
+
+def scale_float(scale: Any) -> float:
+    """``scale`` as a finite float; :class:`SpecError` for a bool, a non-number, a multi-element,
+    traced or differentiated array, an overflow or a non-finite value (SPEC §7, §12)."""
+    if isinstance(scale, (bool, np.bool_)):
+        raise SpecError("scale", _SCALE, scale)
+    if isinstance(scale, numbers.Real):
+        try:
+            value = float(scale)
+        except (OverflowError, ValueError, TypeError):
+            raise SpecError("scale", _SCALE, scale) from None
+    elif hasattr(scale, "shape") and hasattr(scale, "dtype"):
+        shape = tuple(scale.shape)
+        if None in shape or math.prod(shape) != 1:
+            raise SpecError("scale", _SCALE + " (a one-element array at most)", f"an array of shape {shape}")
+        kind = getattr(scale.dtype, "kind", None) or str(scale.dtype)
+        if kind in ("b", "c") or "bool" in str(scale.dtype) or "complex" in str(scale.dtype):
+            raise SpecError("scale", _SCALE, f"an array of dtype {scale.dtype}")
+        if getattr(scale, "requires_grad", False):
+            raise SpecError(
+                "scale", _SCALE + " (its gradient would be dropped)", "a tensor that requires grad"
+            )
+        try:
+            value = float(scale.reshape(()) if hasattr(scale, "reshape") else scale)
+        except Exception:  # a traced value (jax.jit, tf.function) has no number yet
+            raise SpecError(
+                "scale", _SCALE + " known when attention is called", type(scale).__name__
+            ) from None
+    else:
+        raise SpecError("scale", _SCALE, scale)
+    if not math.isfinite(value):
+        raise SpecError("scale", _SCALE, scale)
+    return value
+
+
+def check_backend_arg(backend: Any) -> None:
+    """``backend`` must be a name: "auto" or a backend's name."""
+    if not isinstance(backend, str) or not backend:
+        raise SpecError("backend", '"auto" or the name of a registered backend', backend)
 
 
 def _explicit_signature(
     mask: Any, ad: Adapter, b: int, hq: int, nq: int, nk: int, device: str
 ) -> ExplicitMask:
     """Check an explicit mask array (SPEC §3) and describe it as rank 4."""
-    mad = adapter_for(mask)
+    mad = adapter_for(mask, "mask")
     if mad.name != ad.name:
-        raise SpecError("mask", f"a {ad.name} array like q", mad.name)
+        raise SpecError("mask", f"a {ad.name} array like q", f"a {mad.name} array")
+    why = mad.dense_problem(mask)
+    if why is not None:
+        raise SpecError("mask", f"a dense {mad.name} array", why)
     if mad.device(mask) != device:
         raise SpecError("mask.device", device, mad.device(mask))
     dt = mad.dtype_name(mask)

@@ -13,8 +13,11 @@ and ``nn.Transformer*`` layers call) with a wrapper that maps SDPA's arguments o
 Calls attnhub cannot serve go to the original function unchanged: ``dropout_p != 0``, both
 ``attn_mask`` and ``is_causal``, leading batch dimensions that differ between q, k and v, ranks
 below 3, Hq != Hkv without ``enable_gqa``, anything attnhub rejects (``SpecError``) or no backend
-accepts (``NoBackendError``), calls made while attnhub is already running (a backend that itself
-calls SDPA), and code being compiled by ``torch.compile``. ``unpatch_sdpa()`` restores torch's
+accepts (``NoBackendError``, ``BackendUnsupported``; among them a float ``attn_mask`` that requires
+grad, whose gradient no backend computes yet: SPEC §9, counted as ``fallback:attn_mask grad``),
+calls made while attnhub is already running (a backend that itself calls SDPA), and code being
+compiled by ``torch.compile``. A backend that fails on a call it accepted raises
+``attnhub.BackendError``; it is not hidden by a fallback. ``unpatch_sdpa()`` restores torch's
 function. ``sdpa_stats()`` counts routed and fallen-back calls and names the backends that ran.
 
 A query row whose keys are all masked gives 0 (SPEC §4), as torch 2.13's SDPA does (older torch
@@ -32,7 +35,7 @@ from typing import Any
 
 import torch
 
-from attnhub.errors import AttnhubError
+from attnhub.errors import BackendUnsupported, NoBackendError, SpecError
 
 __all__ = ["is_patched", "patch_sdpa", "reset_sdpa_stats", "sdpa_stats", "unpatch_sdpa"]
 
@@ -107,8 +110,8 @@ def _make_wrapper(original: Any) -> Any:
             token = _inside.set(True)
             try:
                 out, name = _route(query, key, value, attn_mask, is_causal, scale)
-            except AttnhubError as exc:  # rejected before any kernel ran: torch decides
-                why = type(exc).__name__
+            except _DECLINED as exc:  # rejected before any kernel ran: torch decides
+                why = _why(exc)
             else:
                 _count("routed", f"backend:{name}")
                 return out
@@ -121,6 +124,25 @@ def _make_wrapper(original: Any) -> Any:
         return original(query, key, value, attn_mask, dropout_p, is_causal, **kwargs)
 
     return scaled_dot_product_attention
+
+
+#: What sends a call back to torch: attnhub rejected it before any kernel ran. A BackendError (a
+#: backend failed on a request it had accepted) is a bug to see, not a reason to fall back.
+_DECLINED = (SpecError, BackendUnsupported, NoBackendError)
+
+
+def _why(exc: Exception) -> str:
+    """The fallback reason counted in ``sdpa_stats()``: the error's name, or ``attn_mask grad``
+    when every backend declined because the float mask requires grad (SPEC §9)."""
+    from attnhub.dispatch import DBIAS_REASON
+
+    if isinstance(exc, NoBackendError):
+        reasons = [r for rs in exc.reasons.values() for r in rs]
+        if any(r.startswith(DBIAS_REASON) for r in reasons):
+            return "attn_mask grad"
+    if isinstance(exc, BackendUnsupported) and any(r.startswith(DBIAS_REASON) for r in exc.reasons):
+        return "attn_mask grad"
+    return type(exc).__name__
 
 
 def _unroutable(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:

@@ -1,4 +1,11 @@
-"""torch.autograd glue: any backend with ``forward``/``backward`` becomes differentiable in torch."""
+"""torch.autograd glue: any backend with ``forward``/``backward`` becomes differentiable in torch.
+
+An exception in the backend's ``backward`` reaches the caller as :class:`attnhub.BackendError`
+naming the backend and the request (the original is its ``__cause__``). A float mask that requires
+grad is only ever given to a backend declaring ``dbias`` (the dispatcher declines it otherwise);
+its backward then returns ``(dq, dk, dv, dmask)``, and a missing ``dmask`` is an error, never a
+dropped gradient (SPEC §9).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +19,7 @@ from attnhub.request import Request
 class _AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, backend, req, mask):  # type: ignore[override]
-        if any(ctx.needs_input_grad[:3]):
+        if any(ctx.needs_input_grad[:3]) or ctx.needs_input_grad[5]:
             out, lse, saved = backend.forward_for_grad(q, k, v, req, mask)
         else:
             out, lse = backend.forward(q, k, v, req, mask)
@@ -24,9 +31,22 @@ class _AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):  # type: ignore[override]
+        from attnhub.api import backend_error, passes_through
+
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ctx.backend.backward(q, k, v, out, lse, dout.contiguous(), ctx.req, ctx.mask)
-        return dq, dk, dv, None, None, None
+        name = getattr(ctx.backend, "name", type(ctx.backend).__name__)
+        try:
+            grads = tuple(ctx.backend.backward(q, k, v, out, lse, dout.contiguous(), ctx.req, ctx.mask))
+        except Exception as exc:
+            if passes_through(exc):
+                raise
+            raise backend_error(name, ctx.req, f"backward raised {type(exc).__name__}: {exc}") from exc
+        if len(grads) not in (3, 4):
+            raise backend_error(name, ctx.req, f"backward returned {len(grads)} gradients, expected 3 or 4")
+        dmask = grads[3] if len(grads) == 4 else None
+        if ctx.needs_input_grad[5] and dmask is None:
+            raise backend_error(name, ctx.req, "gave no gradient for the mask, which requires grad")
+        return grads[0], grads[1], grads[2], None, None, dmask
 
 
 def run_with_autograd(backend: Any, q: Any, k: Any, v: Any, req: Request, mask: Any) -> tuple[Any, Any]:

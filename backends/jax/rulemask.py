@@ -17,6 +17,9 @@ from attnhub.positions import axis_affine
 from attnhub.request import Request
 from attnhub.rules import Causal, ExplicitMask, Full, Local
 
+#: Positions and their differences are int32; a window bound above this admits every pair.
+_INT32_MAX = 2**31 - 1
+
 
 def keep(req: Request, qi: Any, kj: Any) -> Any:
     """Bool mask of flat query indices ``qi`` x flat key indices ``kj`` (int32, broadcastable).
@@ -49,5 +52,6 @@ def keep(req: Request, qi: Any, kj: Any) -> Any:
             delta = jnp.maximum(pq[d] - pk[d], pk[d] - pq[d])
             if s > 1:
                 ok = ok & ((delta & (s - 1)) == 0)
-            ok = ok & (delta < s * w)  # delta // s < w
+            if s * w <= _INT32_MAX:  # delta // s < w; a larger bound holds for every int32 delta
+                ok = ok & (delta < s * w)
     return ok

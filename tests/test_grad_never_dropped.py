@@ -1,0 +1,139 @@
+"""SPEC §9 "A gradient is never dropped", and empty work under autograd (SPEC §4, §7).
+
+No backend computes the gradient of a float mask yet ("dbias"), so a request whose float mask is
+differentiated is declined; under patch_sdpa it goes to torch, which computes it.
+"""
+
+import numpy as np
+import pytest
+
+import attnhub
+from attnhub import BackendUnsupported, NoBackendError
+
+torch = pytest.importorskip("torch")
+
+
+def tqkv(requires_grad=True, lk=5):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 4, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 2, lk, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(1, 2, lk, 8, generator=g, dtype=torch.float64)
+    return [x.requires_grad_(requires_grad) for x in (q, k, v)]
+
+
+def test_torch_bias_that_requires_grad_is_declined():
+    q, k, v = tqkv()
+    bias = torch.zeros(1, 2, 4, 5, dtype=torch.float64, requires_grad=True)
+    attnhub.attention(q, k, v, mask=bias.detach())  # a cached plan without grad must not be reused
+    with pytest.raises(NoBackendError, match=r"gradient of a float mask/bias \(SPEC §9\)"):
+        attnhub.attention(q, k, v, mask=bias)
+    with pytest.raises(BackendUnsupported, match="SPEC §9"):
+        attnhub.attention(q, k, v, mask=bias, backend="reference")
+    exp = attnhub.explain(q, k, v, mask=bias)
+    assert exp.chosen is None and "mask-grad" in exp.request.describe()
+
+
+def test_bias_without_grad_still_runs():
+    q, k, v = tqkv()
+    bias = torch.zeros(1, 2, 4, 5, dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():
+        attnhub.attention(q, k, v, mask=bias)
+    attnhub.attention(q, k, v, mask=bias.detach()).sum().backward()
+    assert q.grad is not None
+    attnhub.attention(q, k, v, mask=bias.detach() > 0)  # bool masks have no gradient
+
+
+def test_patch_sdpa_leaves_a_bias_with_grad_to_torch():
+    from attnhub.torch import patch_sdpa, reset_sdpa_stats, sdpa_stats, unpatch_sdpa
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    q, k, v = tqkv()
+    bias = torch.randn(1, 2, 4, 5, dtype=torch.float64, requires_grad=True)
+    sdpa(q, k, v, attn_mask=bias).sum().backward()
+    want = bias.grad.clone()
+    bias.grad = None
+    patch_sdpa()
+    reset_sdpa_stats()
+    try:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        out.sum().backward()
+        stats = sdpa_stats()
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias.detach())
+        routed = sdpa_stats()
+    finally:
+        unpatch_sdpa()
+    assert bias.grad is not None and torch.allclose(bias.grad, want)
+    assert stats.get("fallback:attn_mask grad") == 1 and not stats.get("routed")
+    assert routed.get("routed") == 1
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+@pytest.mark.parametrize("empty", ["lk", "lq", "batch"])
+def test_empty_work_is_connected_to_autograd(empty, return_lse):
+    q, k, v = tqkv(lk=0 if empty == "lk" else 5)
+    if empty == "lq":
+        q = q.detach()[:, :, :0].requires_grad_()
+    if empty == "batch":
+        q, k, v = (x.detach()[:0].requires_grad_() for x in (q, k, v))
+    bias = torch.zeros(1, 2, q.shape[2], k.shape[2], dtype=torch.float64, requires_grad=True)
+    for mask in (None, bias):
+        if empty == "batch" and mask is not None:
+            continue
+        res = attnhub.attention(q, k, v, mask=mask, return_lse=return_lse)
+        out = res[0] if return_lse else res
+        assert out.grad_fn is not None
+        out.sum().backward()
+        for x in (q, k, v) if mask is None else (q, k, v, bias):
+            assert x.grad is not None and x.grad.shape == x.shape and not x.grad.any()
+            x.grad = None
+
+
+def test_tf_empty_work_gives_zero_gradients():
+    tf = pytest.importorskip("tensorflow")
+    q = tf.random.normal((1, 2, 4, 8))
+    k = tf.zeros((1, 2, 0, 8))
+    with tf.GradientTape() as tape:
+        tape.watch([q, k])
+        out = attnhub.attention(q, k, k)
+    dq, dk = tape.gradient(out, [q, k])
+    assert dq is not None and not np.any(dq.numpy()) and dk.shape == k.shape
+
+
+def test_tf_bias_watched_by_a_tape_is_declined():
+    tf = pytest.importorskip("tensorflow")
+    q = tf.random.normal((1, 2, 4, 8))
+    bias = tf.Variable(tf.zeros((1, 2, 4, 4)))
+    attnhub.attention(q, q, q, mask=tf.zeros((1, 2, 4, 4)))
+    with tf.GradientTape(), pytest.raises(NoBackendError, match="SPEC §9"):
+        attnhub.attention(q, q, q, mask=bias)
+    attnhub.attention(q, q, q, mask=tf.convert_to_tensor(bias))  # not watched: runs
+
+    @tf.function
+    def step(q, b):
+        with tf.GradientTape() as tape:
+            tape.watch(b)
+            out = attnhub.attention(q, q, q, mask=b, backend="tf")
+        return tape.gradient(out, b)
+
+    with pytest.raises(BackendUnsupported, match="SPEC §9"):
+        step(q, tf.zeros((1, 2, 4, 4)))
+
+
+def test_jax_bias_under_grad_is_declined_and_grad_of_jit_raises():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    q = jnp.asarray(np.random.default_rng(0).standard_normal((1, 2, 4, 8)).astype(np.float32))
+    bias = jnp.zeros((1, 2, 4, 4))
+
+    def loss(q, b):
+        return attnhub.attention(q, q, q, mask=b).sum()
+
+    g = jax.grad(loss)(q, bias)  # the bias is not differentiated: fine
+    assert g.shape == q.shape
+    jax.jit(loss)(q, bias)  # jit alone: fine
+    with pytest.raises(NoBackendError, match="SPEC §9"):
+        jax.grad(loss, argnums=1)(q, bias)
+    with pytest.raises(BackendUnsupported, match="SPEC §9"):
+        jax.grad(jax.jit(loss), argnums=1)(q, bias)
+    g = jax.grad(jax.jit(loss))(q, bias)  # only q differentiated through jit: fine
+    assert g.shape == q.shape
