@@ -293,9 +293,9 @@ class Certifier:
             res.status, res.check, res.message = "FAIL", exc.check, about + str(exc)
             raise
         except Exception as exc:  # an accepted case that crashes fails
-            res.status, res.check = "FAIL", "error"
+            res.status, res.check = "FAIL", _crash_check(exc)
             res.message = f"{about}{type(exc).__name__}: {exc}"
-            raise CaseFailure("error", res.message) from exc
+            raise CaseFailure(res.check, res.message) from exc
         finally:
             prev = self.results.get(case.id)
             if prev is None or prev.status != "FAIL":  # a replay never hides an earlier failure
@@ -521,3 +521,14 @@ def default_device(backend: Backend) -> str:
     if "cuda" in types:
         return "cuda"
     return "cpu"
+
+
+def _crash_check(exc: Exception) -> str:
+    """The check a crashed case failed: the core's result check (a ``BackendError`` saying the backend
+    returned a wrong result) is the suite's hygiene check of that output; anything else is ``error``."""
+    from attnhub.errors import BackendError
+
+    problem = getattr(exc, "problem", "") if isinstance(exc, BackendError) else ""
+    if problem.startswith("returned a wrong result"):
+        return "hygiene lse" if "(lse:" in problem else "hygiene out"
+    return "error"
