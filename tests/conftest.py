@@ -1,3 +1,4 @@
+import contextlib
 import os
 import zlib
 
@@ -8,6 +9,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # JAX grabs 75 % of a GPU's memory at its first use; with `pytest -n N` one JAX worker then starves
 # every torch/triton worker of memory (seen on the H100: 76 tests failed with OOM). Allocate on demand.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+# TensorFlow and Triton each load their own LLVM; loading Triton's library after a test module has
+# imported TensorFlow aborts the interpreter (torch._dynamo imports triton lazily, e.g. in
+# test_bench's FlexAttention test). Loading Triton first, before collection imports any test
+# module, avoids the clash.
+with contextlib.suppress(ImportError):
+    import triton  # noqa: F401
 
 
 def pytest_collection_modifyitems(config, items):
