@@ -294,7 +294,8 @@ class Certifier:
             raise
         except Exception as exc:  # an accepted case that crashes fails
             res.status, res.check = "FAIL", _crash_check(exc)
-            res.message = f"{about}{type(exc).__name__}: {exc}"
+            what = f"{type(exc).__name__}: {exc}" if res.check == "error" else f"[{res.check}] {exc}"
+            res.message = about + what
             raise CaseFailure(res.check, res.message) from exc
         finally:
             prev = self.results.get(case.id)
