@@ -1,6 +1,6 @@
 """The jax backend on an NVIDIA GPU against cuDNN and against the dense masked XLA attention.
 
-Targets (issue 8), bfloat16, one run:
+Targets, bfloat16, one run:
 - causal L=4096 D=128 B=4 H=16: attnhub forward >= 0.8x ``jax.nn.dot_product_attention(
   implementation="cudnn")`` (ratio = cuDNN time / attnhub time);
 - requests cuDNN cannot serve at L=16k (Local with stride 2, a 2-d local window, scale_end

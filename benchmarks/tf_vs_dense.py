@@ -4,7 +4,7 @@ Run: ``.venv/bin/python benchmarks/tf_vs_dense.py`` (add ``--json out.json`` to 
 Peak memory: one fresh worker process per variant (this same file with ``--worker``), traced first,
 then ``VmHWM`` after a reset minus the resident size before the call. Time: one worker builds both
 variants and alternates their calls, so that load on the machine hits both alike. Both variants are ``tf.function`` graphs of the same float32 inputs; the dense one gets its boolean
-mask as a ready input (not timed, not counted), which favours it. Targets (issue 6):
+mask as a ready input (not timed, not counted), which favours it. Targets:
 peak memory at L=8192 <= 1/4 of dense; causal time at L=4096 <= 1.0x dense; Local(w=128) time at
 L=8192 <= 0.25x dense.
 """

@@ -1,4 +1,4 @@
-"""Benchmark cases: the default grid of issue 4, a quick grid, and FLOP counts as FlashAttention counts."""
+"""Benchmark cases: the default grid (B·L = 16384, H·D = 2048), a quick grid, and FLOP counts as FlashAttention counts."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def flops(case: Case) -> float:
 
 
 def default_grid(quick: bool = False, dtype: str = "bfloat16") -> list[Case]:
-    """Issue 4's grid: B·L = 16384, H·D = 2048, D in {64, 128}, L in 1k..16k, causal and not, fwd
+    """The default grid: B·L = 16384, H·D = 2048, D in {64, 128}, L in 1k..16k, causal and not, fwd
     and bwd; Local(w, causal=True, sync="none_end") w in {256, 1024} at L = 16k; decode
     (Lq = 1, Lk in {8k, 32k}, Hq = 32, Hkv = 8, B = 8). ``quick``: D = 128, L in {1k, 4k}, w = 256,
     Lk = 8k."""

@@ -1,4 +1,4 @@
-"""Experiment for issue 4's sliding-window target: is the D = 64 forward limited by the SFU's exp2?
+"""Experiment for the sliding-window target: is the D = 64 forward limited by the SFU's exp2?
 
 A minimal dense FlashAttention forward (bf16, D = 64, non-causal; not the backend's kernel) in three
 forms: MODE 0 every exponential on the SFU (ex2.approx), MODE 1 every second key tile's exponentials
