@@ -6,51 +6,14 @@ import numpy as np
 import pytest
 
 import attnhub
-from attnhub import REGISTRY, Backend, hookimpl
+from attnhub import REGISTRY
 from attnhub import dispatch as dispatch_mod
 from attnhub.dispatch import CACHE, DISPATCHER, DispatchCache
 from attnhub_backends.reference import kernel
+from tests import test_dispatch
 
-
-class CountingBackend(Backend):
-    """NumPy float32/float64; counts how often dispatch asks it (``check``) and how often it runs."""
-
-    name = "cache-counting"
-    priority = 10
-    frameworks = ("numpy",)
-    dtypes = ("float32", "float64")
-
-    def __init__(self):
-        self.checks = 0
-        self.runs = 0
-
-    def check(self, req):
-        self.checks += 1
-        return super().check(req)
-
-    def forward(self, q, k, v, req, mask=None):
-        self.runs += 1
-        out, lse = kernel.forward(q, k, v, req, mask)
-        return out.astype(q.dtype), lse.astype(np.float32 if q.dtype != np.float64 else np.float64)
-
-
-class Plugin:
-    def __init__(self):
-        self.backend = CountingBackend()
-
-    @hookimpl
-    def attnhub_backends(self):
-        return [self.backend]
-
-
-@pytest.fixture
-def counting(monkeypatch):
-    monkeypatch.delenv("ATTNHUB_BACKEND", raising=False)
-    monkeypatch.delenv("ATTNHUB_DISABLE", raising=False)
-    plugin = Plugin()
-    REGISTRY.register_plugin(plugin)
-    yield plugin.backend
-    REGISTRY.unregister_plugin(plugin)
+#: The counting test backend of test_dispatch, registered for the test that asks for it.
+counting = test_dispatch.counting
 
 
 @pytest.fixture
