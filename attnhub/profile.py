@@ -300,9 +300,12 @@ def record(
     meta: dict,
     out: Path | None = None,
 ) -> Path:
-    """Add measured classes to the profile file ``out`` (default: the user's for ``key``), replacing
+    """Add measured classes to the profile file ``out`` (default: the user's for ``key``; a directory:
+    the device's file in it), replacing
     classes measured before, and to this process's profile; dispatch decisions are dropped."""
     path = Path(out) if out is not None else user_profile_path(key)
+    if path.is_dir():
+        path = path / f"{slug(key)}.json"
     entries: dict[tuple, dict[str, Any]] = {}
     if path.exists():
         try:

@@ -61,6 +61,15 @@ def test_tune_out_writes_elsewhere(cache_dir, tmp_path):
     assert len(result.classes) == 4 and all(t["reference"] for _, t in result.classes)
 
 
+def test_tune_out_directory_names_the_file_by_device(cache_dir, tmp_path):
+    res = CliRunner().invoke(
+        main, ["tune", "--device", "cpu", "--quick", "--rep", "1", "--out", str(tmp_path)]
+    )
+    assert res.exit_code == 0, res.output
+    path = tmp_path / f"{profile.slug(profile.device_key('cpu'))}.json"
+    assert f"wrote {path}" in res.output and json.loads(path.read_text())["entries"]
+
+
 def test_tune_only_named_backends(cache_dir):
     result = attnhub.tune("cpu", quick=True, backends=["no_such_backend"], rep=1, warmup=1)
     assert result.classes == []

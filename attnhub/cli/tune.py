@@ -31,8 +31,9 @@ def _split(value: str) -> tuple[str, ...]:
 )
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False),
-    help="Write the profile here instead of the user's cache dir (e.g. a profile to ship).",
+    type=click.Path(),
+    help="Write the profile to this file, or to this directory under the device's name "
+    "(attnhub/profiles: the profile shipped for this device), instead of the user's cache dir.",
 )
 @click.option("--warmup", type=int, default=None, help="Warm-up per timing (ms).")
 @click.option("--rep", type=int, default=None, help="Repetitions per timing (ms).")
