@@ -106,3 +106,21 @@ def test_shipped_profiles_are_package_data_and_valid():
         for e in data["entries"]:
             profile.class_from_json(e["class"])
             assert any(t is not None for t in e["ms"].values()), (path, e)
+
+
+@pytest.mark.gpu
+def test_tune_cuda_decode_auto_picks_the_fastest_measured(cache_dir):
+    """On a GPU: a quick tune of the decode class, then auto follows it (the fastest measured)."""
+    import torch
+
+    result = attnhub.tune("cuda", quick=True, dtypes=("bfloat16",), families=("decode",), warmup=5, rep=20)
+    assert len(result.classes) == 1, result.classes
+    ((_, times),) = result.classes
+    measured = {n: t for n, t in times.items() if t is not None}
+    assert measured, times
+    q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(8, 8, 8192, 128, device="cuda", dtype=torch.bfloat16)
+    exp = attnhub.explain(q, k, k, sync="none_end")
+    assert exp.measured is not None and exp.measured.exact, str(exp)
+    assert exp.chosen == min(measured, key=measured.get), str(exp)
+    assert "CHOSEN (measured" in str(exp)
