@@ -17,6 +17,15 @@ from attnhub.rules import Causal, ExplicitMask, Full, Local
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    if name == "tune":  # loaded on use: the tuner imports torch only when it runs
+        from attnhub.tuner import tune
+
+        return tune
+    raise AttributeError(f"module 'attnhub' has no attribute {name!r}")
+
+
 __all__ = [
     "FEATURES",
     "REGISTRY",
@@ -37,5 +46,6 @@ __all__ = [
     "backends",
     "explain",
     "hookimpl",
+    "tune",
     "use_backend",
 ]

@@ -1,4 +1,5 @@
-"""Choosing a backend for a request: overrides, capability checks, priority, one bounded cache."""
+"""Choosing a backend for a request: overrides, capability checks, measured times or priority, and
+certification verdicts (:mod:`attnhub.profile`), through one bounded cache."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnhub import settings
+from attnhub import profile, settings
 from attnhub.backend import Backend
 from attnhub.errors import BackendUnsupported, NoBackendError
 from attnhub.registry import REGISTRY
@@ -47,6 +48,8 @@ class Verdict:
     chosen: bool = False
     #: How the backend would run the request (``Backend.note``), for backends that can run it.
     note: str | None = None
+    #: Its time on the request's class in this device's profile (ms), when measured.
+    measured_ms: float | None = None
 
 
 @dataclass
@@ -57,16 +60,28 @@ class Explanation:
     mode: str
     chosen: str | None
     verdicts: list[Verdict] = field(default_factory=list)
+    #: The profile measurements that ordered the candidates (None: declared priority decided).
+    measured: profile.Measured | None = None
 
     def __str__(self) -> str:
         lines = [f"request: {self.request.describe()}", f"mode: {self.mode}"]
+        if self.measured is not None:
+            lines.append(f"order: by {self.measured.describe()}")
+        else:
+            lines.append("order: by priority (no measured class for this request on this device)")
         width = max([len(v.name) for v in self.verdicts] + [7])
         lines.append(f"{'backend':<{width}}  prio  verdict")
         for v in self.verdicts:
+            timed = f"measured {v.measured_ms:.3f} ms" if v.measured_ms is not None else None
             if v.chosen:
-                verdict = "CHOSEN"
+                verdict = f"CHOSEN ({timed})" if timed else "CHOSEN"
             elif not v.reasons:
-                verdict = "can run it (lower priority)"
+                if timed:
+                    verdict = f"can run it ({timed})"
+                elif self.measured is not None:
+                    verdict = "can run it (not measured)"
+                else:
+                    verdict = "can run it (lower priority)"
             else:
                 verdict = "; ".join(v.reasons)
             if v.note and not v.reasons:
@@ -120,12 +135,27 @@ def backend_reasons(b: Backend, req: Request, disabled: frozenset[str]) -> list[
     return reasons
 
 
+def certify_reason(path: str) -> str:
+    return f"failed certification on this device (report {path}); auto never picks it"
+
+
 def explain_request(req: Request, backend: str = "auto") -> Explanation:
-    """Evaluate every registered backend for ``req`` and say which one runs it."""
+    """Evaluate every registered backend for ``req`` and say which one runs it.
+
+    In auto mode a backend whose stored certification report for this device has a failing case
+    is declined; the others that can run the request are tried fastest first when this device's
+    profile has a class near the request's (:func:`attnhub.profile.lookup`), a measured backend
+    before every unmeasured one (which keep their priority order), else by priority.
+    """
     mode, name = _mode(backend)
     disabled = _disabled()
     table = REGISTRY.backends()
     verdicts = [Verdict(b.name, b.priority, backend_reasons(b, req, disabled)) for b in table.values()]
+    runnable = [v for v in verdicts if not v.reasons]
+    measured = profile.lookup(req) if runnable else None
+    if measured is not None:
+        for v in runnable:
+            v.measured_ms = measured.ms.get(v.name)
     chosen: str | None = None
     if name is not None:
         if name not in table:
@@ -134,12 +164,20 @@ def explain_request(req: Request, backend: str = "auto") -> Explanation:
             v = next(v for v in verdicts if v.name == name)
             chosen = name if not v.reasons else None
     else:
-        chosen = next((v.name for v in verdicts if not v.reasons), None)
+        for v in runnable:
+            failed = profile.certify_failure(v.name, req.device)
+            if failed is not None:
+                v.reasons.append(certify_reason(failed))
+        order = sorted(
+            (v for v in runnable if not v.reasons),
+            key=lambda v: (v.measured_ms is None, v.measured_ms or 0.0),  # stable: priority among equals
+        )
+        chosen = order[0].name if order else None
     for v in verdicts:
         v.chosen = v.name == chosen
         if not v.reasons and v.name in table:
             v.note = backend_note(table[v.name], req)
-    return Explanation(req, mode, chosen, verdicts)
+    return Explanation(req, mode, chosen, verdicts, measured)
 
 
 def backend_note(b: Backend, req: Request) -> str | None:
@@ -200,6 +238,7 @@ class DispatchCache:
 #: The process's dispatch cache, dropped whenever the set of registered backends may have changed.
 CACHE = DispatchCache()
 REGISTRY.on_reset.append(CACHE.clear)
+profile.on_reload.append(CACHE.clear)
 
 
 class Dispatcher:
@@ -218,6 +257,8 @@ class Dispatcher:
         if hit is not None:
             return hit
         exp = explain_request(req, backend)
+        if exp.mode == "auto" and exp.measured is None and settings.value("ATTNHUB_AUTOTUNE"):
+            exp = _autotune(req, exp)
         if exp.chosen is None:
             mode, name = _mode(backend)
             if name is not None:
@@ -227,6 +268,19 @@ class Dispatcher:
         chosen = REGISTRY.backends()[exp.chosen]
         self.cache.put(key, chosen)
         return chosen
+
+
+def _autotune(req: Request, exp: Explanation) -> Explanation:
+    """``ATTNHUB_AUTOTUNE``: time the candidates of a request class the profile lacks, on random
+    inputs of the request's shapes (the caller's arrays are never touched), then choose again."""
+    names = [v.name for v in exp.verdicts if not v.reasons]
+    if len(names) < 2:
+        return exp
+    from attnhub import tuner
+
+    if not tuner.can_measure(req) or tuner.measure_request(req, names) is None:
+        return exp
+    return explain_request(req, "auto")
 
 
 DISPATCHER = Dispatcher()

@@ -139,7 +139,8 @@ def _declare(name: str, parse, default, meaning: str, audience: str = "dev", exp
 # User-facing.
 _declare("ATTNHUB_BACKEND", _name, None, "backend that backend='auto' means (as use_backend)", "user", "a backend name")
 _declare("ATTNHUB_DISABLE", _names, frozenset(), "backends auto dispatch never picks", "user", "name1,name2")
-_declare("ATTNHUB_CACHE_DIR", _path, None, "where compiled kernels are cached (default ~/.cache/attnhub)", "user", "a directory")
+_declare("ATTNHUB_CACHE_DIR", _path, None, "where compiled kernels, timing profiles and certify verdicts are kept (default ~/.cache/attnhub)", "user", "a directory")
+_declare("ATTNHUB_AUTOTUNE", _flag, False, "auto: time the candidates on first use of a request class the profile lacks", "user", "0 or 1")
 _declare("ATTNHUB_IPU_EMULATE", _flag, False, "run the ipu backend's PopTorch graph on CPU tensors", "user", "0 or 1")
 _declare("ATTNHUB_TRITON_TUNE", _flag, True, "time the triton candidate configs on first use of a shape class", "user", "0 or 1")
 _declare("ATTNHUB_JAX_PALLAS", _pallas_mode, "on", "jax backend's Pallas GPU path (interpret: Pallas interpreter)", "user", "1 (on), 0 (off) or interpret")

@@ -164,6 +164,12 @@ def certify(
         f"({report['device_description']}; {elapsed:.1f} s)"
     )
     console.print(rep.frameworks_text(report), highlight=False)
+    if not cases and not features:  # a whole run: auto dispatch follows its verdict on this device
+        from attnhub.profile import store_certify_report
+
+        stored = store_certify_report(report)
+        if stored is not None:
+            console.print(f"verdict kept for auto dispatch: {stored}", highlight=False)
     if report_prefix:
         prefix = Path(report_prefix)
         prefix.parent.mkdir(parents=True, exist_ok=True)

@@ -65,7 +65,8 @@ def attended_pairs(rule: Rule, len_q: int, len_k: int, sync: str) -> int:
 
 
 def flops(case: Case) -> float:
-    """FlashAttention's count: forward 4·B·H·Lq·Lk·D, halved for causal; backward 2.5x forward.
+    """FlashAttention's count: forward 4·B·H·Lq·Lk·D, halved for causal; backward 2.5x forward
+    (direction "fwdbwd", forward and backward together: 3.5x).
 
     Local rules count the attended pairs instead of Lq·Lk.
     """
@@ -75,7 +76,7 @@ def flops(case: Case) -> float:
     else:
         pairs = case.len_q * case.len_k * (0.5 if case.causal else 1.0)
     f = 4.0 * case.batch * case.heads_q * pairs * case.dim
-    return f * 2.5 if case.direction == "bwd" else f
+    return f * {"bwd": 2.5, "fwdbwd": 3.5}.get(case.direction, 1.0)
 
 
 def default_grid(quick: bool = False, dtype: str = "bfloat16") -> list[Case]:

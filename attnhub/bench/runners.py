@@ -21,7 +21,7 @@ def make_inputs(case: Case, device: str = "cuda") -> tuple[Any, Any, Any, Any]:
     import torch
 
     dt = getattr(torch, case.dtype)
-    grad = case.direction == "bwd"
+    grad = case.direction in ("bwd", "fwdbwd")
     g = torch.Generator(device=device).manual_seed(0)
 
     def rnd(h: int, n: int) -> Any:

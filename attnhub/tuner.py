@@ -1,0 +1,256 @@
+"""``attnhub tune``: time the candidate backends on a grid of request classes and store a profile.
+
+Each grid case (:mod:`attnhub.bench.grid`) is described as a torch request; every backend that can
+run it (capability check, ``ATTNHUB_DISABLE``, no failing certification stored for this device) is
+timed on random inputs through ``attnhub.attention(..., backend=NAME)``, forward alone or forward
+and backward together for the cases that need gradients. The times land in the device's profile
+(:mod:`attnhub.profile`), which ``backend="auto"`` then follows. :func:`measure_request` times one
+request's candidates the same way (``ATTNHUB_AUTOTUNE``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from attnhub import profile
+from attnhub.bench.grid import Case, default_grid
+from attnhub.request import Request
+from attnhub.rules import Causal, Full
+
+DTYPES = ("bfloat16", "float16")
+FAMILIES = ("dense", "local", "decode")
+#: do_bench warm-up and repetitions (ms) per device type.
+TIMING = {"cuda": (25, 100), "cpu": (5, 20)}
+
+
+def cpu_grid(quick: bool = False, dtype: str = "float32") -> list[Case]:
+    """A small CPU grid: full and causal, forward and forward+backward; D = 64, H = 2, B·L = 512,
+    L in 128..512 (``quick``: D = 32, one head, L = 64, B = 1)."""
+    dim, heads, lengths, tokens = (32, 1, (64,), 64) if quick else (64, 2, (128, 256, 512), 512)
+    cases = []
+    for direction in ("fwd", "fwdbwd"):
+        for rule in (Full(), Causal()):
+            for n in lengths:
+                cases.append(
+                    Case(
+                        "dense",
+                        max(1, tokens // n),
+                        heads,
+                        heads,
+                        n,
+                        n,
+                        dim,
+                        rule,
+                        "none_front",
+                        dtype,
+                        direction,
+                    )
+                )
+    return cases
+
+
+def tune_grid(
+    device: str = "cuda", quick: bool = False, dtypes: tuple[str, ...] | None = None, families=FAMILIES
+) -> list[Case]:
+    """The cases ``attnhub tune`` times: the bench grid (its backward cases timed as forward and
+    backward together) per dtype on CUDA, :func:`cpu_grid` on the CPU."""
+    if device == "cpu":
+        return [c for dt in dtypes or ("float32",) for c in cpu_grid(quick, dt)]
+    cases = []
+    for dt in dtypes or DTYPES:
+        for c in default_grid(quick, dt):
+            if c.family in families:
+                cases.append(replace(c, direction="fwdbwd") if c.direction == "bwd" else c)
+    return cases
+
+
+def case_request(case: Case, device: str) -> Request:
+    """The torch request a grid case makes (bhsd)."""
+    from attnhub.shapes import request_from_shapes
+
+    d = case.dim
+    return request_from_shapes(
+        (case.batch, case.heads_q, case.len_q, d),
+        (case.batch, case.heads_kv, case.len_k, d),
+        (case.batch, case.heads_kv, case.len_k, d),
+        dtype=case.dtype,
+        framework="torch",
+        device=device,
+        mask=case.rule,
+        sync=case.sync,
+        needs_grad=case.direction != "fwd",
+    )
+
+
+def candidates(req: Request, only: list[str] | None = None) -> list[str]:
+    """The backends auto may pick for ``req`` (highest priority first), optionally only ``only``."""
+    from attnhub.dispatch import _disabled, backend_reasons
+    from attnhub.registry import REGISTRY
+
+    disabled = _disabled()
+    names = []
+    for b in REGISTRY.backends().values():
+        if only is not None and b.name not in only:
+            continue
+        if backend_reasons(b, req, disabled) or profile.certify_failure(b.name, req.device):
+            continue
+        names.append(b.name)
+    return names
+
+
+def _runner(name: str, case: Case) -> Callable[[Any, Any, Any], Any]:
+    from attnhub.bench.runners import attnhub_forward
+
+    return attnhub_forward(name, case)
+
+
+@dataclass
+class TuneResult:
+    path: Path
+    device: str
+    classes: list[tuple[str, dict[str, float | None]]] = field(default_factory=list)
+
+
+def _device_type(device: str) -> str:
+    return device.split(":", 1)[0]
+
+
+def time_candidates(
+    case: Case, names: list[str], device: str, warmup: int | None = None, rep: int | None = None
+) -> tuple[dict[str, float | None], dict[str, str]]:
+    """Milliseconds per backend name on ``case`` (None where it failed, with the error)."""
+    from attnhub.bench.timing import time_case
+
+    w, r = TIMING[_device_type(device)]
+    times: dict[str, float | None] = {}
+    errors: dict[str, str] = {}
+    for name in names:
+        res = time_case(name, case, _runner, warmup or w, rep or r, device=device)
+        times[name] = None if res.ms is None else round(res.ms, 5)
+        if res.error:
+            errors[name] = res.error
+    return times, errors
+
+
+def tune(
+    device: str = "cuda",
+    *,
+    quick: bool = False,
+    dtypes: tuple[str, ...] | None = None,
+    families: tuple[str, ...] = FAMILIES,
+    backends: list[str] | None = None,
+    out: str | Path | None = None,
+    warmup: int | None = None,
+    rep: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> TuneResult:
+    """Time the candidate backends on the tune grid of ``device`` ("cuda" or "cpu", torch tensors)
+    and write the profile: the user's for this device (``<cache dir>/profiles/``), or ``out``.
+
+    Returns the path written and, per class, the times. Needs torch (and a CUDA GPU for "cuda").
+    """
+    import torch
+
+    if device != "cpu" and not device.startswith("cuda"):
+        raise RuntimeError(f"attnhub tune runs on cpu or cuda[:N], not {device!r}")
+    if device != "cpu" and not torch.cuda.is_available():
+        raise RuntimeError("attnhub tune on cuda needs a CUDA GPU (torch.cuda.is_available() is False)")
+    dev = "cpu" if device == "cpu" else (device if ":" in device else f"cuda:{torch.cuda.current_device()}")
+    key = profile.device_key(dev)
+    if key is None:
+        raise RuntimeError(f"cannot describe device {dev!r} for a profile")
+    if dev.startswith("cuda"):
+        torch.cuda.set_device(dev)
+    say = progress or (lambda line: None)
+    cases = tune_grid(_device_type(dev), quick, dtypes, families)
+    found: list[tuple[tuple[tuple, int, int], dict[str, float | None], str]] = []
+    result = TuneResult(Path(), key)
+    for i, case in enumerate(cases, 1):
+        req = case_request(case, dev)
+        names = candidates(req, backends)
+        if not names:
+            say(f"[{i}/{len(cases)}] {case.label()}: no candidate")
+            continue
+        times, errors = time_candidates(case, names, dev, warmup, rep)
+        cls = profile.request_class(req)
+        found.append((cls, times, case.label()))
+        result.classes.append((profile.class_text(cls), times))
+        cells = ", ".join(
+            f"{n} {t:.3f} ms" if t is not None else f"{n} failed ({errors.get(n, '?')})"
+            for n, t in times.items()
+        )
+        say(f"[{i}/{len(cases)}] {case.label()}: {cells}")
+    meta = {
+        "command": " ".join(["attnhub", "tune", *sys.argv[2:]])
+        if sys.argv[1:2] == ["tune"]
+        else "attnhub.tune()",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    result.path = profile.record(key, found, meta, Path(out) if out is not None else None)
+    return result
+
+
+# --- measuring on first use (ATTNHUB_AUTOTUNE) ---------------------------------------------------
+
+
+_tried: set[tuple] = set()
+
+
+def can_measure(req: Request) -> bool:
+    """Whether :func:`measure_request` can time ``req``: concrete torch inputs, a rule (no mask
+    array), not inside torch.compile or CUDA graph capture."""
+    if req.framework != "torch" or req.symbolic or req.is_empty or req.ndim != 1:
+        return False
+    if type(req.rule).__name__ == "ExplicitMask":
+        return False
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        if torch.compiler.is_compiling():
+            return False
+        if req.device_type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return False
+    except Exception:
+        return False
+    return True
+
+
+def measure_request(req: Request, names: list[str]) -> Path | None:
+    """Time ``names`` on fresh random inputs of ``req``'s shapes (never the caller's arrays) and add
+    the class to the user's profile; the path written, or None when it could not be measured."""
+    key = profile.device_key(req.device)
+    if key is None or not can_measure(req):
+        return None
+    tried = (key, profile.request_class(req))
+    if tried in _tried:  # measured before in this process without a usable result
+        return None
+    _tried.add(tried)
+    case = Case(
+        "dense",
+        req.batch,
+        req.heads_q,
+        req.heads_kv,
+        req.nq,
+        req.nk,
+        req.dim_qk,
+        req.rule,
+        req.sync,
+        req.dtype,
+        "fwdbwd" if req.needs_grad else "fwd",
+    )
+    if req.dim_v != req.dim_qk:
+        return None
+    times, _ = time_candidates(case, names, req.device)
+    if all(t is None for t in times.values()):
+        return None
+    meta = {"command": "ATTNHUB_AUTOTUNE (measured on first use)"}
+    return profile.record(key, [(profile.request_class(req), times, case.label())], meta)

@@ -1,0 +1,333 @@
+"""Measured dispatch: auto follows this device's profile, skips backends that failed certification
+here, finds the nearest measured class, and drops its cached choices when the profile changes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+import attnhub
+from attnhub import REGISTRY, Backend, hookimpl, profile
+from attnhub.dispatch import CACHE
+from attnhub.shapes import request_from_shapes
+from attnhub_backends.reference import kernel
+
+
+class _Counting(Backend):
+    frameworks = ("numpy",)
+    dtypes = ("float32", "float64")
+
+    def __init__(self):
+        self.runs = 0
+
+    def forward(self, q, k, v, req, mask=None):
+        self.runs += 1
+        out, lse = kernel.forward(q, k, v, req, mask)
+        return out.astype(q.dtype), lse.astype(np.float32 if q.dtype != np.float64 else np.float64)
+
+
+class HighPriority(_Counting):
+    name = "t_prof_high"
+    priority = 20
+
+
+class LowPriority(_Counting):
+    name = "t_prof_low"
+    priority = 10
+
+
+class Plugin:
+    def __init__(self, *backends):
+        self.backends = list(backends)
+
+    @hookimpl
+    def attnhub_backends(self):
+        return self.backends
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """An empty user cache dir and no shipped profiles; profiles are re-read around the test."""
+    monkeypatch.setenv("ATTNHUB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("ATTNHUB_BACKEND", raising=False)
+    monkeypatch.delenv("ATTNHUB_DISABLE", raising=False)
+    monkeypatch.delenv("ATTNHUB_AUTOTUNE", raising=False)
+    monkeypatch.setattr(profile, "SHIPPED_DIR", tmp_path / "shipped")
+    profile.reload()
+    yield tmp_path
+    monkeypatch.undo()
+    profile.reload()
+
+
+@pytest.fixture
+def pair(cache_dir):
+    plugin = Plugin(HighPriority(), LowPriority())
+    REGISTRY.register_plugin(plugin)
+    yield {b.name: b for b in plugin.backends}
+    REGISTRY.unregister_plugin(plugin)
+
+
+def qkv(n=8, d=16):
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal((1, 2, n, d)).astype(np.float32) for _ in range(3)]
+
+
+def req_of(n=8, d=16, mask=None, **kw):
+    return request_from_shapes((1, 2, n, d), (1, 2, n, d), (1, 2, n, d), mask=mask, **kw)
+
+
+def cpu_key():
+    key = profile.device_key("cpu")
+    assert key is not None and key.startswith("cpu:")
+    return key
+
+
+def measure(times, n=8, d=16, mask=None):
+    """Record ``times`` for the class of a (1, 2, n, d) float32 NumPy request in the user profile."""
+    return profile.record(cpu_key(), [(profile.request_class(req_of(n, d, mask)), times, "test")], {})
+
+
+def test_without_a_profile_priority_decides(pair):
+    exp = attnhub.explain(*qkv())
+    assert exp.chosen == "t_prof_high" and exp.measured is None
+    assert "order: by priority" in str(exp)
+    assert "can run it (lower priority)" in str(exp)
+
+
+def test_profile_makes_auto_pick_the_measured_faster_backend(pair):
+    path = measure({"t_prof_high": 2.5, "t_prof_low": 1.25})
+    assert path.parent == profile.cache_dir() / "profiles" and path.exists()
+    exp = attnhub.explain(*qkv())
+    assert exp.chosen == "t_prof_low"
+    text = str(exp)
+    assert "CHOSEN (measured 1.250 ms)" in text
+    assert "can run it (measured 2.500 ms)" in text
+    assert "reference" in text and "can run it (not measured)" in text
+    assert str(path) in text
+    attnhub.attention(*qkv())
+    assert pair["t_prof_low"].runs == 1 and pair["t_prof_high"].runs == 0
+
+
+def test_measured_backend_beats_unmeasured_higher_priority(pair):
+    measure({"t_prof_low": 9.0, "t_prof_high": None})  # None: it failed to run when measured
+    assert attnhub.explain(*qkv()).chosen == "t_prof_low"
+
+
+def test_explicit_and_other_classes_ignore_the_profile(pair):
+    measure({"t_prof_high": 2.0, "t_prof_low": 1.0})
+    assert attnhub.explain(*qkv(), backend="t_prof_high").chosen == "t_prof_high"
+    # the causal class was not measured: priority
+    assert attnhub.explain(*qkv(), mask="causal").chosen == "t_prof_high"
+
+
+def test_nearest_bucket_lookup(pair):
+    measure({"t_prof_high": 2.0, "t_prof_low": 1.0}, n=16)  # Lq = Lk = 2^4
+    exact = profile.lookup(req_of(16))
+    assert exact is not None and exact.exact
+    near = profile.lookup(req_of(32))  # one octave on each axis: distance 2
+    assert near is not None and not near.exact and near.cls[1:] == (4, 4)
+    assert "nearest measured class" in near.describe()
+    assert profile.lookup(req_of(20)).exact  # round(log2(20)) == 4
+    assert profile.lookup(req_of(64)) is None  # four octaves away: no measurement applies
+    assert profile.lookup(req_of(16, d=128)) is None  # another head-dim bucket
+    assert profile.lookup(req_of(16, mask="causal")) is None
+    assert attnhub.explain(*qkv(32)).chosen == "t_prof_low"
+    assert attnhub.explain(*qkv(64)).chosen == "t_prof_high"
+
+
+def test_nearest_prefers_the_closest_of_several(cache_dir):
+    key = cpu_key()
+    fam = profile.request_class(req_of(8))[0]
+    prof = profile.Profile(key)
+    for lq in (3, 6, 9):
+        prof.add((fam, lq, lq), profile.Entry({"a": float(lq)}, "x"))
+    assert prof.nearest((fam, 5, 6))[1].ms == {"a": 6.0}
+    assert prof.nearest((fam, 8, 9))[1].ms == {"a": 9.0}
+    assert prof.nearest((fam, 0, 0)) is None
+
+
+def test_request_class_fields():
+    fam, lq, lk = profile.request_class(req_of(1000, d=96, sync="none_end", needs_grad=True))
+    d = dict(zip(profile.FAMILY_FIELDS, fam))
+    assert (lq, lk) == (10, 10) and d["dim"] == 128 and d["sync"] == "*" and d["grad"] and not d["gqa"]
+    fam2, *_ = profile.request_class(req_of(8, mask="causal", sync="none_end"))
+    assert dict(zip(profile.FAMILY_FIELDS, fam2))["sync"] == "none_end"
+    gqa = request_from_shapes((1, 4, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16))
+    assert dict(zip(profile.FAMILY_FIELDS, profile.request_class(gqa)[0]))["gqa"]
+
+
+def test_profile_change_invalidates_the_dispatch_cache(pair):
+    attnhub.attention(*qkv())
+    assert pair["t_prof_high"].runs == 1
+    assert len(CACHE) > 0
+    measure({"t_prof_high": 2.0, "t_prof_low": 1.0})  # writing a profile reloads it
+    attnhub.attention(*qkv())
+    assert pair["t_prof_low"].runs == 1
+    # a profile file changed behind the process's back is read again by reload()
+    path = profile.user_profile_path(cpu_key())
+    data = json.loads(path.read_text())
+    data["entries"][0]["ms"] = {"t_prof_high": 0.5, "t_prof_low": 1.0}
+    path.write_text(json.dumps(data))
+    attnhub.attention(*qkv())
+    assert pair["t_prof_low"].runs == 2  # still cached
+    profile.reload()
+    assert len(CACHE) == 0
+    attnhub.attention(*qkv())
+    assert pair["t_prof_high"].runs == 2
+
+
+def test_user_profile_overrides_shipped(pair, cache_dir):
+    key = cpu_key()
+    shipped = cache_dir / "shipped"
+    shipped.mkdir()
+    cls = profile.class_to_json(profile.request_class(req_of()))
+    other = profile.class_to_json(profile.request_class(req_of(mask="causal")))
+    payload = {
+        "schema": profile.SCHEMA,
+        "device": key,
+        "entries": [
+            {"class": cls, "ms": {"t_prof_high": 1.0, "t_prof_low": 2.0}},
+            {"class": other, "ms": {"t_prof_high": 3.0, "t_prof_low": 2.0}},
+        ],
+    }
+    (shipped / f"{profile.slug(key)}.json").write_text(json.dumps(payload))
+    # a profile of another device in the right file is ignored
+    profile.reload()
+    assert attnhub.explain(*qkv(), mask="causal").chosen == "t_prof_low"  # from the shipped file
+    measure({"t_prof_high": 2.0, "t_prof_low": 1.0})
+    assert attnhub.explain(*qkv()).chosen == "t_prof_low"  # the user's class replaced the shipped one
+    assert attnhub.explain(*qkv(), mask="causal").chosen == "t_prof_low"  # the shipped class remains
+
+
+def test_profile_of_another_device_is_ignored(pair, cache_dir):
+    key = cpu_key()
+    path = profile.user_profile_path(key)
+    path.parent.mkdir(parents=True)
+    cls = profile.class_to_json(profile.request_class(req_of()))
+    payload = {
+        "schema": profile.SCHEMA,
+        "device": "cpu:another",
+        "entries": [{"class": cls, "ms": {"t_prof_low": 1}}],
+    }
+    path.write_text(json.dumps(payload))
+    profile.reload()
+    assert attnhub.explain(*qkv()).chosen == "t_prof_high"
+
+
+def _report(backend, failed):
+    return {
+        "schema": "attnhub-certify-report/2",
+        "backend": backend,
+        "mode": "quick",
+        "device": "cpu",
+        "summary": {
+            "cases": 10,
+            "passed": 10 - failed,
+            "failed": failed,
+            "declined": 0,
+            "certified": not failed,
+        },
+    }
+
+
+def test_failed_certification_on_this_device_is_never_picked(pair):
+    measure({"t_prof_high": 2.0, "t_prof_low": 1.0})
+    path = profile.store_certify_report(_report("t_prof_low", failed=3))
+    assert path is not None and path.exists()
+    exp = attnhub.explain(*qkv())
+    assert exp.chosen == "t_prof_high"
+    low = next(v for v in exp.verdicts if v.name == "t_prof_low")
+    assert any("failed certification on this device" in r and str(path) in r for r in low.reasons)
+    assert "failed certification on this device" in str(exp)
+    attnhub.attention(*qkv())
+    assert pair["t_prof_low"].runs == 0
+    # naming it still runs it (certify itself does)
+    attnhub.attention(*qkv(), backend="t_prof_low")
+    assert pair["t_prof_low"].runs == 1
+    # a passing report replaces the failing one
+    profile.store_certify_report(_report("t_prof_low", failed=0))
+    assert attnhub.explain(*qkv()).chosen == "t_prof_low"
+
+
+def test_failed_certification_on_another_device_does_not_count(pair, cache_dir):
+    path = profile.certify_report_path("t_prof_high", "cpu:another")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({**_report("t_prof_high", 2), "device_key": "cpu:another"}))
+    profile.reload()
+    assert attnhub.explain(*qkv()).chosen == "t_prof_high"
+
+
+# --- ATTNHUB_AUTOTUNE ----------------------------------------------------------------------------
+
+
+class _TorchMath(Backend):
+    frameworks = ("torch",)
+    dtypes = ("float32",)
+    delay = 0.0
+
+    def __init__(self):
+        self.runs = 0
+
+    def forward(self, q, k, v, req, mask=None):
+        import torch
+
+        self.runs += 1
+        time.sleep(self.delay)
+        s = (q @ k.transpose(-1, -2)) * req.scale
+        lse = torch.logsumexp(s, -1)
+        return torch.softmax(s, -1) @ v, lse
+
+
+class SlowTorch(_TorchMath):
+    name = "t_auto_slow"
+    priority = 30
+    delay = 0.1  # far above the noise of a loaded machine
+
+
+class FastTorch(_TorchMath):
+    name = "t_auto_fast"
+    priority = 20
+
+
+@pytest.fixture
+def torch_pair(cache_dir):
+    pytest.importorskip("torch")
+    plugin = Plugin(SlowTorch(), FastTorch())
+    REGISTRY.register_plugin(plugin)
+    yield {b.name: b for b in plugin.backends}
+    REGISTRY.unregister_plugin(plugin)
+
+
+def test_autotune_measures_an_unknown_class_on_first_call(torch_pair, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("ATTNHUB_DISABLE", "reference")  # two candidates, one much slower
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    before = [x.clone() for x in (q, k, v)]
+    assert attnhub.explain(q, k, v).chosen == "t_auto_slow"  # priority, nothing measured
+    monkeypatch.setenv("ATTNHUB_AUTOTUNE", "1")
+    out = attnhub.attention(q, k, v)
+    assert torch.allclose(out, torch.softmax(q @ k.transpose(-1, -2) / 8**0.5, -1) @ v, atol=1e-5)
+    for x, y in zip((q, k, v), before):
+        assert torch.equal(x, y)  # the caller's data is untouched
+    exp = attnhub.explain(q, k, v)
+    assert exp.chosen == "t_auto_fast" and exp.measured is not None and exp.measured.exact, str(exp)
+    times = exp.measured.ms
+    assert set(times) == {"t_auto_fast", "t_auto_slow"} and times["t_auto_fast"] < times["t_auto_slow"]
+    assert profile.user_profile_path(cpu_key()).exists()
+    # a measured class is not timed again
+    runs = torch_pair["t_auto_slow"].runs
+    attnhub.attention(torch.randn(1, 2, 20, 8), torch.randn(1, 2, 20, 8), torch.randn(1, 2, 20, 8))
+    assert torch_pair["t_auto_slow"].runs == runs
+
+
+def test_autotune_is_off_by_default(torch_pair):
+    import torch
+
+    q = torch.randn(1, 2, 16, 8)
+    attnhub.attention(q, q, q)
+    assert torch_pair["t_auto_slow"].runs == 1 and torch_pair["t_auto_fast"].runs == 0
+    assert not profile.user_profile_path(cpu_key()).exists()

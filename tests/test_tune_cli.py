@@ -1,0 +1,126 @@
+"""``attnhub tune``: the CPU grid writes a profile that auto then follows; shipped profiles are valid."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import attnhub
+from attnhub import profile
+from attnhub.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    monkeypatch.setenv("ATTNHUB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("ATTNHUB_BACKEND", raising=False)
+    monkeypatch.delenv("ATTNHUB_DISABLE", raising=False)
+    monkeypatch.setattr(profile, "SHIPPED_DIR", tmp_path / "shipped")
+    profile.reload()
+    yield tmp_path / "cache"
+    monkeypatch.undo()
+    profile.reload()
+
+
+def test_tune_cpu_quick_writes_a_profile_auto_follows(cache_dir):
+    import torch
+
+    res = CliRunner().invoke(main, ["tune", "--device", "cpu", "--quick"])
+    assert res.exit_code == 0, res.output
+    key = profile.device_key("cpu")
+    path = profile.user_profile_path(key)
+    assert f"wrote {path}" in res.output and "4 request classes measured" in res.output
+    data = json.loads(path.read_text())
+    assert data["schema"] == profile.SCHEMA and data["device"] == key
+    assert len(data["entries"]) == 4
+    grads = set()
+    for e in data["entries"]:
+        assert e["class"]["framework"] == "torch" and e["class"]["device_type"] == "cpu"
+        assert e["ms"]["reference"] > 0
+        grads.add(e["class"]["grad"])
+    assert grads == {True, False}
+    q = torch.randn(1, 1, 64, 32)
+    exp = attnhub.explain(q, q, q, mask="causal")
+    assert exp.measured is not None and exp.measured.exact
+    assert "CHOSEN (measured" in str(exp)
+
+
+def test_tune_out_writes_elsewhere(cache_dir, tmp_path):
+    out = tmp_path / "ship" / "cpu.json"
+    result = attnhub.tune("cpu", quick=True, dtypes=("float32",), out=out, rep=1, warmup=1)
+    assert result.path == out and out.exists()
+    assert not profile.user_profile_path(profile.device_key("cpu")).exists()
+    assert len(result.classes) == 4 and all(t["reference"] for _, t in result.classes)
+
+
+def test_tune_out_directory_names_the_file_by_device(cache_dir, tmp_path):
+    res = CliRunner().invoke(
+        main, ["tune", "--device", "cpu", "--quick", "--rep", "1", "--out", str(tmp_path)]
+    )
+    assert res.exit_code == 0, res.output
+    path = tmp_path / f"{profile.slug(profile.device_key('cpu'))}.json"
+    assert f"wrote {path}" in res.output and json.loads(path.read_text())["entries"]
+
+
+def test_tune_only_named_backends(cache_dir):
+    result = attnhub.tune("cpu", quick=True, backends=["no_such_backend"], rep=1, warmup=1)
+    assert result.classes == []
+
+
+def test_tune_on_cuda_without_a_gpu_says_so(cache_dir):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    res = CliRunner().invoke(main, ["tune", "--quick"])
+    assert res.exit_code != 0 and "needs a CUDA GPU" in res.output
+
+
+def test_tuner_modules_import_no_framework():
+    code = (
+        "import sys, attnhub, attnhub.profile, attnhub.tuner, attnhub.cli.tune;"
+        "attnhub.profile.device_key('cpu');"
+        "print([m for m in ('torch', 'tensorflow', 'jax', 'triton') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_shipped_profiles_are_package_data_and_valid():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "profiles/*.json" in conf["tool"]["setuptools"]["package-data"]["attnhub"]
+    for path in sorted(profile.SHIPPED_DIR.glob("*.json")):
+        data = json.loads(path.read_text())
+        assert data["schema"] == profile.SCHEMA, path
+        assert path.name == f"{profile.slug(data['device'])}.json", path
+        assert data["entries"], path
+        for e in data["entries"]:
+            profile.class_from_json(e["class"])
+            assert any(t is not None for t in e["ms"].values()), (path, e)
+
+
+@pytest.mark.gpu
+def test_tune_cuda_decode_auto_picks_the_fastest_measured(cache_dir):
+    """On a GPU: a quick tune of the decode class, then auto follows it (the fastest measured)."""
+    import torch
+
+    result = attnhub.tune("cuda", quick=True, dtypes=("bfloat16",), families=("decode",), warmup=5, rep=20)
+    assert len(result.classes) == 1, result.classes
+    ((_, times),) = result.classes
+    measured = {n: t for n, t in times.items() if t is not None}
+    assert measured, times
+    q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(8, 8, 8192, 128, device="cuda", dtype=torch.bfloat16)
+    exp = attnhub.explain(q, k, k, sync="none_end")
+    assert exp.measured is not None and exp.measured.exact, str(exp)
+    assert exp.chosen == min(measured, key=measured.get), str(exp)
+    assert "CHOSEN (measured" in str(exp)
