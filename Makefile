@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q -c constraints-ci.txt
 # Backends certified with --quick on the CPU by `make test` (CI); ATTNHUB_IPU_EMULATE=1 lets the
 # ipu backend run its PopTorch graph on CPU tensors (it only affects the ipu backend).
-CPU_BACKENDS := reference ipu jax triton tf
+CPU_BACKENDS := reference ipu jax triton tf sdpa-cpu
 
 .PHONY: demo test lint certify-quick wheel-check gpu-test clean
 
