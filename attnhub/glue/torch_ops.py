@@ -29,8 +29,8 @@ import torch
 
 from attnhub.api import backend_error, check_result, passes_through
 from attnhub.backend import Backend
-from attnhub.dispatch import CACHE, DISPATCHER, override_state
-from attnhub.errors import AttnhubError
+from attnhub.dispatch import CACHE, DBIAS_REASON, DISPATCHER, override_state
+from attnhub.errors import AttnhubError, BackendUnsupported, NoBackendError, SpecError
 from attnhub.frameworks import adapter_for
 from attnhub.glue.torch_autograd import call_backward
 from attnhub.request import Request, build_request, check_backend_arg
@@ -79,19 +79,38 @@ def _decide(
     backend: Any, needs_grad: bool, mask_grad: bool,
 ) -> tuple:  # fmt: skip
     """``(None, rule, seq_q, seq_k, mask_shape, scale, backend_name)`` for a call attnhub serves, or
-    ``(error,)``: run once per trace, outside the graph (the result is a constant of it)."""
+    ``(error, decline_reason(error))``: run once per trace, outside the graph (the result is a
+    constant of it)."""
     try:
         with torch.enable_grad():
             q, k, v = (_stand_in(*m, needs_grad) for m in (qm, km, vm))
             m = _stand_in(*mask, mask_grad) if isinstance(mask, tuple) else mask
+            if isinstance(m, str) and m.startswith("local:"):
+                m = decode_rule(m)
             req, _ = build_request(q, k, v, m, sync, scale, layout, return_lse)
         check_backend_arg(backend)
         chosen = DISPATCHER.choose(req, backend)
     except AttnhubError as exc:
-        return (exc,)
+        return (exc, decline_reason(exc))
     rule = req.rule
     mask_shape = rule.shape if isinstance(rule, ExplicitMask) else None
-    return (None, encode_rule(mask), req.seq_q, req.seq_k, mask_shape, req.scale, chosen.name)
+    encoded = "mask" if mask_shape is not None else encode_rule(rule)
+    return (None, encoded, req.seq_q, req.seq_k, mask_shape, req.scale, chosen.name)
+
+
+def decline_reason(exc: BaseException) -> str | None:
+    """Why attnhub declines a call, for patch_sdpa to hand it to torch (its ``sdpa_stats`` key):
+    the error's name, or ``attn_mask grad`` when every backend declined because the float mask
+    requires grad (SPEC §9); None for an error that is not a refusal to serve."""
+    if not isinstance(exc, (SpecError, BackendUnsupported, NoBackendError)):
+        return None
+    if isinstance(exc, NoBackendError):
+        reasons = [r for rs in exc.reasons.values() for r in rs]
+        if any(r.startswith(DBIAS_REASON) for r in reasons):
+            return "attn_mask grad"
+    if isinstance(exc, BackendUnsupported) and any(r.startswith(DBIAS_REASON) for r in exc.reasons):
+        return "attn_mask grad"
+    return type(exc).__name__
 
 
 def _meta(x: torch.Tensor) -> tuple:
@@ -118,20 +137,23 @@ def attention(
 ) -> Any:  # fmt: skip
     """:func:`attnhub.attention` as Dynamo traces it (see the module docstring).
 
-    With ``decline=True`` a call attnhub does not serve returns ``(None, error)`` instead of
-    raising (patch_sdpa then traces torch's own function); a served one returns ``(result, name)``.
+    With ``decline=True`` a call attnhub declines returns ``(None, decline_reason(error))`` instead
+    of raising (patch_sdpa then traces torch's own function); a served one returns ``(result, name)``.
     """
     grad = torch.is_grad_enabled()
     needs_grad = grad and (q.requires_grad or k.requires_grad or v.requires_grad)
     is_array = isinstance(mask, torch.Tensor)
     mask_grad = is_array and grad and mask.requires_grad and mask.is_floating_point()
+    # A rule object made inside the traced code is Dynamo's; its constant form is a string.
+    if isinstance(mask, (Full, Causal, Local)):
+        mask = encode_rule(mask)
     decision = _decide(
         _meta(q), _meta(k), _meta(v), _meta(mask) if is_array else mask, sync, scale, layout, return_lse,
         backend, needs_grad, mask_grad,
     )  # fmt: skip
     if decision[0] is not None:
-        if decline:
-            return None, decision[0]
+        if decline and decision[1] is not None:
+            return None, decision[1]
         _raise(decision[0])
     _, rule, seq_q, seq_k, mask_shape, scale_value, name = decision
     m4 = mask.reshape(mask_shape) if is_array else None
@@ -162,7 +184,10 @@ def _op_plan(
         "torch-op", ad.call_key(q, k, v), None if mask is None else ad.mask_key(mask), rule, sync, scale,
         tuple(seq_q), tuple(seq_k), return_lse, backend, needs_grad, mask_grad, override_state(),
     )  # fmt: skip
-    hit = CACHE.get(key)
+    try:
+        hit = CACHE.get(key)
+    except TypeError:  # symbolic sizes (dynamic shapes): planned without the cache, sizes specialized
+        key, hit = None, None
     if hit is not None:
         return hit
     b, hq, hk = q.shape[0], q.shape[1], k.shape[1]
@@ -175,7 +200,8 @@ def _op_plan(
     mask_grad = mask_grad and isinstance(req.rule, ExplicitMask) and req.rule.kind == "additive"
     req = dataclasses.replace(req, needs_grad=needs_grad, mask_needs_grad=mask_grad)
     plan = (req, DISPATCHER.choose(req, backend))
-    CACHE.put(key, plan)
+    if key is not None:
+        CACHE.put(key, plan)
     return plan
 
 
