@@ -116,7 +116,10 @@ def test_compiled_additive_mask_gradient_reaches_the_mask_or_is_declined():
     q, k, v = _qkv((1, 2, 5, 4), dtype=torch.float64, grad=True, seed=4)
     bias = torch.randn(1, 2, 5, 5, dtype=torch.float64)
     f = lambda q, k, v: attnhub.attention(q, k, v, mask=bias)  # noqa: E731
-    (out, grads), (out_e, grads_e) = _grads(torch.compile(f, backend="aot_eager"), q, k, v), _grads(f, q, k, v)
+    (out, grads), (out_e, grads_e) = (
+        _grads(torch.compile(f, backend="aot_eager"), q, k, v),
+        _grads(f, q, k, v),
+    )
     torch.testing.assert_close(out, out_e, rtol=0, atol=0)
     for a, b in zip(grads, grads_e):
         torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -209,7 +209,11 @@ def _saved_dtype(backend: Backend, req: Request) -> torch.dtype | None:
     """The dtype of the separate output that a backward reads (None: it reads ``out`` itself).
 
     A backend overriding ``forward_for_grad`` keeps a float32 output for half-precision inputs."""
-    if req.needs_grad and req.dtype in _HALF and type(backend).forward_for_grad is not Backend.forward_for_grad:
+    if (
+        req.needs_grad
+        and req.dtype in _HALF
+        and type(backend).forward_for_grad is not Backend.forward_for_grad
+    ):
         return torch.float32
     return None
 
@@ -226,7 +230,9 @@ def _attention_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(out (B, Hq, Nq, Dv), lse (B, Hq, Nq), saved): ``saved`` is what the backward reads as the
     output when it differs from ``out`` (else an empty tensor)."""
-    req, be = _op_plan(q, k, v, mask, rule, sync, scale, seq_q, seq_k, return_lse, backend, needs_grad, mask_grad)
+    req, be = _op_plan(
+        q, k, v, mask, rule, sync, scale, seq_q, seq_k, return_lse, backend, needs_grad, mask_grad
+    )
     shape = (req.batch, req.heads_q, req.nq, req.dim_v)
     saved_dtype = _saved_dtype(be, req)
     if req.is_empty:
@@ -255,7 +261,9 @@ def _attention_op(
 
 @_attention_op.register_fake
 def _(q, k, v, mask, rule, sync, scale, seq_q, seq_k, return_lse, backend, needs_grad, mask_grad):
-    req, be = _op_plan(q, k, v, mask, rule, sync, scale, seq_q, seq_k, return_lse, backend, needs_grad, mask_grad)
+    req, be = _op_plan(
+        q, k, v, mask, rule, sync, scale, seq_q, seq_k, return_lse, backend, needs_grad, mask_grad
+    )
     shape = (req.batch, req.heads_q, req.nq, req.dim_v)
     saved_dtype = _saved_dtype(be, req)
     saved = q.new_empty((0,)) if saved_dtype is None else q.new_empty(shape, dtype=saved_dtype)
