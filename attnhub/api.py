@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,13 +14,15 @@ from attnhub.registry import REGISTRY
 from attnhub.request import Request, build_request, check_backend_arg, from_canonical, to_canonical
 from attnhub.rules import Causal, ExplicitMask, Full, Local
 
+_modules = sys.modules
+
 
 class _Plan:
     """Everything decided once per call signature: the request, the backend, the layout moves."""
 
     __slots__ = (
         "req", "ad", "backend", "run", "reshape_in", "reshape_out", "lse_shape", "out_shape",
-        "lse_dtype", "guard_mask",
+        "lse_dtype", "guard_mask", "empty", "mask_array",
     )  # fmt: skip
 
     def __init__(self, req: Request, ad: Adapter, backend: Backend) -> None:
@@ -37,14 +40,24 @@ class _Plan:
             req.framework == "jax" and req.symbolic and isinstance(rule, ExplicitMask)
             and rule.kind == "additive" and "dbias" not in backend.features
         )  # fmt: skip
+        self.empty = req.is_empty
+        self.mask_array = isinstance(rule, ExplicitMask)
+        # Backend.run only decides whether the framework's autograd glue wraps the forward; the
+        # decision depends on the request alone, so it is taken here. A backend overriding run()
+        # keeps it.
+        if type(backend).run is Backend.run and not (
+            "backward" in backend.features
+            and (req.framework == "tensorflow" or (req.framework == "torch" and req.needs_grad))
+        ):
+            self.run = backend.forward
 
     def execute(self, q: Any, k: Any, v: Any, mask: Any) -> Any:
         req, ad = self.req, self.ad
-        if req.is_empty:
+        if self.empty:
             return _empty_result(ad, q, k, v, mask, req)
         if self.reshape_in:
             q, k, v = (to_canonical(ad, x, req.layout) for x in (q, k, v))
-        if mask is not None and hasattr(mask, "shape") and not isinstance(mask, str):
+        if self.mask_array:
             mask = adapter_for(mask).reshape(mask, req.rule.shape)  # type: ignore[union-attr]
             if self.guard_mask:
                 from attnhub.glue.jax_guard import guard_mask
@@ -58,14 +71,7 @@ class _Plan:
             if passes_through(exc):
                 raise
             raise backend_error(self.backend.name, req, f"raised {type(exc).__name__}: {exc}") from exc
-        why = ad.result_problem(out, self.out_shape, None, q)  # q's dtype: req.dtype
-        if why is None and req.return_lse:
-            why = ad.result_problem(lse, self.out_shape[:3], self.lse_dtype, q)
-            why = why and "lse: expected " + why
-        elif why is not None:
-            why = "out: expected " + why
-        if why is not None:
-            raise backend_error(self.backend.name, req, f"returned a wrong result ({why})")
+        check_result(ad, self.backend.name, req, out, lse, self.out_shape, req.return_lse, q)
         if self.reshape_out:
             out = from_canonical(ad, out, req)
         if req.return_lse:
@@ -73,6 +79,25 @@ class _Plan:
                 lse = ad.reshape(lse, self.lse_shape)
             return out, lse
         return out
+
+
+def check_result(
+    ad: Adapter, name: str, req: Request, out: Any, lse: Any, shape: tuple, with_lse: bool, like: Any
+) -> None:
+    """Raise :class:`BackendError` unless ``out`` is a ``shape`` array of ``like``'s framework,
+    dtype and device (and, with ``with_lse``, lse one of ``shape[:3]`` in float32, float64 for
+    float64); cheap in the usual case, as it runs on every call."""
+    why = ad.result_problem(out, shape, None, like)  # like's dtype: req.dtype
+    if why is None:
+        if not with_lse:
+            return
+        why = ad.result_problem(lse, shape[:3], "float64" if req.dtype == "float64" else "float32", like)
+        if why is None:
+            return
+        why = "lse: expected " + why
+    else:
+        why = "out: expected " + why
+    raise backend_error(name, req, f"returned a wrong result ({why})")
 
 
 def _mask_key(mask: Any) -> Any:
@@ -132,6 +157,12 @@ def attention(
     ``return_lse=True``. ``backend="auto"`` picks the highest-priority backend able to run the
     request; a named backend that cannot raises :class:`attnhub.BackendUnsupported`.
     """
+    torch = _modules.get("torch")
+    if torch is not None and torch.compiler.is_compiling():
+        # Traced by torch.compile: through attnhub's custom ops (attnhub/glue/torch_ops.py).
+        from attnhub.glue import torch_ops
+
+        return torch_ops.attention(q, k, v, mask, sync, scale, layout, backend, return_lse)
     return _plan(q, k, v, mask, sync, scale, layout, return_lse, backend).execute(q, k, v, mask)
 
 

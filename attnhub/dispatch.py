@@ -31,7 +31,10 @@ def use_backend(name: str) -> Iterator[None]:
 
 def override_state() -> tuple:
     """What besides the request decides the choice: use_backend and the two environment variables."""
-    return (_forced.get(), *settings.snapshot("ATTNHUB_BACKEND", "ATTNHUB_DISABLE"))
+    return (_forced.get(), _raw("ATTNHUB_BACKEND"), _raw("ATTNHUB_DISABLE"))  # on every call: no generator
+
+
+_raw = settings.raw
 
 
 def _disabled() -> frozenset[str]:

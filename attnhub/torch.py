@@ -15,10 +15,13 @@ Calls attnhub cannot serve go to the original function unchanged: ``dropout_p !=
 below 3, Hq != Hkv without ``enable_gqa``, anything attnhub rejects (``SpecError``) or no backend
 accepts (``NoBackendError``, ``BackendUnsupported``; among them a float ``attn_mask`` that requires
 grad, whose gradient no backend computes yet: SPEC §9, counted as ``fallback:attn_mask grad``),
-calls made while attnhub is already running (a backend that itself calls SDPA), and code being
-compiled by ``torch.compile``. A backend that fails on a call it accepted raises
+and calls made while attnhub is already running (a backend that itself calls SDPA). A backend that fails on a call it accepted raises
 ``attnhub.BackendError``; it is not hidden by a fallback. ``unpatch_sdpa()`` restores torch's
 function. ``sdpa_stats()`` counts routed and fallen-back calls and names the backends that ran.
+
+Under ``torch.compile`` the wrapper is traced: a call attnhub serves becomes its custom op
+(``torch.ops.attnhub.attention``, attnhub/glue/torch_ops.py), one it declines torch's own
+function, decided once per trace; ``sdpa_stats()`` then counts traces, not runs.
 
 A query row whose keys are all masked gives 0 (SPEC §4), as torch 2.13's SDPA does (older torch
 versions gave NaN there).
@@ -36,6 +39,8 @@ from typing import Any
 import torch
 
 from attnhub.errors import BackendUnsupported, NoBackendError, SpecError
+from attnhub.glue import torch_ops
+from attnhub.glue.torch_ops import INSIDE
 
 __all__ = ["is_patched", "patch_sdpa", "reset_sdpa_stats", "sdpa_stats", "unpatch_sdpa"]
 
@@ -105,6 +110,18 @@ def _make_wrapper(original: Any) -> Any:
         scale: float | None = None,
         enable_gqa: bool = False,
     ) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            # Traced by torch.compile: attnhub's custom ops, or torch's function for what attnhub
+            # declines (decided once per trace; the stats count traces, not runs).
+            why = _static_why(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+            if why is None:
+                out, found = _route_traced(query, key, value, attn_mask, is_causal, scale)
+                if out is not None:
+                    return out
+                why = found
+            _count_traced("fallback", f"fallback:{why}")
+            kwargs = {"scale": scale, "enable_gqa": True} if enable_gqa else {"scale": scale}
+            return original(query, key, value, attn_mask, dropout_p, is_causal, **kwargs)
         why = _unroutable(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
         if why is None:
             token = _inside.set(True)
@@ -132,25 +149,19 @@ _DECLINED = (SpecError, BackendUnsupported, NoBackendError)
 
 
 def _why(exc: Exception) -> str:
-    """The fallback reason counted in ``sdpa_stats()``: the error's name, or ``attn_mask grad``
-    when every backend declined because the float mask requires grad (SPEC §9)."""
-    from attnhub.dispatch import DBIAS_REASON
-
-    if isinstance(exc, NoBackendError):
-        reasons = [r for rs in exc.reasons.values() for r in rs]
-        if any(r.startswith(DBIAS_REASON) for r in reasons):
-            return "attn_mask grad"
-    if isinstance(exc, BackendUnsupported) and any(r.startswith(DBIAS_REASON) for r in exc.reasons):
-        return "attn_mask grad"
-    return type(exc).__name__
+    """The fallback reason counted in ``sdpa_stats()`` for a declined call."""
+    return torch_ops.decline_reason(exc) or type(exc).__name__
 
 
 def _unroutable(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:
     """Why this call goes to torch's own function, or None when attnhub may serve it."""
-    if _inside.get():
+    if _inside.get() or INSIDE.get():
         return "reentrant"
-    if torch.compiler.is_compiling():
-        return "torch.compile"
+    return _static_why(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
+
+
+def _static_why(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:
+    """The reasons to fall back that the arguments' types and shapes decide (traceable by Dynamo)."""
     if not all(isinstance(x, torch.Tensor) for x in (q, k, v)):
         return "not tensors"
     if dropout_p:
@@ -166,11 +177,25 @@ def _unroutable(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa) -> str | N
     return None
 
 
-def _route(q, k, v, attn_mask, is_causal, scale) -> tuple[torch.Tensor, str]:
-    """attnhub's result for an SDPA call (bhsd with the leading dims folded into the batch), and
-    the name of the backend that ran it."""
-    from attnhub.api import _plan
+@torch._dynamo.assume_constant_result
+def _count_traced(*keys: str) -> bool:
+    """:func:`_count` run once when Dynamo traces the call (its result is a constant of the graph)."""
+    _count(*keys)
+    return True
 
+
+def _route_traced(q, k, v, attn_mask, is_causal, scale) -> tuple[torch.Tensor | None, str]:
+    """(attnhub's result, backend name), or (None, why) when attnhub declines: as Dynamo traces it."""
+    qc, kc, vc, mask = _fold(q, k, v, attn_mask, is_causal)
+    out, found = torch_ops.attention(qc, kc, vc, mask, "none_front", scale, "bhsd", _backend, False, True)
+    if out is None:
+        return None, found
+    _count_traced("routed", f"backend:{found}")
+    return out.reshape(*q.shape[:-1], v.shape[-1]), found
+
+
+def _fold(q, k, v, attn_mask, is_causal) -> tuple[Any, Any, Any, Any]:
+    """q, k, v as bhsd with the leading dims folded into the batch, and the mask argument."""
     lead = tuple(q.shape[:-3]) if q.dim() > 3 else ()
     b = math.prod(lead) if lead else 1
 
@@ -179,10 +204,18 @@ def _route(q, k, v, attn_mask, is_causal, scale) -> tuple[torch.Tensor, str]:
             return x.unsqueeze(1)
         return x.reshape(b, *x.shape[-3:])
 
-    qc, kc, vc = fold(q), fold(k), fold(v)
     mask: Any = "causal" if is_causal else None
     if attn_mask is not None:
         mask = _fold_mask(attn_mask, q, lead)
+    return fold(q), fold(k), fold(v), mask
+
+
+def _route(q, k, v, attn_mask, is_causal, scale) -> tuple[torch.Tensor, str]:
+    """attnhub's result for an SDPA call (bhsd with the leading dims folded into the batch), and
+    the name of the backend that ran it."""
+    from attnhub.api import _plan
+
+    qc, kc, vc, mask = _fold(q, k, v, attn_mask, is_causal)
     # What attnhub.attention does, keeping the plan to name its backend.
     plan = _plan(qc, kc, vc, mask, "none_front", scale, "bhsd", False, _backend)
     out = plan.execute(qc, kc, vc, mask)
