@@ -55,7 +55,7 @@ def _grads(fn, q, k, v):
         x.grad = None
     res = fn(q, k, v)
     out = res[0] if isinstance(res, tuple) else res
-    w = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
+    w = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).reshape(out.shape)
     (out * w).sum().backward()
     return res, [x.grad.clone() for x in (q, k, v)]
 
