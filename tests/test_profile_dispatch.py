@@ -293,8 +293,9 @@ class FastTorch(_TorchMath):
 
 
 @pytest.fixture
-def torch_pair(cache_dir):
+def torch_pair(cache_dir, monkeypatch):
     pytest.importorskip("torch")
+    monkeypatch.setenv("ATTNHUB_DISABLE", "sdpa-cpu")  # the pair (and reference) are the candidates
     plugin = Plugin(SlowTorch(), FastTorch())
     REGISTRY.register_plugin(plugin)
     yield {b.name: b for b in plugin.backends}
@@ -304,7 +305,7 @@ def torch_pair(cache_dir):
 def test_autotune_measures_an_unknown_class_on_first_call(torch_pair, monkeypatch):
     import torch
 
-    monkeypatch.setenv("ATTNHUB_DISABLE", "reference")  # two candidates, one much slower
+    monkeypatch.setenv("ATTNHUB_DISABLE", "reference,sdpa-cpu")  # two candidates, one much slower
     q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
     before = [x.clone() for x in (q, k, v)]
     assert attnhub.explain(q, k, v).chosen == "t_auto_slow"  # priority, nothing measured

@@ -29,10 +29,11 @@ import torch
 
 from attnhub.api import backend_error, check_result, passes_through
 from attnhub.backend import Backend
-from attnhub.dispatch import CACHE, DBIAS_REASON, DISPATCHER, override_state
+from attnhub.dispatch import CACHE, DBIAS_REASON, DISPATCHER, explain_request, override_state
 from attnhub.errors import AttnhubError, BackendUnsupported, NoBackendError, SpecError
 from attnhub.frameworks import adapter_for
 from attnhub.glue.torch_autograd import call_backward
+from attnhub.registry import REGISTRY
 from attnhub.request import Request, build_request, check_backend_arg
 from attnhub.rules import Causal, ExplicitMask, Full, Local
 
@@ -90,12 +91,33 @@ def _decide(
             req, _ = build_request(q, k, v, m, sync, scale, layout, return_lse)
         check_backend_arg(backend)
         chosen = DISPATCHER.choose(req, backend)
+        if needs_grad and getattr(chosen, "backward_by_autograd", False):
+            chosen = _graph_safe_backend(req, backend, chosen)
     except AttnhubError as exc:
         return (exc, decline_reason(exc))
     rule = req.rule
     mask_shape = rule.shape if isinstance(rule, ExplicitMask) else None
     encoded = "mask" if mask_shape is not None else encode_rule(rule)
     return (None, encoded, req.seq_q, req.seq_k, mask_shape, req.scale, chosen.name)
+
+
+def _graph_safe_backend(req: Any, backend: Any, chosen: Any) -> Any:
+    """A backend whose backward differentiates its own kernel with torch autograd cannot run it
+    inside the backward custom op (autograd is below the op there): auto takes the next candidate,
+    a backend named explicitly declines."""
+    reason = "its backward runs torch autograd, which a compiled graph's backward op cannot"
+    if backend != "auto":
+        raise BackendUnsupported(chosen.name, [reason])
+    table = REGISTRY.backends()
+    for verdict in explain_request(req, backend).verdicts:
+        candidate = table.get(verdict.name)
+        if (
+            not verdict.reasons
+            and candidate is not None
+            and not getattr(candidate, "backward_by_autograd", False)
+        ):
+            return candidate
+    raise NoBackendError({chosen.name: [reason]})
 
 
 def decline_reason(exc: BaseException) -> str | None:

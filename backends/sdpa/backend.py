@@ -65,6 +65,8 @@ def _grads_by_autograd(backend: Backend, q, k, v, dout, req, mask) -> tuple[Any,
 
 class _SdpaBase(Backend):
     frameworks: ClassVar[tuple[str, ...]] = ("torch",)
+    #: backward re-runs the kernel under torch autograd (so torch.compile's backward op avoids it)
+    backward_by_autograd: ClassVar[bool] = True
     requires: ClassVar[tuple[str, ...]] = ("torch",)
 
     def version(self) -> str | None:
