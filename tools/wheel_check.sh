@@ -25,7 +25,7 @@ step "contents of $(basename "$WHEEL")"
 import re, sys, zipfile
 
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-dev = [n for n in names if re.search(r"probe|device_|gpu_session|gpu_certify|tune|sweep|\.sh$", n.rsplit("/", 1)[-1])]
+dev = [n for n in names if re.search(r"probe|device_|gpu_session|gpu_certify|_tune\.py$|sweep|\.sh$", n.rsplit("/", 1)[-1])]
 dev += [n for n in names if n.split("/")[0] in ("tools", "tests", "benchmarks", "scripts", "docs", "examples")]
 assert not dev, f"development files in the wheel: {dev}"
 for need in ("attnhub/cli/__init__.py", "attnhub/bench/grid.py", "attnhub/glue/__init__.py",
