@@ -29,10 +29,58 @@ FEATURES = (
     "backward",
     "deterministic",
     "tf32",
-    # Returns the gradient of a float (additive) mask when the caller differentiates it (SPEC §9);
-    # without it the core declines such requests.
+    # SPEC §9: an additive bias composed with every rule (arrives as ``operands.bias``); its
+    # gradient ("dbias", without which the core declines a differentiated bias); softcap; sinks
+    # (with "backward": their gradient too).
+    "bias",
     "dbias",
+    "softcap",
+    "sinks",
+    # SPEC §10-§11: per-entry lengths (both padding sides), packed sequences, paged KV caches,
+    # position offsets.
+    "lengths",
+    "varlen",
+    "paged",
+    "offsets",
 )
+
+#: What a backend without the feature says about a request that uses it.
+_MISSING = {
+    "softcap": "does not apply softcap",
+    "sinks": "does not take attention sinks",
+    "lengths": "does not take q_lengths/k_lengths",
+    "varlen": "does not take packed sequences (attention_varlen)",
+    "paged": "does not read paged KV caches (block_table)",
+    "offsets": "does not take q_offset/k_offset",
+}
+
+
+def missing_features(req: Request, feats: frozenset[str] | set[str]) -> list[str]:
+    """Reasons for the §9-§11 arguments of ``req`` that ``feats`` does not cover.
+
+    A bias with the rule Full and nothing else of §9-§11 is also served by a backend that reads
+    additive masks the way backends did before SPEC §9 ("explicit_mask" without "bias"): the core
+    hands it :meth:`Request.legacy_additive` and the bias as ``mask``.
+    """
+    reasons = []
+    legacy = req.legacy_expressible and "explicit_mask" in feats
+    if req.bias is not None and "bias" not in feats and not legacy:
+        reasons.append("does not take an additive bias (bias=, or a float mask) with this request")
+    uses = {
+        "softcap": req.softcap is not None,
+        "sinks": req.sinks,
+        "lengths": req.q_lengths or req.k_lengths,
+        "varlen": req.varlen,
+        "paged": bool(req.paged),
+        "offsets": bool(req.q_offset or req.k_offset),
+    }
+    reasons.extend(_MISSING[f] for f, used in uses.items() if used and f not in feats)
+    return reasons
+
+
+def serves_legacy(backend: Backend, req: Request) -> bool:
+    """True when ``backend`` gets ``req`` in the legacy additive-mask form."""
+    return req.bias is not None and "bias" not in backend.features and req.legacy_expressible
 
 
 class Backend:
@@ -84,6 +132,7 @@ class Backend:
             reasons.append("cannot return lse")
         if req.needs_grad and "backward" not in feats:
             reasons.append("has no backward; call it under torch.no_grad() or on tensors without grad")
+        reasons.extend(missing_features(req, feats))
         if self.max_head_dim is not None and max(req.dim_qk, req.dim_v) > self.max_head_dim:
             reasons.append(f"head dims up to {self.max_head_dim}, got Dqk={req.dim_qk} Dv={req.dim_v}")
         reasons.extend(self.extra_reasons(req))
@@ -98,7 +147,12 @@ class Backend:
         return None
 
     def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
-        """Compute (out, lse) on canonical arrays (see the module docstring)."""
+        """Compute (out, lse) on canonical arrays (see the module docstring).
+
+        A backend declaring any §9-§11 feature also takes ``operands=`` (an
+        :class:`attnhub.operands.Operands`, or None) in ``forward``, ``forward_for_grad``,
+        ``backward`` and ``run``; the core passes it only for requests that use those features.
+        """
         raise NotImplementedError
 
     def forward_for_grad(
@@ -127,18 +181,22 @@ class Backend:
         """
         raise NotImplementedError(f"backend {self.name!r} has no backward")
 
-    def run(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
+    def run(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
+    ) -> tuple[Any, Any]:
         """Forward, wrapped in the framework's autograd when gradients may be asked for."""
         if "backward" in self.features:
-            if req.framework == "torch" and req.needs_grad:
+            if req.framework == "torch" and (req.needs_grad or req.bias_grad or req.sinks_grad):
                 from attnhub.glue.torch_autograd import run_with_autograd
 
-                return run_with_autograd(self, q, k, v, req, mask)
+                return run_with_autograd(self, q, k, v, req, mask, operands)
             if req.framework == "tensorflow":
                 from attnhub.glue.tf_gradient import run_with_gradient
 
-                return run_with_gradient(self, q, k, v, req, mask)
-        return self.forward(q, k, v, req, mask)
+                return run_with_gradient(self, q, k, v, req, mask, operands)
+        if operands is None:
+            return self.forward(q, k, v, req, mask)
+        return self.forward(q, k, v, req, mask, operands=operands)
 
     def __repr__(self) -> str:
         return f"<attnhub backend {self.name!r} priority={self.priority}>"

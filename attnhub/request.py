@@ -42,9 +42,30 @@ class Request:
     return_lse: bool = False
     #: True when the inputs hold no data yet (traced under jax.jit, or a tf.function graph).
     symbolic: bool = False
-    #: True when the caller differentiates with respect to the float (additive) mask, so the
-    #: backend must return its gradient (SPEC §9): only backends declaring "dbias" may run it.
+    #: Legacy view only (see :meth:`legacy_additive`): the float mask of a backend that reads
+    #: additive masks as ``mask`` requires grad. New requests carry ``bias_grad`` instead.
     mask_needs_grad: bool = False
+    # SPEC §9: score modifiers. A float ``mask=`` array arrives here as ``bias`` with the rule Full.
+    #: The bias's rank-4 broadcast shape over (B, Hq, Nq, Nk), or None without a bias.
+    bias: tuple[int, int, int, int] | None = None
+    #: The caller differentiates the bias: only backends declaring "dbias" may run the request.
+    bias_grad: bool = False
+    softcap: float | None = None
+    #: A (Hq,) sinks array is given; ``sinks_grad`` when the caller differentiates it.
+    sinks: bool = False
+    sinks_grad: bool = False
+    # SPEC §10: ragged sequences. The arrays travel in :class:`attnhub.operands.Operands`.
+    q_lengths: bool = False
+    k_lengths: bool = False
+    padding_side: str = "right"
+    #: ``attention_varlen``: batch is 1, seq_q = (Tq,), seq_k = (Tk,), sequences by cu_seqlens.
+    varlen: bool = False
+    #: ``attention_kvcache`` with a block table: the block size (0: no paging). k and v then
+    #: reach the backend as (num_blocks, block_size, Hkv, D) and seq_k = (max_blocks * block_size,).
+    paged: int = 0
+    # SPEC §11: position offsets (sync none_front only).
+    q_offset: int = 0
+    k_offset: int = 0
 
     @property
     def ndim(self) -> int:
@@ -65,6 +86,39 @@ class Request:
         return self.heads_q // self.heads_kv if self.heads_kv else 1
 
     @property
+    def ragged(self) -> bool:
+        """True when §10 arguments make the valid segment differ per batch entry or sequence."""
+        return self.q_lengths or self.k_lengths or self.varlen or bool(self.paged)
+
+    @property
+    def modified(self) -> bool:
+        """True when any §9-§11 argument is present (what the legacy backends never see)."""
+        return (
+            self.bias is not None or self.softcap is not None or self.sinks or self.ragged
+            or bool(self.q_offset) or bool(self.k_offset)
+        )  # fmt: skip
+
+    def legacy_additive(self) -> Request:
+        """This request as backends written before SPEC §9 read a float mask: the rule an
+        additive :class:`ExplicitMask` of the bias's shape, the bias passed as ``mask``. Only for
+        a bias with the rule Full and no other §9-§11 argument (see :meth:`Backend.check`)."""
+        from dataclasses import replace
+
+        assert self.bias is not None
+        return replace(
+            self, rule=ExplicitMask(kind="additive", shape=self.bias), bias=None,
+            mask_needs_grad=self.bias_grad, bias_grad=False,
+        )  # fmt: skip
+
+    @property
+    def legacy_expressible(self) -> bool:
+        """True when :meth:`legacy_additive` describes this request exactly."""
+        return (
+            self.bias is not None and isinstance(self.rule, Full) and self.softcap is None
+            and not self.sinks and not self.ragged and not self.q_offset and not self.k_offset
+        )  # fmt: skip
+
+    @property
     def device_type(self) -> str:
         return self.device.split(":", 1)[0]
 
@@ -82,6 +136,16 @@ class Request:
             f"{self.rule.describe()} sync={self.sync}"
             + (" grad" if self.needs_grad else "")
             + (" mask-grad" if self.mask_needs_grad else "")
+            + (f" bias{'x'.join(map(str, self.bias))}" if self.bias is not None else "")
+            + (" bias-grad" if self.bias_grad else "")
+            + (f" softcap={self.softcap:g}" if self.softcap is not None else "")
+            + (" sinks" + ("-grad" if self.sinks_grad else "") if self.sinks else "")
+            + (f" q_lengths({self.padding_side})" if self.q_lengths else "")
+            + (f" k_lengths({self.padding_side})" if self.k_lengths else "")
+            + (" varlen" if self.varlen else "")
+            + (f" paged{self.paged}" if self.paged else "")
+            + (f" q_offset={self.q_offset}" if self.q_offset else "")
+            + (f" k_offset={self.k_offset}" if self.k_offset else "")
             + (" lse" if self.return_lse else "")
         )
 

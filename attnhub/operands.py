@@ -1,0 +1,39 @@
+"""The arrays beyond q, k and v that SPEC §9-§11 add, as a backend receives them.
+
+The request (:class:`attnhub.request.Request`) says which are present; the arrays themselves
+travel here, canonical and in the caller's framework and device, so that the request stays a
+hashable signature. A backend receives ``operands=`` only for requests that use them, and only
+when it declared the matching feature ("bias", "sinks", "lengths", "varlen", "paged").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Operands:
+    """§9-§11 arrays of one call (None where absent).
+
+    - ``bias``: float, rank 4, broadcastable to (B, Hq, Nq, Nk) (``Request.bias`` is its shape);
+      float32 or the input dtype. With ``Request.bias_grad`` the backward returns ``dbias`` of
+      exactly this shape (summed over the broadcast dimensions).
+    - ``sinks``: (Hq,) float32 or the input dtype; with ``Request.sinks_grad`` the backward returns
+      ``dsinks`` of shape (Hq,).
+    - ``q_lengths`` / ``k_lengths``: (B,) int32 on the inputs' device, values in [0, L].
+    - ``cu_seqlens_q`` / ``cu_seqlens_k``: (N + 1,) int32 on the inputs' device (varlen);
+      ``max_seqlen_q`` / ``max_seqlen_k``: Python ints, the longest sequence (for grid sizing).
+    - ``block_table``: (B, max_blocks) int32 on the inputs' device (paged KV cache), with
+      ``k_lengths`` giving each batch entry's number of valid keys.
+    """
+
+    bias: Any = None
+    sinks: Any = None
+    q_lengths: Any = None
+    k_lengths: Any = None
+    cu_seqlens_q: Any = None
+    cu_seqlens_k: Any = None
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+    block_table: Any = None
