@@ -4,12 +4,44 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import replace
 from importlib import metadata
 from typing import Any, ClassVar
 
 from attnhub.backend import Backend
 from attnhub.frameworks import FLOAT_DTYPES
 from attnhub.request import Request
+from attnhub.rules import ExplicitMask, Full
+
+#: The §9-§11 arrays the compute functions take (a dict of these names; None where absent).
+OPERAND_NAMES = ("bias", "sinks", "q_lengths", "k_lengths", "cu_seqlens_q", "cu_seqlens_k")
+
+
+def prepare(req: Request, mask: Any, operands: Any) -> tuple[Request, Any, dict[str, Any]]:
+    """(request, bool mask or None, ops dict) for the compute paths.
+
+    A float mask handed over the legacy way (rule ``ExplicitMask(additive)``) becomes the bias of
+    a ``Full`` request, so that it composes and gets its gradient like ``bias=`` (SPEC §9).
+    """
+    ops = {n: getattr(operands, n, None) for n in OPERAND_NAMES}
+    rule = req.rule
+    if isinstance(rule, ExplicitMask) and rule.kind == "additive" and mask is not None:
+        req = replace(req, rule=Full(), bias=rule.shape, bias_grad=req.mask_needs_grad, mask_needs_grad=False)
+        ops["bias"], mask = mask, None
+    return req, mask, ops
+
+
+def gather_pages(k: Any, v: Any, req: Request, block_table: Any) -> tuple[Any, Any, Request]:
+    """Contiguous (B, Hkv, max_blocks·block_size, D) k and v of a paged cache (SPEC §10), gathered
+    by ``block_table`` inside the trace (differentiable through the gather)."""
+    import jax.numpy as jnp
+
+    def one(x: Any) -> Any:
+        g = jnp.take(x, block_table.astype(jnp.int32), axis=0, mode="clip")  # (B, nb, bs, H, D)
+        b, nb, bs, h, d = g.shape
+        return jnp.transpose(g.reshape(b, nb * bs, h, d), (0, 2, 1, 3))
+
+    return one(k), one(v), replace(req, paged=0)
 
 
 class JaxBackend(Backend):
@@ -26,6 +58,7 @@ class JaxBackend(Backend):
     dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
     features: ClassVar[frozenset[str]] = frozenset(
         {"1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward"}
+        | {"bias", "dbias", "softcap", "sinks", "lengths", "varlen", "paged", "offsets"}
     )
     requires: ClassVar[tuple[str, ...]] = ("jax",)
 
@@ -44,6 +77,8 @@ class JaxBackend(Backend):
             return None
 
     def extra_reasons(self, req: Request) -> list[str]:
+        if req.ndim > 1 and (req.ragged or req.q_offset or req.k_offset):
+            return ["lengths, packed sequences, paged caches and offsets are 1-d only (SPEC §10-§11)"]
         if req.dtype == "float64" and req.framework == "jax":
             import jax
 
@@ -72,24 +107,55 @@ class JaxBackend(Backend):
         path, why = self.path_for(req)
         return f"path={path}: {why}"
 
-    def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
+    def forward(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
+    ) -> tuple[Any, Any]:
         """(out, lse) of the blockwise path (always with lse), not differentiable by itself."""
         from attnhub_backends.jax import blockwise
         from attnhub_backends.jax.paths import config_for
 
-        return blockwise.forward(q, k, v, req, config_for(req), mask)
+        req, mask, ops = prepare(req, mask, operands)
+        if req.paged:
+            k, v, req = gather_pages(k, v, req, operands.block_table)
+        return blockwise.forward(q, k, v, req, config_for(req), mask, ops=ops)
 
     def backward(
-        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
-    ) -> tuple[Any, Any, Any]:
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        out: Any,
+        lse: Any,
+        dout: Any,
+        req: Request,
+        mask: Any = None,
+        operands: Any = None,
+        dlse: Any = None,
+    ) -> tuple[Any, ...]:
+        """(dq, dk, dv), plus (dbias, dsinks) for a request with a bias or sinks (SPEC §9)."""
         from attnhub_backends.jax import blockwise
         from attnhub_backends.jax.paths import config_for
 
-        return blockwise.backward(q, k, v, out, lse, dout, req, config_for(req), mask)
+        with_extras = req.bias is not None or req.sinks
+        req, mask, ops = prepare(req, mask, operands)
+        if req.paged:
+            raise NotImplementedError("paged backward: run through attnhub.attention (jax.grad)")
+        dq, dk, dv, dbias, dsinks = blockwise.backward(
+            q, k, v, out, lse, dout, req, config_for(req), mask, dlse, ops
+        )
+        if not with_extras:
+            return dq, dk, dv
+        return dq, dk, dv, dbias if req.bias_grad else None, dsinks if req.sinks_grad else None
 
-    def run(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
-        """The chosen path as a jitted ``custom_vjp`` function (cuDNN: its own VJP)."""
+    def run(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
+    ) -> tuple[Any, Any]:
+        """The chosen path as a jitted ``custom_vjp`` function (cuDNN: its own VJP); bias and
+        sinks are differentiable arguments, a paged cache is gathered first."""
         from attnhub_backends.jax.paths import function_for
 
+        req, mask, ops = prepare(req, mask, operands)
+        if req.paged:
+            k, v, req = gather_pages(k, v, req, operands.block_table)
         path, _ = self.path_for(req)
-        return function_for(req, path)(q, k, v, mask)
+        return function_for(req, path)(q, k, v, mask, ops)

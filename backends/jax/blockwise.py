@@ -5,7 +5,10 @@ Shapes inside: queries are grouped per kv head, ``(B, Hkv, G, Nq, D)``, then cut
 of a lane plan (see :mod:`plan`) handles one (query tile, key tile) pair per lane for all lanes at
 once, so only ``lanes x bq x bk`` logits per head exist at any time, never ``Nq x Nk``, and tiles
 the rule masks entirely are never visited. The mask inside a tile is evaluated from positions
-(SPEC §2-3); an explicit mask array is read tile by tile.
+(SPEC §2-3), per batch entry or packed sequence for ragged requests (:mod:`ragged`); an explicit
+mask array and a bias are read tile by tile. Score modifiers (SPEC §9): softcap and bias enter the
+logits, sinks the final normalisation; the backward returns dbias (summed over the bias's
+broadcast dimensions) and dsinks.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import jax.numpy as jnp
 from attnhub.request import Request
 from attnhub.rules import ExplicitMask, Full
 from attnhub_backends.jax import plan as planning
-from attnhub_backends.jax import rulemask
+from attnhub_backends.jax import ragged, rulemask
 
 
 @dataclass(frozen=True)
@@ -48,18 +51,45 @@ def _max_lanes(req: Request, cfg: Config) -> int:
     return max(1, cfg.lane_budget // per_lane)
 
 
-class _Problem:
-    """Everything static about one request under one config: tiles, positions, the rule."""
+def tile_pairs(req: Request, cfg: Config) -> tuple[tuple[int, ...], ...]:
+    """The key tiles each query tile visits: from the rule where positions are static or known
+    up to a subset (right padding, offsets with sync none_front), else every tile."""
+    rule = Full() if isinstance(req.rule, ExplicitMask) else req.rule
+    if not ragged.uses_segments(req):
+        return planning.tile_pairs(rule, req.seq_q, req.seq_k, req.sync, cfg.bq, cfg.bk)
+    shifted_fixed = (
+        not req.varlen
+        and req.sync == "none_front"
+        and (req.padding_side == "right" or not (req.q_lengths or req.k_lengths))
+    )
+    if shifted_fixed:
+        return planning.shifted_pairs(rule, req.nq, req.nk, req.q_offset, req.k_offset, cfg.bq, cfg.bk)
+    return planning.all_pairs(math.ceil(req.nq / cfg.bq), math.ceil(req.nk / cfg.bk))
 
-    def __init__(self, req: Request, cfg: Config) -> None:
+
+def _ops(ops: dict[str, Any] | None) -> dict[str, Any]:
+    return {} if ops is None else ops
+
+
+class _Problem:
+    """Everything about one request under one config: tiles, positions, the rule, modifiers."""
+
+    def __init__(self, req: Request, cfg: Config, ops: dict[str, Any] | None = None) -> None:
         self.req, self.cfg = req, cfg
+        ops = _ops(ops)
         self.nqt = math.ceil(req.nq / cfg.bq)
         self.nkt = math.ceil(req.nk / cfg.bk)
         self.rule = Full() if isinstance(req.rule, ExplicitMask) else req.rule
-        self.pairs = planning.tile_pairs(self.rule, req.seq_q, req.seq_k, req.sync, cfg.bq, cfg.bk)
+        self.pairs = tile_pairs(req, cfg)
         self.acc = _acc_dtype(req)
         self.cdt = jnp.dtype(cfg.compute_dtype)
         self.prec = _precision(cfg)
+        self.seg = None
+        if ragged.uses_segments(req):
+            self.seg = ragged.segments(req, ops, self.nqt * cfg.bq, self.nkt * cfg.bk)
+        bias = ops.get("bias")
+        self.btiles = None if bias is None else self.mask_tiles(bias)
+        self.sinks = ops.get("sinks")
 
     # ---- tiling -------------------------------------------------------------------------
     def q_tiles(self, x: Any) -> Any:
@@ -116,6 +146,9 @@ class _Problem:
         cfg = self.cfg
         qi = (qt * cfg.bq)[:, None, None] + jnp.arange(cfg.bq, dtype=jnp.int32)[None, :, None]
         kj = (kt * cfg.bk)[:, None, None] + jnp.arange(cfg.bk, dtype=jnp.int32)[None, None, :]
+        if self.seg is not None:  # (Bs, L, bq, bk), per batch entry or packed sequence
+            ok = ragged.keep(self.req, self.seg, qi[:, :, 0], kj[:, 0, :]) & valid[None, :, None, None]
+            return ok[:, None, None]
         ok = rulemask.keep(self.req, qi, kj) & valid[:, None, None]
         return jnp.broadcast_to(ok, (kt.shape[0], cfg.bq, cfg.bk))
 
@@ -132,18 +165,56 @@ class _Problem:
             return m.reshape(mb, r.heads_kv, r.group, *m.shape[2:])
         return m.reshape(mb, 1, 1, *m.shape[2:])
 
-    def logits(self, q: Any, k: Any, qt: Any, kt: Any, valid: Any, mtiles: Any) -> Any:
-        """Masked logits (B, Hkv, G, L, bq, bk) in the accumulation dtype (-inf where masked)."""
+    def logits(self, q: Any, k: Any, qt: Any, kt: Any, valid: Any, mtiles: Any) -> tuple[Any, Any]:
+        """Masked logits (B, Hkv, G, L, bq, bk) in the accumulation dtype (-inf where masked), and
+        ``tanh(t / softcap)`` (None without softcap) for the backward's chain rule."""
         s = jnp.einsum("bhgiqd,bhikd->bhgiqk", q, k, preferred_element_type=self.acc, precision=self.prec)
         s = s * jnp.asarray(self.req.scale, self.acc)
+        th = None
+        if self.req.softcap is not None:
+            cap = jnp.asarray(self.req.softcap, self.acc)
+            th = jnp.tanh(s / cap)
+            s = cap * th
         keep = self.keep(qt, kt, valid)
-        if mtiles is not None:
-            m = self.explicit(mtiles, qt, kt)
-            if self.req.rule.kind == "bool":  # type: ignore[union-attr]
-                keep = keep & m
-            else:
-                s = s + m.astype(self.acc)
-        return jnp.where(keep, s, -jnp.inf)
+        if mtiles is not None:  # a bool mask (an additive one arrives as the bias)
+            keep = keep & self.explicit(mtiles, qt, kt)
+        if self.btiles is not None:
+            s = s + self.explicit(self.btiles, qt, kt).astype(self.acc)
+        return jnp.where(keep, s, -jnp.inf), th
+
+    def dbias_add(self, db: Any, ds: Any, qt: Any, kt: Any) -> Any:
+        """Add the lanes' dS (B, Hkv, G, L, bq, bk) into dbias tiles, summed over broadcast dims."""
+        r = self.req
+        mb, mh, nq1, bq1, nk1, bk1 = db.shape
+        if mb == 1:
+            ds = ds.sum(axis=0, keepdims=True)
+        ds = ds.reshape(mb, r.heads_q, *ds.shape[3:]) if mh > 1 else ds.sum(axis=(1, 2))[:, None]
+        if bq1 == 1:
+            ds = ds.sum(axis=-2, keepdims=True)
+        if bk1 == 1:
+            ds = ds.sum(axis=-1, keepdims=True)
+        zero = jnp.zeros_like(qt)
+        iq = qt if nq1 > 1 else zero
+        ik = kt if nk1 > 1 else zero
+        return db.at[:, :, iq, :, ik, :].add(jnp.moveaxis(ds, 2, 0))
+
+    def row_ok(self) -> Any:
+        """(Bs, 1, Nq) bool: valid query rows (None when every row is valid)."""
+        if self.seg is None:
+            return None
+        return self.seg.qok[:, None, : self.req.nq]
+
+    def apply_sinks(self, out: Any, lse: Any) -> tuple[Any, Any]:
+        """SPEC §9: the virtual sink key joins every valid row's softmax (out (B, Hq, Nq, Dv) and
+        lse (B, Hq, Nq) in the accumulation dtype); padded rows keep 0 and -inf."""
+        sink = self.sinks.astype(self.acc)[None, :, None]
+        full = jnp.logaddexp(lse, sink)
+        ok = self.row_ok()
+        if ok is not None:
+            full = jnp.where(ok, full, -jnp.inf)
+        dead = full == -jnp.inf
+        factor = jnp.where(dead, 0.0, jnp.exp(lse - jnp.where(dead, 0.0, full)))
+        return out * factor[..., None], full
 
     def mm(self, spec: str, a: Any, b: Any) -> Any:
         return jnp.einsum(spec, a, b, preferred_element_type=self.acc, precision=self.prec)
@@ -169,10 +240,21 @@ def _finish(m: Any, l: Any, o: Any) -> tuple[Any, Any]:
 
 
 def forward(
-    q: Any, k: Any, v: Any, req: Request, cfg: Config, mask: Any = None, out_dtype: Any = None
+    q: Any,
+    k: Any,
+    v: Any,
+    req: Request,
+    cfg: Config,
+    mask: Any = None,
+    out_dtype: Any = None,
+    ops: dict[str, Any] | None = None,
 ) -> tuple[Any, Any]:
-    """(out (B, Hq, Nq, Dv) in ``out_dtype`` (default: the input dtype), lse (B, Hq, Nq) float32/float64)."""
-    pb = _Problem(req, cfg)
+    """(out (B, Hq, Nq, Dv) in ``out_dtype`` (default: the input dtype), lse (B, Hq, Nq) float32/float64).
+
+    ``ops``: the §9-§11 arrays as jnp arrays (bias, sinks, q_lengths, k_lengths, cu_seqlens_q,
+    cu_seqlens_k), absent keys or None where not given; ``mask`` is a bool explicit mask only.
+    """
+    pb = _Problem(req, cfg, ops)
     lp = planning.lanes(pb.pairs, _max_lanes(req, cfg))
     n_lanes, direct = lp.shape[0], lp.direct
     qt_all, kt_all, vt_all = pb.q_tiles(q), pb.k_tiles(k), pb.k_tiles(v)
@@ -195,7 +277,7 @@ def forward(
             m = jnp.where(fr, -jnp.inf, m)
             l = jnp.where(fr, 0.0, l)
             o = jnp.where(fr[..., None], 0.0, o)
-        s = pb.logits(_take(qt_all, qt, 3, direct), kt_all[:, :, kt], qt, kt, valid, mtiles)
+        s, _ = pb.logits(_take(qt_all, qt, 3, direct), kt_all[:, :, kt], qt, kt, valid, mtiles)
         m_new = jnp.maximum(m, s.max(axis=-1))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
         p = jnp.exp(s - m_safe[..., None])
@@ -213,7 +295,11 @@ def forward(
 
     carry, _ = jax.lax.scan(step, init, _lanes_table(lp))
     out, lse = _finish(*carry[:3]) if direct else carry[3:]
-    return pb.untile_q(out, q.dtype if out_dtype is None else out_dtype), pb.untile_rows(lse)
+    dtype = q.dtype if out_dtype is None else out_dtype
+    if pb.sinks is None:
+        return pb.untile_q(out, dtype), pb.untile_rows(lse)
+    out, lse = pb.apply_sinks(pb.untile_q(out, acc), pb.untile_rows(lse))
+    return out.astype(dtype), lse
 
 
 def backward(
@@ -227,9 +313,11 @@ def backward(
     cfg: Config,
     mask: Any = None,
     dlse: Any = None,
-) -> tuple[Any, Any, Any]:
-    """(dq, dk, dv) recomputing probabilities from ``lse``; ``dlse`` is lse's cotangent, if any."""
-    pb = _Problem(req, cfg)
+    ops: dict[str, Any] | None = None,
+) -> tuple[Any, Any, Any, Any, Any]:
+    """(dq, dk, dv, dbias, dsinks) recomputing probabilities from ``lse``; ``dlse`` is lse's
+    cotangent, if any. dbias has the bias's shape and dtype, dsinks the sinks'; None without them."""
+    pb = _Problem(req, cfg, ops)
     acc = pb.acc
     qt_all, kt_all, vt_all = pb.q_tiles(q), pb.k_tiles(k), pb.k_tiles(v)
     dot_all = pb.q_tiles(dout)
@@ -242,39 +330,59 @@ def backward(
     b, hkv, g = req.batch, req.heads_kv, req.group
     scale = jnp.asarray(req.scale, acc)
 
-    def probs(qt: Any, kt: Any, valid: Any, dq_direct: bool) -> tuple[Any, Any, Any, Any]:
-        """q tiles, dO tiles, P and dS (without the scale) of the lanes, (B, Hkv, G, L, bq, bk)."""
+    def probs(qt: Any, kt: Any, valid: Any, dq_direct: bool) -> tuple[Any, Any, Any, Any, Any]:
+        """q tiles, dO tiles, P, dS (the logits' gradient: dbias) and dT (the gradient of
+        scale·q·k, through softcap) of the lanes, (B, Hkv, G, L, bq, bk)."""
         q_l = _take(qt_all, qt, 3, dq_direct)
         do_l = _take(dot_all, qt, 3, dq_direct)
-        s = pb.logits(q_l, kt_all[:, :, kt], qt, kt, valid, mtiles)
+        s, th = pb.logits(q_l, kt_all[:, :, kt], qt, kt, valid, mtiles)
         lse_t = _take(lse_all, qt, 3, dq_direct)[..., None]
         dead = lse_t == -jnp.inf
         p = jnp.where(dead, 0.0, jnp.exp(s - jnp.where(dead, 0.0, lse_t)))
         dp = pb.mm("bhgiqd,bhikd->bhgiqk", do_l, vt_all[:, :, kt])
         ds = p * (dp - _take(delta_all, qt, 3, dq_direct)[..., None])
-        return q_l, do_l, p, ds
+        dt = ds if th is None else ds * (1.0 - th * th)
+        return q_l, do_l, p, ds, dt
 
     # dq: lanes over query tiles.
     lq = planning.lanes(pb.pairs, _max_lanes(req, cfg))
     nlq, dq_direct = lq.shape[0], lq.direct
+
+    with_db = pb.btiles is not None
 
     def dq_step(carry: tuple, xs: tuple) -> tuple[tuple, None]:
         a = carry[0]
         qt, kt, valid, first, last = xs
         if not dq_direct:
             a = jnp.where(first[:, None, None], 0.0, a)
-        _, _, _, ds = probs(qt, kt, valid, dq_direct)
-        a = a + pb.mm("bhgiqk,bhikd->bhgiqd", ds.astype(pb.cdt), kt_all[:, :, kt])
+        _, _, _, ds, dt = probs(qt, kt, valid, dq_direct)
+        a = a + pb.mm("bhgiqk,bhikd->bhgiqd", dt.astype(pb.cdt), kt_all[:, :, kt])
+        db = (pb.dbias_add(carry[-1], ds, qt, kt),) if with_db else ()
         if dq_direct:
-            return (a,), None
+            return (a, *db), None
         dest = jnp.where(last, qt, pb.nqt)
-        return (a, carry[1].at[:, :, :, dest].set(a * scale, mode="drop")), None
+        return (a, carry[1].at[:, :, :, dest].set(a * scale, mode="drop"), *db), None
 
     init_q: tuple = (jnp.zeros((b, hkv, g, nlq, cfg.bq, req.dim_qk), acc),)
     if not dq_direct:
         init_q += (jnp.zeros((b, hkv, g, pb.nqt, cfg.bq, req.dim_qk), acc),)
+    if with_db:
+        init_q += (jnp.zeros(pb.btiles.shape, acc),)
     carry, _ = jax.lax.scan(dq_step, init_q, _lanes_table(lq))
     dq = carry[0] * scale if dq_direct else carry[1]
+    dbias = None
+    if with_db:
+        bias = _ops(ops)["bias"]
+        mb, mh, mq, mk = bias.shape
+        dbias = carry[-1].reshape(mb, mh, carry[-1].shape[2] * carry[-1].shape[3], -1)
+        dbias = dbias[:, :, :mq, :mk].astype(bias.dtype)
+    dsinks = None
+    if pb.sinks is not None:
+        dead = lse == -jnp.inf
+        p_sink = jnp.where(
+            dead, 0.0, jnp.exp(pb.sinks.astype(acc)[None, :, None] - jnp.where(dead, 0.0, lse))
+        )
+        dsinks = -(p_sink * delta).sum(axis=(0, 2)).astype(pb.sinks.dtype)
 
     # dk, dv: lanes over key tiles.
     lk = planning.lanes(planning.transpose_pairs(pb.pairs, pb.nkt), _max_lanes(req, cfg))
@@ -287,9 +395,9 @@ def backward(
             fr = first[:, None, None]
             ak = jnp.where(fr, 0.0, ak)
             av = jnp.where(fr, 0.0, av)
-        q_l, do_l, p, ds = probs(qt, kt, valid, False)
+        q_l, do_l, p, _, dt = probs(qt, kt, valid, False)
         av = av + pb.mm("bhgiqk,bhgiqd->bhikd", p.astype(pb.cdt), do_l)
-        ak = ak + pb.mm("bhgiqk,bhgiqd->bhikd", ds.astype(pb.cdt), q_l)
+        ak = ak + pb.mm("bhgiqk,bhgiqd->bhikd", dt.astype(pb.cdt), q_l)
         if kv_direct:
             return (ak, av), None
         dest = jnp.where(last, kt, pb.nkt)
@@ -308,4 +416,4 @@ def backward(
         )
     carry, _ = jax.lax.scan(dkv_step, init_k, _lanes_table(lk))
     dk, dv = (carry[0] * scale, carry[1]) if kv_direct else (carry[2], carry[3])
-    return pb.untile_q(dq, q.dtype), pb.untile_k(dk, k.dtype), pb.untile_k(dv, v.dtype)
+    return pb.untile_q(dq, q.dtype), pb.untile_k(dk, k.dtype), pb.untile_k(dv, v.dtype), dbias, dsinks

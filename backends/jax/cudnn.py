@@ -12,6 +12,10 @@ request only when its own semantics coincide with SPEC's:
   (cuDNN's softmax statistics come back rounded to the input dtype).
 - Even query and key lengths: cuDNN's backward rejects odd ones (``NotImplementedError`` under
   ``jax.grad``), and a gradient may follow any call.
+- Of SPEC §9-§11 only ``q_lengths``/``k_lengths`` with right padding and the rule ``Full``
+  (cuDNN's ``query_seq_lengths``/``key_value_seq_lengths``): positions do not matter under
+  ``Full``, padded query rows and rows without keys are set to 0 here (a length 0 is passed to
+  cuDNN as 1 and its rows zeroed, so that no 0/0 reaches its backward).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ def obstacles(req: Request) -> list[str]:
         why.append("cuDNN path needs Dqk == Dv")
     if req.dim_qk % 8 or req.dim_qk > 128:
         why.append(f"cuDNN path needs a head dim that is a multiple of 8 and <= 128, got {req.dim_qk}")
+    why.extend(_modifier_obstacles(req))
     if req.nq % 2 or req.nk % 2:
         # Found by `attnhub certify jax --device cuda`: jax.grad of the cuDNN call raises
         # NotImplementedError for odd lengths, and whether a gradient follows is unknown here.
@@ -52,13 +57,44 @@ def obstacles(req: Request) -> list[str]:
     return why
 
 
-def attention(q: Any, k: Any, v: Any, req: Request) -> Any:
+def _modifier_obstacles(req: Request) -> list[str]:
+    """Why cuDNN cannot serve the §9-§11 arguments of ``req`` exactly."""
+    if not req.modified:
+        return []
+    why = []
+    used = {
+        "bias": req.bias is not None,
+        "softcap": req.softcap is not None,
+        "sinks": req.sinks,
+        "packed sequences": req.varlen,
+        "paged KV caches": bool(req.paged),
+        "offsets": bool(req.q_offset or req.k_offset),
+    }
+    names = [n for n, u in used.items() if u]
+    if names:
+        why.append(f"the cuDNN path takes no {', '.join(names)}")
+    if req.q_lengths or req.k_lengths:
+        if req.padding_side != "right":
+            why.append("cuDNN's sequence lengths are right padding only")
+        if not isinstance(req.rule, Full):
+            why.append("cuDNN with lengths serves the rule Full only (its causal mask is not per-entry sync)")
+    return why
+
+
+def attention(q: Any, k: Any, v: Any, req: Request, ops: dict[str, Any] | None = None) -> Any:
     """out (B, Hq, Nq, D) through cuDNN for canonical (B, H, N, D) inputs (see :func:`obstacles`)."""
     import jax.numpy as jnp
     from jax import nn
 
+    ops = ops or {}
     causal = isinstance(req.rule, Causal)
     t = (0, 2, 1, 3)  # canonical (B, H, N, D) <-> jax.nn's (B, T, N, H)
+    ql, kl = ops.get("q_lengths"), ops.get("k_lengths")
+    lengths: dict[str, Any] = {}
+    if ql is not None or kl is not None:
+        ql = jnp.full((req.batch,), req.nq, jnp.int32) if ql is None else ql.astype(jnp.int32)
+        kl = jnp.full((req.batch,), req.nk, jnp.int32) if kl is None else kl.astype(jnp.int32)
+        lengths = {"query_seq_lengths": jnp.maximum(ql, 1), "key_value_seq_lengths": jnp.maximum(kl, 1)}
     out = nn.dot_product_attention(
         jnp.transpose(q, t),
         jnp.transpose(k, t),
@@ -66,5 +102,11 @@ def attention(q: Any, k: Any, v: Any, req: Request) -> Any:
         scale=req.scale,
         is_causal=causal,
         implementation="cudnn",
+        **lengths,
     )
-    return jnp.transpose(out, t)
+    out = jnp.transpose(out, t)
+    if lengths:
+        rows = jnp.arange(req.nq, dtype=jnp.int32)[None, :]
+        ok = (rows < ql[:, None]) & (kl[:, None] > 0)
+        out = jnp.where(ok[:, None, :, None], out, jnp.zeros((), out.dtype))
+    return out

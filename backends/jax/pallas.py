@@ -45,6 +45,8 @@ def obstacles(req: Request) -> list[str]:
         why.append(f"the Pallas kernel takes float16/bfloat16 (float32 would run as tf32), got {req.dtype}")
     if not isinstance(req.rule, (Full, Causal, Local)):
         why.append("the Pallas kernel reads no explicit mask arrays")
+    if req.modified:
+        why.append("the Pallas kernel takes no bias, softcap, sinks, lengths, packed sequences or offsets")
     for name, d in (("Dqk", req.dim_qk), ("Dv", req.dim_v)):
         if d not in (16, 32, 64, 128):
             why.append(f"the Pallas kernel needs {name} in 16/32/64/128, got {d}")

@@ -8,7 +8,9 @@
   exactly (see :mod:`cudnn`); it differentiates through cuDNN's own backward.
 
 Functions are built once per (request, path, config) and cached; each is a ``jax.jit`` so that
-eager calls are compiled once and calls under an outer ``jit``/``grad``/``vmap`` inline it.
+eager calls are compiled once and calls under an outer ``jit``/``grad``/``vmap`` inline it. Each
+takes ``(q, k, v, mask, ops)``: ``mask`` a bool explicit mask or None, ``ops`` a dict of the §9-§11
+arrays (see :func:`blockwise.forward`); bias and sinks get their gradients, integer arrays none.
 """
 
 from __future__ import annotations
@@ -57,19 +59,25 @@ def _zero_cotangent(mask: Any) -> Any:
     return np.zeros(mask.shape, dtype=jax.dtypes.float0)
 
 
+def _ops_cotangent(ops: dict[str, Any], dbias: Any, dsinks: Any) -> dict[str, Any]:
+    """The cotangent of ``ops``: dbias and dsinks, float0 zeros for the integer arrays."""
+    grads = {"bias": dbias, "sinks": dsinks}
+    return {n: grads[n] if n in grads and x is not None else _zero_cotangent(x) for n, x in ops.items()}
+
+
 def _build_blockwise(req: Request, cfg: Config, path: str) -> Callable[..., tuple[Any, Any]]:
     """``path`` "blockwise" or "pallas" forward under ``custom_vjp``; the blockwise backward."""
 
-    def run_forward(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
+    def run_forward(q: Any, k: Any, v: Any, mask: Any, ops: dict[str, Any]) -> tuple[Any, Any]:
         if path == "pallas":
             return pallas.forward(q, k, v, req)
-        return blockwise.forward(q, k, v, req, cfg, mask)
+        return blockwise.forward(q, k, v, req, cfg, mask, ops=ops)
 
     @jax.custom_vjp
-    def attend(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
-        return run_forward(q, k, v, mask)
+    def attend(q: Any, k: Any, v: Any, mask: Any, ops: dict[str, Any]) -> tuple[Any, Any]:
+        return run_forward(q, k, v, mask, ops)
 
-    def fwd(q: Any, k: Any, v: Any, mask: Any) -> tuple[tuple[Any, Any], tuple]:
+    def fwd(q: Any, k: Any, v: Any, mask: Any, ops: dict[str, Any]) -> tuple[tuple[Any, Any], tuple]:
         # The backward's rowsum(dO·O) cancels against dP on peaked rows: it gets O before rounding
         # to a half dtype (a bf16-rounded O cost dq twice SPEC's tolerance in a certify case;
         # tests/test_peaked_row_gradients.py has one for each path).
@@ -77,29 +85,29 @@ def _build_blockwise(req: Request, cfg: Config, path: str) -> Callable[..., tupl
         if path == "pallas":
             out_wide, lse = pallas.forward(q, k, v, req, out_dtype=wide)
         else:
-            out_wide, lse = blockwise.forward(q, k, v, req, cfg, mask, out_dtype=wide)
-        return (out_wide.astype(q.dtype), lse), (q, k, v, mask, out_wide, lse)
+            out_wide, lse = blockwise.forward(q, k, v, req, cfg, mask, out_dtype=wide, ops=ops)
+        return (out_wide.astype(q.dtype), lse), (q, k, v, mask, ops, out_wide, lse)
 
     def bwd(res: tuple, cts: tuple[Any, Any]) -> tuple:
-        q, k, v, mask, out, lse = res
+        q, k, v, mask, ops, out, lse = res
         dout, dlse = cts
-        dq, dk, dv = blockwise.backward(q, k, v, out, lse, dout, req, cfg, mask, dlse)
-        # An additive mask is treated as a constant: no gradient flows to it (docs/backends/jax.md).
-        return dq, dk, dv, _zero_cotangent(mask)
+        dq, dk, dv, dbias, dsinks = blockwise.backward(q, k, v, out, lse, dout, req, cfg, mask, dlse, ops)
+        # A bool mask has no gradient; an additive one arrives as ops["bias"] (SPEC §9).
+        return dq, dk, dv, _zero_cotangent(mask), _ops_cotangent(ops, dbias, dsinks)
 
     attend.defvjp(fwd, bwd)
     return jax.jit(attend)
 
 
 def _build_cudnn(req: Request) -> Callable[..., tuple[Any, Any]]:
-    def attend(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
-        return cudnn.attention(q, k, v, req), None
+    def attend(q: Any, k: Any, v: Any, mask: Any, ops: dict[str, Any]) -> tuple[Any, Any]:
+        return cudnn.attention(q, k, v, req, ops), None
 
     return jax.jit(attend)
 
 
 def function_for(req: Request, path: str) -> Callable[..., tuple[Any, Any]]:
-    """The cached jitted ``(q, k, v, mask) -> (out, lse)`` of ``path`` for ``req``."""
+    """The cached jitted ``(q, k, v, mask, ops) -> (out, lse)`` of ``path`` for ``req``."""
     cfg = None if path == "cudnn" else config_for(req)
     key = (req, path, cfg, pallas.mode())
     fn = _CACHE.get(key)

@@ -18,7 +18,7 @@ from functools import lru_cache
 import numpy as np
 
 from attnhub.positions import grid_positions
-from attnhub.rules import Rule
+from attnhub.rules import Causal, Full, Local, Rule
 from attnhub.tiling import EMPTY, classify
 
 #: Direct lanes (one per outer tile) are used when they pad the work by at most this factor.
@@ -155,3 +155,39 @@ def _direct(pairs: tuple[tuple[int, ...], ...], steps: int) -> Lanes:
     first[:, 0] = True
     last[:, -1] = True
     return Lanes(outer, inner, valid, first, last, direct=True)
+
+
+def all_pairs(nqt: int, nkt: int) -> tuple[tuple[int, ...], ...]:
+    """Every key tile for every query tile (positions known only at run time)."""
+    return tuple(tuple(range(nkt)) for _ in range(nqt))
+
+
+@lru_cache(maxsize=64)
+def shifted_pairs(
+    rule: Rule, nq: int, nk: int, q_offset: int, k_offset: int, bq: int, bk: int
+) -> tuple[tuple[int, ...], ...]:
+    """1-d tile pairs with positions ``i + q_offset`` and ``j + k_offset`` (SPEC §11).
+
+    Conservative: a pair is kept when the interval of position differences ``P - R`` it spans
+    meets the rule's band (causal: ``>= 0``; Local: ``|d| <= s·(w-1)``), which includes every
+    tile holding an attended pair; the mask inside a tile is exact.
+    """
+    nqt, nkt = math.ceil(nq / bq), math.ceil(nk / bk)
+    if isinstance(rule, Full):
+        return all_pairs(nqt, nkt)
+    causal = isinstance(rule, Causal) or (isinstance(rule, Local) and rule.causal)
+    hi = math.inf
+    if isinstance(rule, Local):
+        (w,) = rule.windows(1)
+        hi = rule.stride * (w - 1)
+    lo = 0 if causal else -hi
+    out = []
+    for i in range(nqt):
+        p0, p1 = i * bq + q_offset, min(nq, (i + 1) * bq) - 1 + q_offset
+        row = []
+        for j in range(nkt):
+            r0, r1 = j * bk + k_offset, min(nk, (j + 1) * bk) - 1 + k_offset
+            if p1 - r0 >= lo and p0 - r1 <= hi:
+                row.append(j)
+        out.append(tuple(row))
+    return tuple(out)
