@@ -469,3 +469,33 @@ def test_declines_ragged_2d_and_pallas_cudnn_fall_back(rng):
     assert not cudnn.obstacles(right)
     assert cudnn.obstacles(replace(right, padding_side="left"))
     assert cudnn.obstacles(replace(right, rule=Causal()))
+
+
+@pytest.mark.parametrize(
+    "rule,fields",
+    [
+        (Causal(), {"softcap": 4.0, "sinks": True}),
+        (Local(40, causal=True), {"qo": 70, "ko": 3, "sinks": True}),
+        (Causal(), {"qo": 0, "ko": 150, "softcap": 9.0}),  # early rows see no key: lse = sinks/-inf
+    ],
+    ids=["softcap-sinks", "offsets-sinks", "offsets-softcap"],
+)
+def test_pallas_interpret_softcap_sinks_offsets(rng, monkeypatch, rule, fields):
+    """The Pallas kernel (in its interpreter) serves softcap, sinks and offsets."""
+    monkeypatch.setenv("ATTNHUB_JAX_PALLAS", "interpret")
+    check_case(
+        rng,
+        rule,
+        "none_front",
+        dtype="bfloat16",
+        b=1,
+        hq=2,
+        hkv=1,
+        nq=130,
+        nk=200,
+        d=16,
+        dv=16,
+        path="pallas",
+        big=True,
+        **fields,
+    )

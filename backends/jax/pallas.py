@@ -45,8 +45,8 @@ def obstacles(req: Request) -> list[str]:
         why.append(f"the Pallas kernel takes float16/bfloat16 (float32 would run as tf32), got {req.dtype}")
     if not isinstance(req.rule, (Full, Causal, Local)):
         why.append("the Pallas kernel reads no explicit mask arrays")
-    if req.modified:
-        why.append("the Pallas kernel takes no bias, softcap, sinks, lengths, packed sequences or offsets")
+    if req.bias is not None or req.ragged:
+        why.append("the Pallas kernel takes no bias, lengths, packed sequences or paged caches")
     for name, d in (("Dqk", req.dim_qk), ("Dv", req.dim_v)):
         if d not in (16, 32, 64, 128):
             why.append(f"the Pallas kernel needs {name} in 16/32/64/128, got {d}")
@@ -55,7 +55,10 @@ def obstacles(req: Request) -> list[str]:
 
 def _tile_bounds(req: Request, nqt: int) -> np.ndarray:
     """(nQT, 2) int32: first and one-past-last key tile that any query of the tile attends."""
-    pairs = planning.tile_pairs(req.rule, req.seq_q, req.seq_k, req.sync, BQ, BK)
+    if req.q_offset or req.k_offset:
+        pairs = planning.shifted_pairs(req.rule, req.nq, req.nk, req.q_offset, req.k_offset, BQ, BK)
+    else:
+        pairs = planning.tile_pairs(req.rule, req.seq_q, req.seq_k, req.sync, BQ, BK)
     out = np.zeros((nqt, 2), dtype=np.int32)
     for i, row in enumerate(pairs):
         if row:
@@ -63,9 +66,22 @@ def _tile_bounds(req: Request, nqt: int) -> np.ndarray:
     return out
 
 
-def forward(q: Any, k: Any, v: Any, req: Request, out_dtype: Any = None) -> tuple[Any, Any]:
+def forward(
+    q: Any, k: Any, v: Any, req: Request, out_dtype: Any = None, sinks: Any = None
+) -> tuple[Any, Any]:
     """(out (B, Hq, Nq, Dv) in ``out_dtype`` (default q's), lse (B, Hq, Nq) float32) through the
-    Pallas kernel."""
+    Pallas kernel; softcap and offsets inside it, sinks (SPEC §9) applied to its result."""
+    dtype = out_dtype or q.dtype
+    if sinks is None:
+        return _kernel(q, k, v, req, dtype)
+    out, lse = _kernel(q, k, v, req, jnp.float32)
+    full = jnp.logaddexp(lse, sinks.astype(jnp.float32)[None, :, None])
+    dead = full == -jnp.inf
+    factor = jnp.where(dead, 0.0, jnp.exp(lse - jnp.where(dead, 0.0, full)))
+    return (out * factor[..., None]).astype(dtype), full
+
+
+def _kernel(q: Any, k: Any, v: Any, req: Request, out_dtype: Any) -> tuple[Any, Any]:
     from jax.experimental import pallas as pl
 
     nqt, nkt = math.ceil(req.nq / BQ), math.ceil(req.nk / BK)
@@ -76,7 +92,7 @@ def forward(q: Any, k: Any, v: Any, req: Request, out_dtype: Any = None) -> tupl
         k = jnp.pad(k, ((0, 0), (0, 0), (0, nk_pad - req.nk), (0, 0)))
         v = jnp.pad(v, ((0, 0), (0, 0), (0, nk_pad - req.nk), (0, 0)))
     bounds = jnp.asarray(_tile_bounds(req, nqt))
-    g, dqk, dv, scale = req.group, req.dim_qk, req.dim_v, req.scale
+    g, dqk, dv, scale, cap = req.group, req.dim_qk, req.dim_v, req.scale, req.softcap
 
     def kernel(b_ref: Any, q_ref: Any, k_ref: Any, v_ref: Any, o_ref: Any, lse_ref: Any) -> None:
         i = pl.program_id(0)
@@ -95,6 +111,8 @@ def forward(q: Any, k: Any, v: Any, req: Request, out_dtype: Any = None) -> tupl
             s = jax.lax.dot_general(
                 qt, kt, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
             ) * jnp.float32(scale)
+            if cap is not None:
+                s = jnp.float32(cap) * jnp.tanh(s / jnp.float32(cap))
             keep = rulemask.keep(req, qi, start + jnp.arange(BK, dtype=jnp.int32)[None, :])
             s = jnp.where(keep, s, -jnp.inf)
             m_new = jnp.maximum(m, jnp.max(s, axis=1))
@@ -141,7 +159,7 @@ def forward(q: Any, k: Any, v: Any, req: Request, out_dtype: Any = None) -> tupl
             pl.BlockSpec((None, None, BQ), lambda i, b, h: (b, h, i)),
         ],
         out_shape=[
-            jax.ShapeDtypeStruct((req.batch, req.heads_q, nq_pad, dv), out_dtype or q.dtype),
+            jax.ShapeDtypeStruct((req.batch, req.heads_q, nq_pad, dv), out_dtype),
             jax.ShapeDtypeStruct((req.batch, req.heads_q, nq_pad), jnp.float32),
         ],
         interpret=interpret,

@@ -70,7 +70,7 @@ def _build_blockwise(req: Request, cfg: Config, path: str) -> Callable[..., tupl
 
     def run_forward(q: Any, k: Any, v: Any, mask: Any, ops: dict[str, Any]) -> tuple[Any, Any]:
         if path == "pallas":
-            return pallas.forward(q, k, v, req)
+            return pallas.forward(q, k, v, req, sinks=ops.get("sinks"))
         return blockwise.forward(q, k, v, req, cfg, mask, ops=ops)
 
     @jax.custom_vjp
@@ -83,7 +83,7 @@ def _build_blockwise(req: Request, cfg: Config, path: str) -> Callable[..., tupl
         # tests/test_peaked_row_gradients.py has one for each path).
         wide = jnp.promote_types(q.dtype, jnp.float32)
         if path == "pallas":
-            out_wide, lse = pallas.forward(q, k, v, req, out_dtype=wide)
+            out_wide, lse = pallas.forward(q, k, v, req, out_dtype=wide, sinks=ops.get("sinks"))
         else:
             out_wide, lse = blockwise.forward(q, k, v, req, cfg, mask, out_dtype=wide, ops=ops)
         return (out_wide.astype(q.dtype), lse), (q, k, v, mask, ops, out_wide, lse)

@@ -25,7 +25,8 @@ def keep(req: Request, qi: Any, kj: Any) -> Any:
     """Bool mask of flat query indices ``qi`` x flat key indices ``kj`` (int32, broadcastable).
 
     Keys at or past ``req.nk`` (tile padding) are never attended. An explicit mask's request
-    gets the ``Full`` rule here (the array is applied separately).
+    gets the ``Full`` rule here (the array is applied separately). Offsets (SPEC §11) shift the
+    1-d positions; lengths and packed sequences are :mod:`ragged`'s.
     """
     qi, kj = qi.astype(jnp.int32), kj.astype(jnp.int32)  # int64 under jax_enable_x64 otherwise
     ok = kj < req.nk
@@ -41,6 +42,9 @@ def keep(req: Request, qi: Any, kj: Any) -> Any:
         ik = [jax.lax.div(kj, xk), jax.lax.rem(kj, xk)]
     pq = [a[0] * i + a[1] for a, i in zip(axes, iq)]
     pk = [a[2] * j + a[3] for a, j in zip(axes, ik)]
+    if req.q_offset or req.k_offset:  # SPEC §11 (1-d, sync none_front)
+        pq[0] = pq[0] + jnp.int32(req.q_offset)
+        pk[0] = pk[0] + jnp.int32(req.k_offset)
     if isinstance(rule, Causal) or (isinstance(rule, Local) and rule.causal):
         mx = max(req.seq_q[-1], req.seq_k[-1])
         fq = pq[0] if req.ndim == 1 else pq[0] * mx + pq[1]
