@@ -288,13 +288,14 @@ class JaxAdapter(Adapter):
 
 
 _ADAPTERS: dict[type, Adapter] = {}
+_JAX = JaxAdapter()  # one instance: jax arrays (jaxlib) and tracers (jax) are the same framework
 _BY_ROOT = {
     "numpy": Adapter(),
     "ml_dtypes": Adapter(),
     "torch": TorchAdapter(),
     "tensorflow": TensorFlowAdapter(),
-    "jax": JaxAdapter(),
-    "jaxlib": JaxAdapter(),
+    "jax": _JAX,
+    "jaxlib": _JAX,
 }
 
 

@@ -78,8 +78,8 @@ def segments(req: Request, ops: dict[str, Any], nq_pad: int, nk_pad: int) -> Seg
         kok = (kseg <= last) & (ik < cu_k[-1])
     else:
         ql, kl = ops.get("q_lengths"), ops.get("k_lengths")
-        lq = jnp.full((1, 1), nq, i32) if ql is None else ql.astype(i32)[:, None]
-        lk = jnp.full((1, 1), nk, i32) if kl is None else kl.astype(i32)[:, None]
+        lq = jnp.full((1, 1), nq, i32) if ql is None else jnp.clip(ql.astype(i32), 0, nq)[:, None]
+        lk = jnp.full((1, 1), nk, i32) if kl is None else jnp.clip(kl.astype(i32), 0, nk)[:, None]
         left = req.padding_side == "left"
         qloc = iq - (nq - lq) if left else iq + 0 * lq
         kloc = ik - (nk - lk) if left else ik + 0 * lk
