@@ -463,9 +463,16 @@ def test_declines_ragged_2d_and_pallas_cudnn_fall_back(rng):
     assert not BACKEND.check(r16)
     from attnhub_backends.jax import cudnn, pallas
 
-    for r in (r16, replace(r16, bias=None, softcap=2.0), replace(r16, bias=None, q_offset=3)):
+    for r in (
+        r16,
+        replace(r16, bias=None, k_lengths=True, padding_side="left"),
+        replace(r16, bias=None, varlen=True),
+    ):
         gpu = replace(r, device="cuda:0", dtype="bfloat16")
         assert cudnn.obstacles(gpu) and any("takes no" in w for w in pallas.obstacles(gpu))
+    for r in (replace(r16, bias=None, softcap=2.0, sinks=True), replace(r16, bias=None, q_offset=3)):
+        gpu = replace(r, device="cuda:0", dtype="bfloat16")
+        assert cudnn.obstacles(gpu) and not pallas.obstacles(gpu)
     right = replace(r16, bias=None, device="cuda:0", dtype="bfloat16", k_lengths=True, return_lse=False)
     assert not cudnn.obstacles(right)
     assert cudnn.obstacles(replace(right, padding_side="left"))

@@ -1,7 +1,8 @@
 """The jax backend's SPEC §9-§11 arguments on an NVIDIA GPU, realistic shapes, half precision.
 
 The same float64 dense formula as tests/test_jax_modifiers.py; the backend's default GPU tiles.
-cuDNN serves right-padded lengths with the rule Full; everything else runs the blockwise path.
+cuDNN serves right-padded lengths with the rule Full, the Pallas kernel softcap, sinks and
+offsets; everything else runs the blockwise path.
 """
 
 from __future__ import annotations
@@ -60,6 +61,20 @@ def test_softcap_sinks_left_padding(rng):
 def test_varlen_packed(rng):
     cu = ([0, 300, 301, 1000, 1536], [0, 512, 700, 1400, 2048])
     check_case(rng, Causal(), "none_end", dtype="bfloat16", cu=cu, hq=8, hkv=2, d=64, dv=64, sinks=True)
+
+
+def test_pallas_softcap_sinks(rng):
+    check_case(
+        rng,
+        Causal(),
+        "none_front",
+        dtype="bfloat16",
+        softcap=20.0,
+        sinks=True,
+        big=True,
+        path="pallas",
+        **BIG,
+    )
 
 
 def test_offsets_chunked_prefill(rng):
