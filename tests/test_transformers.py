@@ -316,3 +316,60 @@ def test_import_attnhub_loads_no_transformers():
     code = "import sys, attnhub, attnhub.integrations; print('transformers' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def _mask_cases():
+    """(q_length, kv_length, q_offset, kv_offset, 2-D mask, pattern, dense expected) of the
+    situations transformers creates: prefill, decode and chunks with a cache, sliding-window caches
+    (kv_offset), static caches (unfilled slots at the end), right/left/both-sided padding."""
+    from transformers.masking_utils import (
+        bidirectional_mask_function,
+        causal_mask_function,
+        sliding_window_bidirectional_mask_function,
+        sliding_window_causal_mask_function,
+    )
+
+    left = torch.tensor([[1] * 9, [0, 0, 0] + [1] * 6, [0] * 9]).bool()
+    right = torch.tensor([[1] * 9, [1] * 5 + [0] * 4, [1] * 9]).bool()
+    both = torch.tensor([[1] * 9, [0, 0] + [1] * 5 + [0, 0], [1] * 9]).bool()
+    for pattern in (causal_mask_function, sliding_window_causal_mask_function(3)):
+        yield 9, 9, 0, 0, None, pattern, False  # prefill
+        yield 9, 9, 0, 0, left, pattern, False
+        yield 9, 9, 0, 0, right, pattern, False
+        yield 9, 9, 0, 0, both, pattern, True  # lengths cannot say it
+        yield 1, 9, 8, 0, left, pattern, False  # decode
+        yield 3, 9, 6, 0, left, pattern, False  # chunk
+        yield 3, 5, 6, 4, left, pattern, False  # sliding cache: keys 4..8
+        yield 3, 12, 6, 0, left, pattern, True  # static cache: slots 9..11 unfilled
+        yield 4, 9, 2, 0, None, pattern, False  # offsets, none_front
+        yield 4, 9, 2, 0, right, pattern, False
+    for pattern in (bidirectional_mask_function, sliding_window_bidirectional_mask_function(2)):
+        yield 9, 9, 0, 0, right, pattern, False
+        yield 9, 9, 0, 0, both, pattern, True
+
+
+@pytest.mark.parametrize("case", list(range(24)))
+def test_mask_descriptor_matches_transformers_dense_mask(case):
+    """attnhub with the descriptor's arguments = attnhub with transformers' own dense boolean mask
+    (sdpa_mask), on every query row that attends at least one key."""
+    from transformers.masking_utils import sdpa_mask
+
+    from attnhub.integrations.hf_masks import attnhub_mask
+
+    lq, lk, qo, ko, pad, fn, dense_expected = list(_mask_cases())[case]
+    b = 3
+    desc = attnhub_mask(b, lq, lk, qo, ko, mask_function=fn, attention_mask=pad)
+    dense = sdpa_mask(b, lq, lk, qo, ko, mask_function=fn, attention_mask=pad, allow_is_causal_skip=False)
+    assert (desc.kind == "dense") == dense_expected, desc
+    g = torch.Generator().manual_seed(case)
+    q, k, v = (torch.randn(b, 4, n, 8, dtype=torch.float64, generator=g) for n in (lq, lk, lk))
+    kw = dict(mask=desc.rule, sync=desc.sync)
+    if desc.q_offset or desc.k_offset:
+        kw.update(q_offset=desc.q_offset, k_offset=desc.k_offset)
+    if desc.k_lengths is not None:
+        kw.update(k_lengths=desc.k_lengths, padding_side=desc.padding_side)
+    got = attnhub.attention(q, k, v, **kw)
+    want = attnhub.attention(q, k, v, mask=dense)
+    rows = dense.any(-1, keepdim=True).expand_as(want)
+    assert rows.any()
+    assert torch.allclose(got[rows], want[rows], rtol=0, atol=1e-12)
