@@ -322,17 +322,12 @@ def _mask_cases():
     """(q_length, kv_length, q_offset, kv_offset, 2-D mask, pattern, dense expected) of the
     situations transformers creates: prefill, decode and chunks with a cache, sliding-window caches
     (kv_offset), static caches (unfilled slots at the end), right/left/both-sided padding."""
-    from transformers.masking_utils import (
-        bidirectional_mask_function,
-        causal_mask_function,
-        sliding_window_bidirectional_mask_function,
-        sliding_window_causal_mask_function,
-    )
+    from transformers import masking_utils as mu
 
     left = torch.tensor([[1] * 9, [0, 0, 0] + [1] * 6, [0] * 9]).bool()
     right = torch.tensor([[1] * 9, [1] * 5 + [0] * 4, [1] * 9]).bool()
     both = torch.tensor([[1] * 9, [0, 0] + [1] * 5 + [0, 0], [1] * 9]).bool()
-    for pattern in (causal_mask_function, sliding_window_causal_mask_function(3)):
+    for pattern in (mu.causal_mask_function, mu.sliding_window_causal_mask_function(3)):
         yield 9, 9, 0, 0, None, pattern, False  # prefill
         yield 9, 9, 0, 0, left, pattern, False
         yield 9, 9, 0, 0, right, pattern, False
@@ -343,23 +338,25 @@ def _mask_cases():
         yield 3, 12, 6, 0, left, pattern, True  # static cache: slots 9..11 unfilled
         yield 4, 9, 2, 0, None, pattern, False  # offsets, none_front
         yield 4, 9, 2, 0, right, pattern, False
-    for pattern in (bidirectional_mask_function, sliding_window_bidirectional_mask_function(2)):
+    if not hasattr(mu, "sliding_window_bidirectional_mask_function"):  # transformers 4.x
+        return
+    for pattern in (mu.bidirectional_mask_function, mu.sliding_window_bidirectional_mask_function(2)):
         yield 9, 9, 0, 0, right, pattern, False
         yield 9, 9, 0, 0, both, pattern, True
 
 
 @pytest.mark.parametrize("case", list(range(24)))
 def test_mask_descriptor_matches_transformers_dense_mask(case):
+    if case >= len(list(_mask_cases())):
+        pytest.skip("no bidirectional sliding windows in this transformers version")
     """attnhub with the descriptor's arguments = attnhub with transformers' own dense boolean mask
     (sdpa_mask), on every query row that attends at least one key."""
-    from transformers.masking_utils import sdpa_mask
-
-    from attnhub.integrations.hf_masks import attnhub_mask
+    from attnhub.integrations.hf_masks import attnhub_mask, dense_mask
 
     lq, lk, qo, ko, pad, fn, dense_expected = list(_mask_cases())[case]
     b = 3
     desc = attnhub_mask(b, lq, lk, qo, ko, mask_function=fn, attention_mask=pad)
-    dense = sdpa_mask(b, lq, lk, qo, ko, mask_function=fn, attention_mask=pad, allow_is_causal_skip=False)
+    dense = dense_mask(b, lq, lk, qo, ko, fn, pad)
     assert (desc.kind == "dense") == dense_expected, desc
     g = torch.Generator().manual_seed(case)
     q, k, v = (torch.randn(b, 4, n, 8, dtype=torch.float64, generator=g) for n in (lq, lk, lk))

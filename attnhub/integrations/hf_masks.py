@@ -15,6 +15,7 @@ a key is attended iff the pattern allows the pair and the 2-D mask marks column 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,9 +68,9 @@ def _closure(fn: Any) -> dict[str, Any]:
     return {n: c.cell_contents for n, c in zip(names, cells)}
 
 
-def _is(fn: Any, factory: Any) -> bool:
-    """Whether ``fn`` is the inner function made by the transformers factory ``factory``."""
-    return getattr(fn, "__qualname__", "") == f"{factory.__name__}.<locals>.inner_mask" and (
+def _is(fn: Any, factory: str) -> bool:
+    """Whether ``fn`` is the inner function made by transformers' mask factory named ``factory``."""
+    return getattr(fn, "__qualname__", "") == f"{factory}.<locals>.inner_mask" and (
         getattr(fn, "__module__", "") == mu.__name__
     )
 
@@ -80,9 +81,31 @@ def _and_parts(fn: Any) -> tuple[Any, ...] | None:
     return None
 
 
-def recognise(fn: Any) -> tuple[str, Any] | None:
-    """The attnhub rule of a transformers mask pattern whose meaning depends only on the query
-    position minus the key position, as ``(kind, rule)``; None if it is not one of those."""
+def _expected(rule: Any, d: torch.Tensor) -> torch.Tensor:
+    """Which pairs ``rule`` attends, from ``d`` = query position minus key position (1-d)."""
+    if isinstance(rule, attnhub.Full):
+        return torch.ones_like(d, dtype=torch.bool)
+    if isinstance(rule, attnhub.Causal):
+        return d >= 0
+    ok = d.abs() < rule.window
+    return ok & (d >= 0) if rule.causal else ok
+
+
+def _behaves_as(fn: Any, rule: Any, span: int) -> bool:
+    """Whether transformers' pattern ``fn`` equals ``rule`` on a small grid of positions: the
+    recognition by name is checked against what the function computes, so a transformers version
+    that changed a pattern's meaning gets a dense mask, never a wrong rule."""
+    idx = torch.arange(span)
+    zero = torch.zeros((), dtype=torch.long)
+    try:
+        got = fn(zero, zero, idx[:, None], idx[None, :])
+    except Exception:  # a pattern that needs more than positions (e.g. per-batch data)
+        return False
+    want = _expected(rule, idx[:, None] - idx[None, :])
+    return isinstance(got, torch.Tensor) and bool((got.expand_as(want) == want).all())
+
+
+def _by_name(fn: Any) -> tuple[str, Any] | None:
     if fn is mu.causal_mask_function:
         return "causal", attnhub.Causal()
     if fn is mu.bidirectional_mask_function:
@@ -92,27 +115,41 @@ def recognise(fn: Any) -> tuple[str, Any] | None:
         return None
     overlay, base = parts
     # sliding_window_overlay: kv_idx > q_idx - w, with causal: 0 <= q - k < w = Local(w, causal).
-    if base is mu.causal_mask_function and _is(overlay, mu.sliding_window_overlay):
-        w = int(_closure(overlay)["sliding_window"])
-        return "sliding", attnhub.Local(w, causal=True)
+    if base is mu.causal_mask_function and _is(overlay, "sliding_window_overlay"):
+        return "sliding", attnhub.Local(int(_closure(overlay)["sliding_window"]), causal=True)
     # sliding_window_bidirectional_overlay: |q - k| <= w, i.e. Local(w + 1).
-    if base is mu.bidirectional_mask_function and _is(overlay, mu.sliding_window_bidirectional_overlay):
-        w = int(_closure(overlay)["sliding_window"])
-        return "sliding", attnhub.Local(w + 1)
+    if base is getattr(mu, "bidirectional_mask_function", None) and _is(
+        overlay, "sliding_window_bidirectional_overlay"
+    ):
+        return "sliding", attnhub.Local(int(_closure(overlay)["sliding_window"]) + 1)
     return None
 
 
+def recognise(fn: Any) -> tuple[str, Any] | None:
+    """The attnhub rule of a transformers mask pattern whose meaning depends only on the query
+    position minus the key position, as ``(kind, rule)``; None if it is not one of those."""
+    found = _by_name(fn)
+    if found is None:
+        return None
+    rule = found[1]
+    span = 2 * rule.window + 3 if isinstance(rule, attnhub.Local) else 6
+    return found if _behaves_as(fn, rule, span) else None
+
+
 def _packed(fn: Any) -> tuple[Any, tuple[str, Any]] | None:
-    """(packed_sequence_mask, inner rule) of transformers' packed-sequence pattern, else None."""
+    """(packed_sequence_mask, inner rule) of transformers' packed-sequence pattern, else None:
+    ``and_masks(packed_sequence_mask_function(ids), remap_positions_for_packed_sequence(rule, pos))``
+    (transformers 5) or ``and_masks(rule, packed_sequence_mask_function(ids))`` (4.x)."""
     parts = _and_parts(fn)
     if parts is None or len(parts) != 2:
         return None
-    seq, remap = parts
-    if not (
-        _is(seq, mu.packed_sequence_mask_function) and _is(remap, mu.remap_positions_for_packed_sequence)
-    ):
+    seq = next((p for p in parts if _is(p, "packed_sequence_mask_function")), None)
+    if seq is None:
         return None
-    inner = recognise(_closure(remap)["mask_function"])
+    other = parts[1] if seq is parts[0] else parts[0]
+    if _is(other, "remap_positions_for_packed_sequence"):
+        other = _closure(other)["mask_function"]
+    inner = recognise(other)
     if inner is None:
         return None
     return _closure(seq)["packed_sequence_mask"], inner
@@ -138,7 +175,10 @@ def _key_padding(
     columns for these keys; side "both" when some row's valid keys are not one run at one end."""
     if attention_mask is None:
         return None, "right", None
-    pm = mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)[:, kv_offset : kv_offset + kv_length]
+    pm = attention_mask.to(torch.bool)
+    if (short := kv_offset + kv_length - pm.shape[-1]) > 0:  # a static cache's slots beyond the mask
+        pm = torch.nn.functional.pad(pm, (0, short), value=False)
+    pm = pm[:, kv_offset : kv_offset + kv_length]
     if bool(pm.all()):
         return None, "right", pm
     counts = pm.sum(dim=1, dtype=torch.int32)
@@ -168,17 +208,55 @@ def _relative_placement(
     return "none_front", max(d, 0), max(-d, 0)
 
 
-def attnhub_mask(
+def dense_mask(
     batch_size: int,
     q_length: int,
     kv_length: int,
+    q_offset: int,
+    kv_offset: int,
+    mask_function: Any,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """transformers' own boolean (B, 1, Lq, Lk) mask of this pattern (``sdpa_mask``), in the
+    calling convention of the installed version (query sizes, or ``cache_position`` before 5.x)."""
+    params = inspect.signature(mu.sdpa_mask).parameters
+    sizes: dict[str, Any] = {"kv_length": kv_length, "kv_offset": kv_offset}
+    device = kwargs.get("device") or (attention_mask.device if attention_mask is not None else "cpu")
+    if "cache_position" in params:
+        sizes["cache_position"] = torch.arange(q_offset, q_offset + q_length, device=device)
+    else:
+        sizes.update(q_length=q_length, q_offset=q_offset, device=device)
+    optional = {
+        "allow_is_causal_skip": False,
+        "allow_is_bidirectional_skip": False,
+        "use_vmap": kwargs.get("use_vmap"),
+    }
+    sizes.update({k: v for k, v in optional.items() if k in params and v is not None})
+    return mu.sdpa_mask(
+        batch_size=batch_size, mask_function=mask_function, attention_mask=attention_mask, **sizes
+    )
+
+
+def attnhub_mask(
+    batch_size: int,
+    q_length: int | None = None,
+    kv_length: int = 0,
     q_offset: int = 0,
     kv_offset: int = 0,
     mask_function: Any = mu.causal_mask_function,
     attention_mask: torch.Tensor | None = None,
+    cache_position: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> AttnhubMask:
-    """transformers' ``AttentionMaskInterface`` function for attnhub (see the module docstring)."""
+    """transformers' ``AttentionMaskInterface`` function for attnhub (see the module docstring).
+    transformers 4.x passes the query positions as ``cache_position`` (consecutive)."""
+    if cache_position is not None:
+        q_length = int(cache_position.shape[0])
+        q_offset = int(cache_position[0]) if q_length else 0
+        if q_length and int(cache_position[-1]) - q_offset != q_length - 1:
+            raise ValueError("attnhub: cache_position is not a run of consecutive positions")
+    q_length, kv_length = int(q_length), int(kv_length)
     q_offset, kv_offset = int(q_offset), int(kv_offset)  # StaticCache passes tensors
     packed = _packed(mask_function)
     if packed is not None:
@@ -197,17 +275,7 @@ def attnhub_mask(
         if placed is not None:
             sync, qo, ko = placed
             return AttnhubMask(rule, q_length, kv_length, sync, qo, ko, k_lengths, side, kind=kind)
-    dense = mu.sdpa_mask(
-        batch_size=batch_size,
-        q_length=q_length,
-        kv_length=kv_length,
-        q_offset=q_offset,
-        kv_offset=kv_offset,
-        mask_function=mask_function,
-        attention_mask=attention_mask,
-        allow_is_causal_skip=False,
-        allow_is_bidirectional_skip=False,
-        use_vmap=bool(kwargs.get("use_vmap", False)),
-        device=kwargs.get("device", "cpu"),
+    dense = dense_mask(
+        batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, **kwargs
     )
     return AttnhubMask(dense, q_length, kv_length, kind="dense")
