@@ -108,7 +108,7 @@ def _behaves_as(fn: Any, rule: Any, span: int) -> bool:
 def _by_name(fn: Any) -> tuple[str, Any] | None:
     if fn is mu.causal_mask_function:
         return "causal", attnhub.Causal()
-    if fn is mu.bidirectional_mask_function:
+    if fn is getattr(mu, "bidirectional_mask_function", None):
         return "full", attnhub.Full()
     parts = _and_parts(fn)
     if parts is None or len(parts) != 2:
