@@ -370,3 +370,29 @@ def test_mask_descriptor_matches_transformers_dense_mask(case):
     rows = dense.any(-1, keepdim=True).expand_as(want)
     assert rows.any()
     assert torch.allclose(got[rows], want[rows], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_static_cache_generate(name):
+    """A static cache: queries at a tensor offset, unfilled slots beyond the keys (right padding of
+    the keys: lengths and offsets); generate() prepares these masks itself and passes them back.
+    With left padding too, a full-attention layer's mask is dense (padding on both sides); a sliding
+    layer's is not."""
+    eager, ours, attn_name = _decoder(name)
+    ids = _ids(2, 8)
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, cache_implementation="static")
+    with CallCounter(ours, attn_name):
+        got = ours.generate(ids, **kw)
+    assert ah_hf.stats().kinds["dense"] == 0
+    if name == "llama":  # full-attention static layers keep every slot: keys beyond the queries
+        assert ah_hf.stats().features["offsets"] > 0
+    assert torch.equal(got, eager.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0))
+    mask = _left_mask(2, 8)
+    with CallCounter(ours, attn_name):
+        got = ours.generate(ids, attention_mask=mask, **kw)
+    if name == "llama":
+        assert ah_hf.stats().kinds["dense"] > 0
+    else:  # a sliding static layer holds the last keys only: end-aligned, left padding as lengths
+        assert ah_hf.stats().kinds["dense"] == 0 and ah_hf.stats().features["lengths"] > 0
+    want = eager.generate(ids[1:, 3:], max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(got[1, 3:], want[0])

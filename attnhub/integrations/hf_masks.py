@@ -54,11 +54,13 @@ class AttnhubMask:
     def dense(self) -> bool:
         return isinstance(self.rule, torch.Tensor)
 
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """Like a (B, 1, Lq, Lk) mask, for model code that only reads the sizes."""
-        b = self.k_lengths.shape[0] if self.k_lengths is not None else 1
-        return (b, 1, self.q_length, self.kv_length)
+    # generate() prepares the masks of compileable (static) caches itself, calls .contiguous() on
+    # them and passes them back as the model's attention_mask, which transformers then treats as a
+    # prepared 4-D mask (ndim 4); attnhub_mask returns such a descriptor unchanged.
+    ndim = 4
+
+    def contiguous(self) -> AttnhubMask:
+        return self
 
 
 def _closure(fn: Any) -> dict[str, Any]:
@@ -251,6 +253,8 @@ def attnhub_mask(
 ) -> AttnhubMask:
     """transformers' ``AttentionMaskInterface`` function for attnhub (see the module docstring).
     transformers 4.x passes the query positions as ``cache_position`` (consecutive)."""
+    if isinstance(attention_mask, AttnhubMask):  # prepared by generate() for this step
+        return attention_mask
     if cache_position is not None:
         q_length = int(cache_position.shape[0])
         q_offset = int(cache_position[0]) if q_length else 0
