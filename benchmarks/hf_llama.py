@@ -91,7 +91,7 @@ def time_generate(model, batch: int, prompt: int, new: int, vocab: int, device: 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--impls", default="attnhub,sdpa,flex_attention")
+    p.add_argument("--impls", default="sdpa,attnhub,flex_attention")
     p.add_argument("--tiny", action="store_true", help="a 2-layer float32 model on the CPU (smoke test)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out", default=None, help="write the results as JSON here")

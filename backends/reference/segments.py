@@ -50,11 +50,12 @@ def _slice4(a: np.ndarray | None, seg: Segment) -> np.ndarray | None:
     if a is None:
         return None
     mb, _, mq, mk = a.shape
+    every = slice(None)  # a broadcast dimension is kept whole (not sliced from the segment's start)
     return a[
-        seg.b : seg.b + 1 if mb > 1 else None,
+        slice(seg.b, seg.b + 1) if mb > 1 else every,
         :,
-        seg.qs : seg.qs + seg.ql if mq > 1 else None,
-        seg.ks : seg.ks + seg.kl if mk > 1 else None,
+        slice(seg.qs, seg.qs + seg.ql) if mq > 1 else every,
+        slice(seg.ks, seg.ks + seg.kl) if mk > 1 else every,
     ]
 
 
@@ -128,7 +129,7 @@ def backward(dense: Callable, q, k, v, dout, req: Request, mods: Any, ops: Any, 
         if dbias is not None:
             mb, _, mq, mk = dbias.shape
             dbias[
-                seg.b : seg.b + 1 if mb > 1 else None, :,
+                slice(seg.b, seg.b + 1) if mb > 1 else slice(None), :,
                 rows if mq > 1 else slice(None), slice(seg.ks, seg.ks + seg.kl) if mk > 1 else slice(None),
             ] += g[3]  # fmt: skip
         if dsinks is not None:
