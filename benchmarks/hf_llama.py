@@ -26,6 +26,7 @@ import time
 import torch
 import transformers
 
+import attnhub
 import attnhub.integrations.transformers as ah_hf
 
 
@@ -89,6 +90,26 @@ def time_generate(model, batch: int, prompt: int, new: int, vocab: int, device: 
     return time.perf_counter() - t0
 
 
+def chosen_backends(model, ids, mask, gen_batch: int, prompt: int) -> dict[str, str]:
+    """The backend attnhub's dispatch picks for this model's prefill and decode calls (a request
+    only the float64 reference can serve would take hours at these sizes: not timed then)."""
+    cfg = model.config
+    hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    d = cfg.hidden_size // hq
+    dev, dt = ids.device, model.dtype
+    b, n = ids.shape
+    q = torch.empty(b, hq, n, d, device=dev, dtype=dt)
+    k = torch.empty(b, hkv, n, d, device=dev, dtype=dt)
+    lengths = mask.sum(-1).to(torch.int32)
+    pre = attnhub.explain(
+        q, k, k, mask=attnhub.Causal(), sync="none_end", k_lengths=lengths, padding_side="left"
+    )
+    q1 = torch.empty(gen_batch, hq, 1, d, device=dev, dtype=dt)
+    k1 = torch.empty(gen_batch, hkv, prompt + 1, d, device=dev, dtype=dt)
+    dec = attnhub.explain(q1, k1, k1, mask=attnhub.Causal(), sync="none_end")
+    return {"prefill": str(pre.chosen), "decode": str(dec.chosen)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--impls", default="sdpa,attnhub,flex_attention")
@@ -111,6 +132,10 @@ def main() -> None:
     for impl in args.impls.split(","):
         row: dict = {}
         try:
+            if impl == "attnhub":
+                row["backends"] = chosen_backends(model, ids, mask, gen_batches[0], prompt)
+                if not args.tiny and "reference" in row["backends"].values():
+                    raise RuntimeError(f"only the float64 reference serves these calls: {row['backends']}")
             model.set_attn_implementation(impl)
             ah_hf.reset_stats()
             secs, logits = time_prefill(model, ids, mask, args.reps, device)
