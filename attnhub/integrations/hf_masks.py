@@ -205,9 +205,9 @@ def _relative_placement(
     """
     if padded and side == "left":
         return ("none_end", 0, 0) if d == kv_length - q_length else None
-    if not padded and d == kv_length - q_length:
+    if not padded and d != 0 and d == kv_length - q_length:
         return "none_end", 0, 0
-    return "none_front", max(d, 0), max(-d, 0)
+    return "none_front", max(d, 0), max(-d, 0)  # d == 0: plain top-left (a square prefill)
 
 
 def dense_mask(
