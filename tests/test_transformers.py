@@ -293,6 +293,12 @@ def test_packed_sequences_position_ids_and_cu_seqlens():
     assert _rel(got, want) <= FWD_TOL
     assert ah_hf.stats().kinds == {"packed": 2}
     assert _rel(ours(ids, use_cache=False).logits, want) > 1e-3  # packing changed the result
+    # two rows packed differently: sequences over the flattened B·L tokens
+    ids2, pos2 = _ids(2, 12, seed=4), torch.cat([pos, torch.tensor([[0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4]])])
+    with CallCounter(ours, attn_name):
+        got2 = ours(ids2, position_ids=pos2, use_cache=False).logits
+    assert ah_hf.stats().kinds == {"packed": 2}
+    assert _rel(got2, eager(ids2, position_ids=pos2, use_cache=False).logits) <= FWD_TOL
     cu = torch.tensor([0, 5, 8, 12], dtype=torch.int32)
     fa = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=5, max_length_k=5)
     with CallCounter(ours, attn_name):
