@@ -402,3 +402,16 @@ def test_static_cache_generate(name):
         assert ah_hf.stats().kinds["dense"] == 0 and ah_hf.stats().features["lengths"] > 0
     want = eager.generate(ids[1:, 3:], max_new_tokens=4, do_sample=False, pad_token_id=0)
     assert torch.equal(got[1, 3:], want[0])
+
+
+def test_user_4d_float_mask_is_a_bias():
+    """A prepared 4-D float mask (transformers returns it untouched) is added like eager adds it."""
+    eager, ours, attn_name = _decoder("llama")
+    ids = _ids(2, 10)
+    g = torch.Generator().manual_seed(5)
+    causal = torch.ones(10, 10, dtype=torch.bool).tril()
+    mask4 = torch.where(causal, torch.randn(2, 1, 10, 10, dtype=torch.float64, generator=g), -1e30)
+    with CallCounter(ours, attn_name):
+        got = ours(ids, attention_mask=mask4).logits
+    assert ah_hf.stats().kinds == {"tensor": 2} and ah_hf.stats().features["bias"] == 2
+    assert _rel(got, eager(ids, attention_mask=mask4).logits) <= FWD_TOL
