@@ -1,0 +1,324 @@
+"""Host side of the ragged kernels (SPEC §10-§11): what is declined, the sequence table, tile
+configs, split-KV choice and the launches. No length is read back to the host: grids are sized
+from the padded length or ``max_seqlen_*`` and the kernels skip what lies past each sequence.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from attnhub import settings
+from attnhub.request import Request
+from attnhub.rules import Causal, Full, Local
+from attnhub_backends.triton.loader import interpret_mode
+from attnhub_backends.triton.loader import kernels as dense_kernels
+
+LOG2E = 1.4426950408889634
+_LOCK = threading.Lock()
+_LOADED: dict[bool, ModuleType] = {}
+
+
+def _kernels() -> ModuleType:
+    """ragged_kernels.py executed in the current mode (compiled or interpreted; see loader.py)."""
+    mode = interpret_mode()
+    found = _LOADED.get(mode)
+    if found is not None:
+        return found
+    with _LOCK:
+        if mode not in _LOADED:
+            name = f"attnhub_backends.triton._ragged_{'interpreted' if mode else 'compiled'}"
+            spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("ragged_kernels.py"))
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            saved = os.environ.get("TRITON_INTERPRET")
+            os.environ["TRITON_INTERPRET"] = "1" if mode else "0"
+            try:
+                sys.modules[name] = module
+                spec.loader.exec_module(module)
+            finally:
+                if saved is None:
+                    os.environ.pop("TRITON_INTERPRET", None)
+                else:
+                    os.environ["TRITON_INTERPRET"] = saved
+            _LOADED[mode] = module
+        return _LOADED[mode]
+
+
+def _rule(req: Request) -> tuple[dict[str, Any], int]:
+    """(constexprs RULE, CAUSAL, LOG2_STRIDE; the window) of the request's rule."""
+    rule = req.rule
+    kind = "full" if isinstance(rule, Full) else "causal" if isinstance(rule, Causal) else "local"
+    causal = isinstance(rule, Causal) or (isinstance(rule, Local) and rule.causal)
+    window = rule.windows(1)[0] if isinstance(rule, Local) else 1
+    stride = rule.log2_stride if isinstance(rule, Local) else 0
+    return {"RULE": kind, "CAUSAL": causal, "LOG2_STRIDE": stride}, window
+
+
+@dataclass(frozen=True)
+class Table:
+    """The per-sequence table on the device and the host-known sizes that shape the grids."""
+
+    tab: torch.Tensor  # (S, 8) int32
+    seqs: int  # S
+    max_q: int  # longest sequence of queries (grid sizing)
+    max_k: int  # longest sequence of keys
+
+
+def seq_table(req: Request, q: torch.Tensor, k: torch.Tensor, ops: Any) -> Table:
+    """Build the sequence table with one launch (no device-to-host copy)."""
+    dev = q.device
+    if req.varlen:
+        seqs = ops.cu_seqlens_q.shape[0] - 1
+        lq, lk = q.shape[2], k.shape[2]
+        max_q = ops.max_seqlen_q or lq
+        max_k = ops.max_seqlen_k or lk
+    else:
+        seqs = req.batch
+        lq = q.shape[2]
+        lk = req.seq_k[0]
+        max_q, max_k = lq, lk
+    tab = torch.empty((max(seqs, 1), 8), dtype=torch.int32, device=dev)
+    dummy = tab
+    ql = ops.q_lengths if (req.q_lengths and ops is not None) else dummy
+    kl = ops.k_lengths if (req.k_lengths and ops is not None) else dummy
+    cuq = ops.cu_seqlens_q if req.varlen else dummy
+    cuk = ops.cu_seqlens_k if req.varlen else dummy
+    bs = 128
+    _kernels().table_kernel[(max(1, -(-seqs // bs)),)](
+        ql, kl, cuq, cuk, tab, seqs, lq, lk, req.q_offset, req.k_offset,
+        HAS_QL=req.q_lengths, HAS_KL=req.k_lengths, VARLEN=req.varlen,
+        LEFT=req.padding_side == "left", SYNC=req.sync, BS=bs,
+    )  # fmt: skip
+    return Table(tab, seqs, max_q, max_k)
+
+
+def _dot_precision(x: torch.Tensor) -> str:
+    if x.dtype == torch.float32:
+        return "ieee"
+    if x.dtype == torch.bfloat16 and interpret_mode():
+        return "ieee_upcast"
+    return "native"
+
+
+def _pad(d: int) -> int:
+    return max(16, 1 << math.ceil(math.log2(d)))
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def _unit_last(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with a unit stride along the head dim (the kernels index it directly)."""
+    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _fwd_cfg(x: torch.Tensor, d: int) -> tuple[int, int, int, int]:
+    """(BM, BN, warps, stages) of the query-tiled forward."""
+    if interpret_mode() or x.device.type != "cuda":
+        return 16, 16, 1, 1
+    if x.element_size() == 4:
+        return 64, 32, 4, 2
+    if d > 128:
+        return 64, 64, 8, 2
+    return 128, 64, 8, 3
+
+
+def _splits(tiles: int, programs: int, device: torch.device) -> int:
+    """Split-KV factor for packed (decode) programs: enough programs to fill the GPU, at least a
+    few key tiles each. ``ATTNHUB_TRITON_SPLITS`` forces it (also under the interpreter)."""
+    forced = settings.raw("ATTNHUB_TRITON_SPLITS")
+    if forced:
+        return max(1, min(int(forced), tiles))
+    if device.type != "cuda":
+        return 1
+    want = -(-4 * _sm_count(device) // max(programs, 1))
+    return max(1, min(want, tiles // 4, 128))
+
+
+def forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    req: Request,
+    ops: Any,
+    out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of a ragged request; padded query rows give out 0 and lse -inf."""
+    kern = _kernels()
+    q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+    t = seq_table(req, q, k, ops)
+    b, hq, nq, dqk = q.shape
+    dv = v.shape[-1]
+    hkv = k.shape[2] if req.paged else k.shape[1]
+    group = hq // hkv
+    shape = (b, hq, nq)
+    if req.q_lengths:  # padded rows are never visited: their out and lse are set here
+        out = torch.zeros((*shape, dv), dtype=out_dtype or q.dtype, device=q.device)
+        lse = torch.full(shape, float("-inf"), dtype=torch.float32, device=q.device)
+    else:
+        out = torch.empty((*shape, dv), dtype=out_dtype or q.dtype, device=q.device)
+        lse = torch.empty(shape, dtype=torch.float32, device=q.device)
+    if t.seqs == 0 or hq == 0 or nq == 0:
+        return out, lse
+    consts, window = _rule(req)
+    sinks = ops.sinks if (req.sinks and ops is not None) else None
+    cap = float(req.softcap) if req.softcap is not None else 1.0
+    if req.paged:  # raw (num_blocks, block_size, Hkv, D): block, row and head strides
+        kb, kn, kh = k.stride(0), k.stride(1), k.stride(2)
+        vb, vn, vh = v.stride(0), v.stride(1), v.stride(2)
+        bt = ops.block_table
+        sbt = bt.stride(0)
+    seq_stride = 0 if req.varlen else 1  # packed sequences share batch entry 0
+    if not req.paged:
+        kb, kh, kn = k.stride(0) * seq_stride, k.stride(1), k.stride(2)
+        vb, vh, vn = v.stride(0) * seq_stride, v.stride(1), v.stride(2)
+        bt, sbt = t.tab, 0
+    pack = t.max_q * group <= 64
+    interp = interpret_mode() or q.device.type != "cuda"
+    if pack:
+        bm = max(16, _pow2(t.max_q * group))
+        bn = 16 if interp else 64
+        warps, stages = (1, 1) if interp else (4, 3)
+        tiles = -(-t.max_k // bn)
+        splits = _splits(tiles, t.seqs * hkv, q.device)
+        chunk = -(-tiles // splits)
+        splits = -(-tiles // chunk) if tiles else 1
+        grid = (splits, hkv, t.seqs)
+    else:
+        bm, bn, warps, stages = _fwd_cfg(q, max(_pad(dqk), _pad(dv)))
+        splits, chunk = 1, 0
+        grid = (-(-t.max_q // bm), hq, t.seqs)
+    meta = dict(
+        DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=bn, **consts, PACK=pack,
+        SPLIT=splits > 1, PAGED=bool(req.paged), BLOCK=req.paged or 1, SOFTCAP=req.softcap is not None,
+        SINK=sinks is not None, DOT_PRECISION=_dot_precision(q), num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    sk = sinks if sinks is not None else t.tab
+    qs = (q.stride(0) * seq_stride, q.stride(1), q.stride(2))
+    if splits > 1:
+        o_buf = torch.empty((splits, t.seqs, hq, t.max_q, dv), dtype=torch.float32, device=q.device)
+        l_buf = torch.empty((splits, t.seqs, hq, t.max_q), dtype=torch.float32, device=q.device)
+        kern.fwd_kernel[grid](
+            q, k, v, o_buf, l_buf, t.tab, bt, sk, *qs, kb, kh, kn, vb, vh, vn,
+            *o_buf.stride()[1:4], *l_buf.stride()[1:3], sbt, o_buf.stride(0), l_buf.stride(0),
+            group, t.max_q, chunk, req.scale * LOG2E, cap, window, **meta,
+        )  # fmt: skip
+        kern.combine_kernel[(hq, t.seqs)](
+            o_buf, l_buf, out, lse, t.tab, sk, splits, t.max_q, o_buf.stride(0), l_buf.stride(0),
+            out.stride(0) * seq_stride, out.stride(1), out.stride(2), lse.stride(0) * seq_stride,
+            lse.stride(1), DV=dv, BDV=_pad(dv), BQ=_pow2(t.max_q), BS=max(2, _pow2(splits)),
+            SINK=sinks is not None,
+        )  # fmt: skip
+    else:
+        kern.fwd_kernel[grid](
+            q, k, v, out, lse, t.tab, bt, sk, *qs, kb, kh, kn, vb, vh, vn,
+            out.stride(0) * seq_stride, out.stride(1), out.stride(2),
+            lse.stride(0) * seq_stride, lse.stride(1), sbt, 0, 0,
+            group, t.max_q, chunk, req.scale * LOG2E, cap, window, **meta,
+        )  # fmt: skip
+    return out, lse
+
+
+def forward_for_grad(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, req: Request, ops: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, lse, saved): half-precision inputs keep a float32 output for the backward's
+    rowsum(dO·O) (see Backend.forward_for_grad)."""
+    if q.element_size() >= 4:
+        out, lse = forward(q, k, v, req, ops)
+        return out, lse, out
+    out32, lse = forward(q, k, v, req, ops, out_dtype=torch.float32)
+    return out32.to(q.dtype), lse, out32
+
+
+def _bwd_cfgs(x: torch.Tensor, d: int) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """(BM, BN, warps, stages) of the dk/dv and dq kernels."""
+    if interpret_mode() or x.device.type != "cuda":
+        return (16, 16, 1, 1), (16, 16, 1, 1)
+    if x.element_size() == 4:
+        return (32, 64, 4, 1), (64, 32, 4, 1)
+    if d > 128:
+        return (32, 64, 4, 1), (64, 32, 4, 1)
+    return (64, 128, 8, 2), (128, 64, 8, 2)
+
+
+def backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    req: Request,
+    ops: Any,
+) -> tuple:
+    """(dq, dk, dv), plus (dbias None, dsinks) for a request with sinks. Padded rows and keys get
+    zero gradients (they are never visited; their gradient buffers start at zero)."""
+    kern = _kernels()
+    q, k, v, dout = _unit_last(q), _unit_last(k), _unit_last(v), _unit_last(dout)
+    t = seq_table(req, q, k, ops)
+    b, hq, nq, dqk = q.shape
+    hkv, nk, dv = k.shape[1], k.shape[2], v.shape[3]
+    group = hq // hkv
+    lse = lse.contiguous()
+    delta = torch.empty((b, hq, nq), dtype=torch.float32, device=q.device)
+    lse2 = torch.empty_like(delta)
+    alloc = torch.zeros if (req.q_lengths or req.k_lengths) else torch.empty
+    dq = alloc((b, hq, nq, dqk), dtype=q.dtype, device=q.device)
+    dk = alloc((b, hkv, nk, dqk), dtype=q.dtype, device=q.device)
+    dvv = alloc((b, hkv, nk, dv), dtype=q.dtype, device=q.device)
+    if nq and hq and t.seqs:
+        bm_prep = 32 if interpret_mode() else 64
+        dense_kernels().bwd_prep_kernel[(-(-nq // bm_prep), hq, b)](
+            out, dout, lse, delta, lse2, *out.stride(), *dout.stride(), hq, nq,
+            DV=dv, BDV=_pad(dv), BM=bm_prep,
+        )  # fmt: skip
+        consts, window = _rule(req)
+        ss = 0 if req.varlen else 1
+        cap = float(req.softcap) if req.softcap is not None else 1.0
+        common = dict(
+            DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), **consts, SOFTCAP=req.softcap is not None,
+            DOT_PRECISION=_dot_precision(q),
+        )  # fmt: skip
+        strides = (
+            q.stride(0) * ss, q.stride(1), q.stride(2), k.stride(0) * ss, k.stride(1), k.stride(2),
+            v.stride(0) * ss, v.stride(1), v.stride(2), dout.stride(0) * ss, dout.stride(1), dout.stride(2),
+            delta.stride(0) * ss, delta.stride(1),
+        )  # fmt: skip
+        (bm1, bn1, w1, s1), (bm2, bn2, w2, s2) = _bwd_cfgs(q, max(_pad(dqk), _pad(dv)))
+        kern.dkdv_kernel[(-(-t.max_k // bn1), hkv, t.seqs)](
+            q, k, v, dout, lse2, delta, dk, dvv, t.tab, *strides,
+            dk.stride(0) * ss, dk.stride(1), dk.stride(2), dvv.stride(0) * ss, dvv.stride(1), dvv.stride(2),
+            group, req.scale * LOG2E, req.scale, cap, window,
+            BM=bm1, BN=bn1, num_warps=w1, num_stages=s1, **common,
+        )  # fmt: skip
+        kern.dq_kernel[(-(-t.max_q // bm2), hq, t.seqs)](
+            q, k, v, dout, lse2, delta, dq, t.tab, *strides,
+            dq.stride(0) * ss, dq.stride(1), dq.stride(2),
+            group, req.scale * LOG2E, req.scale, cap, window,
+            BM=bm2, BN=bn2, num_warps=w2, num_stages=s2, **common,
+        )  # fmt: skip
+    if not req.sinks:
+        return dq, dk, dvv
+    dsinks = None
+    if req.sinks_grad:
+        # d lse / d sink = p_sink = exp(sink - lse); dL/dsink = -sum over rows of p_sink * delta.
+        s32 = ops.sinks.float()[None, :, None]
+        p_sink = torch.where(torch.isfinite(lse), torch.exp(s32 - lse), 0.0)
+        dsinks = (-(p_sink * delta).sum(dim=(0, 2))).to(ops.sinks.dtype)
+    return dq, dk, dvv, None, dsinks
