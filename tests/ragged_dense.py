@@ -54,7 +54,7 @@ def dense_segment(torch, q, k, v, keep, scale, softcap, sinks):
     s = scale * q @ kk.transpose(-1, -2)
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
-    s = s.masked_fill(~torch.as_tensor(keep)[None], float("-inf"))
+    s = s.masked_fill(~torch.as_tensor(keep, device=s.device)[None], float("-inf"))
     if sinks is not None:
         s = torch.cat([s, sinks[:, None, None].expand(-1, s.shape[1], 1)], dim=-1)
     lse = torch.logsumexp(s, dim=-1)
@@ -64,8 +64,8 @@ def dense_segment(torch, q, k, v, keep, scale, softcap, sinks):
 
 
 def _rounded(torch, rng, shape, dtype, device, boost=1.0):
-    x = torch.from_numpy(rng.standard_normal(shape) * boost).to(getattr(torch, dtype))
-    return x.to(device), x.double().requires_grad_(True)
+    x = torch.from_numpy(rng.standard_normal(shape) * boost).to(getattr(torch, dtype)).to(device)
+    return x, x.double().requires_grad_(True)
 
 
 def _err(torch, name, got, ref, tol):
@@ -119,8 +119,8 @@ def check_case(
         sk, sk64 = _rounded(torch, rng, (hq,), "float32", device)
     scale = 1 / math.sqrt(dqk)
 
-    out_ref = torch.zeros((nb, hq, lq, dv), dtype=torch.float64)
-    lse_ref = torch.full((nb, hq, lq), float("-inf"), dtype=torch.float64)
+    out_ref = torch.zeros((nb, hq, lq, dv), dtype=torch.float64, device=device)
+    lse_ref = torch.full((nb, hq, lq), float("-inf"), dtype=torch.float64, device=device)
     for bi, qs, qn, ks, kn in segs:
         keep = attended(rule, sync, qn, kn, q_offset, k_offset)
         o, lse_s = dense_segment(
@@ -151,13 +151,14 @@ def check_case(
         per = lk // paged
         perm = torch.from_numpy(rng.permutation(b * per + 3)).to(torch.int32)  # 3 blocks unused
         table = perm[: b * per].reshape(b, per).to(device)
+        tl_ = table.long().cpu()
         kk = torch.empty((b * per + 3, paged, hkv, dqk), dtype=k.dtype, device=device).normal_()
         vv = torch.empty((b * per + 3, paged, hkv, dv), dtype=v.dtype, device=device).normal_()
         for bi in range(b):
             for blk in range(per):
                 rows = slice(blk * paged, (blk + 1) * paged)
-                kk[table[bi, blk]] = k[bi, :, rows].transpose(0, 1)
-                vv[table[bi, blk]] = v[bi, :, rows].transpose(0, 1)
+                kk[tl_[bi, blk]] = k[bi, :, rows].transpose(0, 1)
+                vv[tl_[bi, blk]] = v[bi, :, rows].transpose(0, 1)
         extra.update(paged=paged)
         ops = Operands(k_lengths=ops.k_lengths, block_table=table, sinks=sk)
     req = case_request(dtype, nb, hq, hkv, lq, lk, dqk, dv, rule, sync, device=device, **extra)
@@ -181,7 +182,13 @@ def check_case(
     inputs = [q64, k64, v64] + ([sk64] if sinks else [])
     ref = torch.autograd.grad((out_ref * dout64).sum(), inputs, allow_unused=True)
     for name, got, want in zip(("dq", "dk", "dv"), grads[:3], ref[:3], strict=True):
-        _err(torch, name, got, want if want is not None else torch.zeros_like(got, dtype=torch.float64), grad_tol)
+        _err(
+            torch,
+            name,
+            got,
+            want if want is not None else torch.zeros_like(got, dtype=torch.float64),
+            grad_tol,
+        )
     if sinks:
         assert len(grads) == 5 and grads[3] is None
         _err(torch, "dsinks", grads[4], ref[3], grad_tol)
