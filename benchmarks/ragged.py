@@ -81,41 +81,65 @@ def _sdpa_best(q, k, v, mask=None, only=None) -> tuple[float, str]:
 
 
 def decode(quick: bool) -> None:
+    if not quick:
+        _sweep_decode()
     for lk in (8192, 32768):
         _decode_one(lk)
         torch.cuda.empty_cache()
 
 
+def _sweep_decode() -> None:
+    """Pick the packed forward's (BN, warps, stages) and split fill at Lk = 32k (kept in TUNE)."""
+    b, hq, hkv, d, lk = 4, 32, 8, 128, 32768
+    q = torch.randn(b, hq, 1, d, device="cuda", dtype=DT)
+    k = torch.randn(b, hkv, lk, d, device="cuda", dtype=DT)
+    v = torch.randn_like(k)
+    req = _req(b, hq, hkv, 1, lk, d, k_lengths=True)
+    ops = Operands(k_lengths=torch.full((b,), lk, dtype=torch.int32, device="cuda"))
+    times = {}
+    for cfg in ((64, 4, 2), (64, 4, 3), (64, 4, 4), (32, 4, 4), (128, 4, 3), (128, 8, 3), (64, 8, 3)):
+        for fill in (4, 8):
+            ragged_launch.TUNE.update(decode=cfg, fill=fill)
+            try:
+                times[(cfg, fill)] = _ms(lambda: ragged_launch.forward(q, k, v, req, ops))
+            except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
+                print(f"  decode cfg {cfg} fill {fill}: {type(e).__name__}")
+    (cfg, fill), t = min(times.items(), key=lambda kv: kv[1])
+    ragged_launch.TUNE.update(decode=cfg, fill=fill)
+    nbytes = 4 * k.numel()
+    _record(bench="decode_sweep", best=[cfg, fill], best_tbps=nbytes / t / 1e9,
+            all={f"{c}/{f}": round(nbytes / x / 1e9, 3) for (c, f), x in times.items()})  # fmt: skip
+
+
 def _decode_one(lk: int) -> None:
     b, hq, hkv, d = 4, 32, 8, 128
-    if True:
-        q = torch.randn(b, hq, 1, d, device="cuda", dtype=DT)
-        k = torch.randn(b, hkv, lk, d, device="cuda", dtype=DT)
-        v = torch.randn_like(k)
-        lens = torch.full((b,), lk, dtype=torch.int32, device="cuda")
-        req = _req(b, hq, hkv, 1, lk, d, k_lengths=True)
-        ops = Operands(k_lengths=lens)
-        t = _ms(lambda: ragged_launch.forward(q, k, v, req, ops))
-        nbytes = 2 * k.numel() * k.element_size()
-        ts, which = _sdpa_best(q, k, v)
-        _record(bench="decode", lk=lk, triton_ms=t, tbps=nbytes / t / 1e9, sdpa_ms=ts, sdpa=which,
-                sdpa_tbps=nbytes / ts / 1e9, speedup=ts / t)  # fmt: skip
-        for block in (16, 64):
-            nblk = b * lk // block
-            perm = torch.randperm(nblk, device="cuda").to(torch.int32)
-            table = perm.reshape(b, lk // block)
-            kc = torch.empty(nblk, block, hkv, d, device="cuda", dtype=DT)
-            vc = torch.empty_like(kc)
-            kc[table.long()] = k.reshape(b, hkv, lk // block, block, d).permute(0, 2, 3, 1, 4)
-            vc[table.long()] = v.reshape(b, hkv, lk // block, block, d).permute(0, 2, 3, 1, 4)
-            preq = _req(b, hq, hkv, 1, lk, d, k_lengths=True, paged=block)
-            pops = Operands(k_lengths=lens, block_table=table)
-            out_p, _ = ragged_launch.forward(q, kc, vc, preq, pops)
-            out_c, _ = ragged_launch.forward(q, k, v, req, ops)
-            err = (out_p.float() - out_c.float()).abs().max().item()
-            tp = _ms(lambda preq=preq, pops=pops, kc=kc, vc=vc: ragged_launch.forward(q, kc, vc, preq, pops))
-            _record(bench="paged", lk=lk, block=block, triton_ms=tp, contiguous_ms=t, ratio=tp / t,
-                    tbps=nbytes / tp / 1e9, max_diff_vs_contiguous=err)  # fmt: skip
+    q = torch.randn(b, hq, 1, d, device="cuda", dtype=DT)
+    k = torch.randn(b, hkv, lk, d, device="cuda", dtype=DT)
+    v = torch.randn_like(k)
+    lens = torch.full((b,), lk, dtype=torch.int32, device="cuda")
+    req = _req(b, hq, hkv, 1, lk, d, k_lengths=True)
+    ops = Operands(k_lengths=lens)
+    t = _ms(lambda: ragged_launch.forward(q, k, v, req, ops))
+    nbytes = 2 * k.numel() * k.element_size()
+    ts, which = _sdpa_best(q, k, v)
+    _record(bench="decode", lk=lk, triton_ms=t, tbps=nbytes / t / 1e9, sdpa_ms=ts, sdpa=which,
+            sdpa_tbps=nbytes / ts / 1e9, speedup=ts / t)  # fmt: skip
+    for block in (16, 64):
+        nblk = b * lk // block
+        perm = torch.randperm(nblk, device="cuda").to(torch.int32)
+        table = perm.reshape(b, lk // block)
+        kc = torch.empty(nblk, block, hkv, d, device="cuda", dtype=DT)
+        vc = torch.empty_like(kc)
+        kc[table.long()] = k.reshape(b, hkv, lk // block, block, d).permute(0, 2, 3, 1, 4)
+        vc[table.long()] = v.reshape(b, hkv, lk // block, block, d).permute(0, 2, 3, 1, 4)
+        preq = _req(b, hq, hkv, 1, lk, d, k_lengths=True, paged=block)
+        pops = Operands(k_lengths=lens, block_table=table)
+        out_p, _ = ragged_launch.forward(q, kc, vc, preq, pops)
+        out_c, _ = ragged_launch.forward(q, k, v, req, ops)
+        err = (out_p.float() - out_c.float()).abs().max().item()
+        tp = _ms(lambda preq=preq, pops=pops, kc=kc, vc=vc: ragged_launch.forward(q, kc, vc, preq, pops))
+        _record(bench="paged", lk=lk, block=block, triton_ms=tp, contiguous_ms=t, ratio=tp / t,
+                tbps=nbytes / tp / 1e9, max_diff_vs_contiguous=err)  # fmt: skip
 
 
 def ragged_decode(quick: bool) -> None:
@@ -172,6 +196,28 @@ def packed(quick: bool) -> None:
         ragged_launch.backward(qc, kc, vc, saved, lse, doc, req, ops)
 
     flops = sum(4 * h * n * n * d / 2 for n in lens)
+    if not quick:  # pick the forward and backward tile configs (kept in TUNE)
+        sweep = {}
+        for cfg in ((128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 4, 3)):
+            ragged_launch.TUNE["fwd"] = cfg
+            try:
+                sweep[cfg] = _ms(fwd)
+            except Exception as e:  # noqa: BLE001
+                print(f"  fwd cfg {cfg}: {type(e).__name__}")
+        ragged_launch.TUNE["fwd"] = min(sweep, key=sweep.get)
+        bsweep = {}
+        for pair in (((64, 128, 8, 2), (128, 64, 8, 2)), ((64, 64, 4, 2), (64, 64, 4, 2)),
+                     ((32, 128, 8, 2), (128, 32, 8, 2)), ((64, 128, 8, 3), (128, 64, 8, 3))):  # fmt: skip
+            ragged_launch.TUNE.update(dkdv=pair[0], dq=pair[1])
+            try:
+                bsweep[pair] = _ms(fwd_bwd)
+            except Exception as e:  # noqa: BLE001
+                print(f"  bwd cfg {pair}: {type(e).__name__}")
+        best = min(bsweep, key=bsweep.get)
+        ragged_launch.TUNE.update(dkdv=best[0], dq=best[1])
+        _record(bench="packed_sweep", fwd={str(c): round(flops / t / 1e9, 1) for c, t in sweep.items()},
+                fwdbwd={str(c): round(3.5 * flops / t / 1e9, 1) for c, t in bsweep.items()},
+                best_fwd=ragged_launch.TUNE["fwd"], best_bwd=best)  # fmt: skip
     t_f, t_fb = _ms(fwd), _ms(fwd_bwd)
     row = dict(bench="packed", seqs=len(lens), triton_fwd_ms=t_f, triton_fwdbwd_ms=t_fb,
                triton_fwd_tflops=flops / t_f / 1e9, triton_fwdbwd_tflops=3.5 * flops / t_fb / 1e9)  # fmt: skip
@@ -236,9 +282,9 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001 - one failing section must not hide the others
             _record(bench=name, error=f"{type(e).__name__}: {str(e)[:300]}")
         torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in RESULTS)
+        if args.out:  # after each section: a later timeout keeps what was measured
+            with open(args.out, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in RESULTS)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,15 @@ def _dot(a, b, DOT_PRECISION: tl.constexpr, acc=None):
 
 
 @triton.jit
+def _load(ptrs, mask, other, CHECK: tl.constexpr):
+    """``tl.load`` with ``mask`` only where ``CHECK`` (unmasked loads vectorise and skip the test)."""
+    if CHECK:
+        return tl.load(ptrs, mask=mask, other=other)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
 def _seq(TAB, s):
     """The eight table entries of sequence ``s``."""
     row = TAB + s * 8
@@ -220,8 +229,9 @@ def _fwd_tile(
     dv_ = tl.arange(0, BDV)
     k_rows, v_rows = _kv_rows(K, V, BT, s, hk, j, skb, skh, skn, svb, svh, svn, sbt, k_start, PAGED, BLOCK)
     j_ok = j < k_len
-    kt = tl.load(k_rows[None, :] + dq_[:, None], mask=j_ok[None, :] & (dq_ < DQK)[:, None], other=0.0)
-    v = tl.load(v_rows[:, None] + dv_[None, :], mask=j_ok[:, None] & (dv_ < DV)[None, :], other=0.0)
+    check = MASKED or BDQK != DQK or BDV != DV  # unmasked tiles lie below k_len
+    kt = _load(k_rows[None, :] + dq_[:, None], j_ok[None, :] & (dq_ < DQK)[:, None], 0.0, check)
+    v = _load(v_rows[:, None] + dv_[None, :], j_ok[:, None] & (dv_ < DV)[None, :], 0.0, check)
     qk = _dot(q, kt, DOT_PRECISION)
     if SOFTCAP:
         qk, _ = _softcap(qk, qk_scale, cap)
@@ -271,9 +281,10 @@ def fwd_kernel(
     else:
         h = tl.program_id(1) + r * 0
         hk = tl.program_id(1) // GROUP
-        i = tl.program_id(0) * BM + r
+        tile = tl.num_programs(0) - 1 - tl.program_id(0)  # heavy (late) causal tiles first
+        i = tile * BM + r
         row_ok = i < q_len
-        i_first = tl.program_id(0) * BM
+        i_first = tile * BM
         i_last = tl.minimum(q_len, i_first + BM) - 1
     if i_first >= q_len:
         return  # past this sequence's queries (its padded rows were written by the host)
@@ -387,13 +398,14 @@ def _dkdv_tile(
     dq_ = tl.arange(0, BDQK)
     dv_ = tl.arange(0, BDV)
     rows = (q_start + i).to(tl.int64)
-    q = tl.load(Q + s.to(tl.int64) * sqb + h.to(tl.int64) * sqh + rows[:, None] * sqn + dq_[None, :],
-                mask=ok[:, None] & (dq_ < DQK)[None, :], other=0.0)  # fmt: skip
-    do = tl.load(DO + s.to(tl.int64) * sdb + h.to(tl.int64) * sdh + rows[:, None] * sdn + dv_[None, :],
-                 mask=ok[:, None] & (dv_ < DV)[None, :], other=0.0)  # fmt: skip
+    check = MASKED or BDQK != DQK or BDV != DV  # unmasked tiles are whole tiles below q_len
+    q = _load(Q + s.to(tl.int64) * sqb + h.to(tl.int64) * sqh + rows[:, None] * sqn + dq_[None, :],
+              ok[:, None] & (dq_ < DQK)[None, :], 0.0, check)  # fmt: skip
+    do = _load(DO + s.to(tl.int64) * sdb + h.to(tl.int64) * sdh + rows[:, None] * sdn + dv_[None, :],
+               ok[:, None] & (dv_ < DV)[None, :], 0.0, check)  # fmt: skip
     l_rows = s.to(tl.int64) * slb + h.to(tl.int64) * slh + rows
-    lse2 = tl.load(LSE2 + l_rows, mask=ok, other=float("inf"))
-    delta = tl.load(DELTA + l_rows, mask=ok, other=0.0)
+    lse2 = _load(LSE2 + l_rows, ok, float("inf"), MASKED)
+    delta = _load(DELTA + l_rows, ok, 0.0, MASKED)
     qkt = _dot(k, tl.trans(q), DOT_PRECISION)  # (BN, BM)
     if SOFTCAP:
         qkt, th = _softcap(qkt, qk_scale, cap)
@@ -494,8 +506,9 @@ def _dq_tile(
     dq_ = tl.arange(0, BDQK)
     dv_ = tl.arange(0, BDV)
     k_rows, v_rows = _kv_rows(K, V, K, s, hk, j, skb, skh, skn, svb, svh, svn, 0, k_start, False, 1)
-    kt = tl.load(k_rows[None, :] + dq_[:, None], mask=j_ok[None, :] & (dq_ < DQK)[:, None], other=0.0)
-    vt = tl.load(v_rows[None, :] + dv_[:, None], mask=j_ok[None, :] & (dv_ < DV)[:, None], other=0.0)
+    check = MASKED or BDQK != DQK or BDV != DV  # unmasked tiles lie below k_len
+    kt = _load(k_rows[None, :] + dq_[:, None], j_ok[None, :] & (dq_ < DQK)[:, None], 0.0, check)
+    vt = _load(v_rows[None, :] + dv_[:, None], j_ok[None, :] & (dv_ < DV)[:, None], 0.0, check)
     qk = _dot(q, kt, DOT_PRECISION)
     if SOFTCAP:
         qk, th = _softcap(qk, qk_scale, cap)
@@ -527,7 +540,7 @@ def dq_kernel(
     h = tl.program_id(1)
     hk = h // GROUP
     q_start, q_len, k_start, k_len, aq, bq, ak, bk = _seq(TAB, s)
-    m0 = tl.program_id(0) * BM
+    m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BM  # heavy (late) causal tiles first
     if m0 >= q_len:
         return
     i = m0 + tl.arange(0, BM)

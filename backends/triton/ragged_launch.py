@@ -24,6 +24,11 @@ from attnhub_backends.triton.loader import interpret_mode
 from attnhub_backends.triton.loader import kernels as dense_kernels
 
 LOG2E = 1.4426950408889634
+
+#: GPU tile configs (BM, BN, warps, stages) where set, else the defaults below; ``decode`` is
+#: (BN, warps, stages) of the packed (few-query) forward and ``fill`` the programs per SM that the
+#: split-KV choice aims at. Module state so that benchmarks/ragged.py can sweep them.
+TUNE: dict[str, Any] = {"fwd": None, "dkdv": None, "dq": None, "decode": (64, 4, 3), "fill": 4}
 _LOCK = threading.Lock()
 _LOADED: dict[bool, ModuleType] = {}
 
@@ -131,6 +136,8 @@ def _fwd_cfg(x: torch.Tensor, d: int) -> tuple[int, int, int, int]:
     """(BM, BN, warps, stages) of the query-tiled forward."""
     if interpret_mode() or x.device.type != "cuda":
         return 16, 16, 1, 1
+    if TUNE["fwd"] is not None:
+        return TUNE["fwd"]
     if x.element_size() == 4:
         return 64, 32, 4, 2
     if d > 128:
@@ -146,7 +153,7 @@ def _splits(tiles: int, programs: int, device: torch.device) -> int:
         return max(1, min(int(forced), tiles))
     if device.type != "cuda":
         return 1
-    want = -(-4 * _sm_count(device) // max(programs, 1))
+    want = -(-TUNE["fill"] * _sm_count(device) // max(programs, 1))
     return max(1, min(want, tiles // 4, 128))
 
 
@@ -192,8 +199,7 @@ def forward(
     interp = interpret_mode() or q.device.type != "cuda"
     if pack:
         bm = max(16, _pow2(t.max_q * group))
-        bn = 16 if interp else 64
-        warps, stages = (1, 1) if interp else (4, 3)
+        bn, warps, stages = (16, 1, 1) if interp else TUNE["decode"]
         tiles = -(-t.max_k // bn)
         splits = _splits(tiles, t.seqs * hkv, q.device)
         chunk = -(-tiles // splits)
@@ -250,6 +256,8 @@ def _bwd_cfgs(x: torch.Tensor, d: int) -> tuple[tuple[int, int, int, int], tuple
     """(BM, BN, warps, stages) of the dk/dv and dq kernels."""
     if interpret_mode() or x.device.type != "cuda":
         return (16, 16, 1, 1), (16, 16, 1, 1)
+    if TUNE["dkdv"] is not None and TUNE["dq"] is not None:
+        return TUNE["dkdv"], TUNE["dq"]
     if x.element_size() == 4:
         return (32, 64, 4, 1), (64, 32, 4, 1)
     if d > 128:
