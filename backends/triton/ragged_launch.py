@@ -10,7 +10,8 @@ import math
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -22,6 +23,7 @@ from attnhub.request import Request
 from attnhub.rules import Causal, Full, Local
 from attnhub_backends.triton.loader import interpret_mode
 from attnhub_backends.triton.loader import kernels as dense_kernels
+from attnhub_backends.triton.relaunch import Relauncher
 
 LOG2E = 1.4426950408889634
 
@@ -79,7 +81,51 @@ class Table:
     max_k: int  # longest sequence of keys
 
 
-def seq_table(req: Request, q: torch.Tensor, k: torch.Tensor, ops: Any) -> Table:
+@dataclass
+class _Launchers:
+    """The forward's kernels relaunched without Triton's per-call binding (see relaunch.py), kept
+    per call signature: decoding steps repeat one signature and are short enough for the host's
+    launch cost to show."""
+
+    table: Relauncher = field(default_factory=Relauncher)
+    fwd: Relauncher = field(default_factory=Relauncher)
+    combine: Relauncher = field(default_factory=Relauncher)
+
+
+_LAUNCHERS: OrderedDict[tuple, _Launchers] = OrderedDict()
+
+
+def _align(x: Any) -> int:
+    return x.data_ptr() % 16 if isinstance(x, torch.Tensor) else -1
+
+
+def _launchers(
+    req: Request, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ops: Any, out_dtype: Any
+) -> _Launchers:
+    """The launchers of this call signature: everything Triton specialises on (shapes, strides,
+    alignments, dtypes, the host-known sizes, the tuning and split settings) is in the key."""
+    extra = ()
+    if ops is not None:
+        extra = tuple(
+            (tuple(x.shape), x.stride(), x.dtype, _align(x)) if isinstance(x, torch.Tensor) else x
+            for x in (ops.q_lengths, ops.k_lengths, ops.cu_seqlens_q, ops.cu_seqlens_k, ops.block_table,
+                      ops.sinks, ops.max_seqlen_q, ops.max_seqlen_k)
+        )  # fmt: skip
+    key = (
+        req, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), _align(q), _align(k), _align(v),
+        out_dtype, extra, settings.raw("ATTNHUB_TRITON_SPLITS"), tuple(TUNE.items()),
+    )  # fmt: skip
+    found = _LAUNCHERS.get(key)
+    if found is None:
+        found = _LAUNCHERS[key] = _Launchers()
+        if len(_LAUNCHERS) > 256:
+            _LAUNCHERS.popitem(last=False)
+    return found
+
+
+def seq_table(
+    req: Request, q: torch.Tensor, k: torch.Tensor, ops: Any, launcher: Relauncher | None = None
+) -> Table:
     """Build the sequence table with one launch (no device-to-host copy)."""
     dev = q.device
     if req.varlen:
@@ -99,11 +145,12 @@ def seq_table(req: Request, q: torch.Tensor, k: torch.Tensor, ops: Any) -> Table
     cuq = ops.cu_seqlens_q if req.varlen else dummy
     cuk = ops.cu_seqlens_k if req.varlen else dummy
     bs = 128
-    _kernels().table_kernel[(max(1, -(-seqs // bs)),)](
-        ql, kl, cuq, cuk, tab, seqs, lq, lk, req.q_offset, req.k_offset,
-        HAS_QL=req.q_lengths, HAS_KL=req.k_lengths, VARLEN=req.varlen,
-        LEFT=req.padding_side == "left", SYNC=req.sync, BS=bs,
+    args = (ql, kl, cuq, cuk, tab, seqs, lq, lk, req.q_offset, req.k_offset)
+    meta = dict(
+        HAS_QL=req.q_lengths, HAS_KL=req.k_lengths, VARLEN=req.varlen, LEFT=req.padding_side == "left",
+        SYNC=req.sync, BS=bs,
     )  # fmt: skip
+    (launcher or Relauncher())(_kernels().table_kernel, (max(1, -(-seqs // bs)),), args, meta)
     return Table(tab, seqs, max_q, max_k)
 
 
@@ -168,7 +215,8 @@ def forward(
     """(out, lse) of a ragged request; padded query rows give out 0 and lse -inf."""
     kern = _kernels()
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
-    t = seq_table(req, q, k, ops)
+    launch = _launchers(req, q, k, v, ops, out_dtype)
+    t = seq_table(req, q, k, ops, launch.table)
     b, hq, nq, dqk = q.shape
     dv = v.shape[-1]
     hkv = k.shape[2] if req.paged else k.shape[1]
@@ -219,24 +267,26 @@ def forward(
     if splits > 1:
         o_buf = torch.empty((splits, t.seqs, hq, t.max_q, dv), dtype=torch.float32, device=q.device)
         l_buf = torch.empty((splits, t.seqs, hq, t.max_q), dtype=torch.float32, device=q.device)
-        kern.fwd_kernel[grid](
+        args = (
             q, k, v, o_buf, l_buf, t.tab, bt, sk, *qs, kb, kh, kn, vb, vh, vn,
             *o_buf.stride()[1:4], *l_buf.stride()[1:3], sbt, o_buf.stride(0), l_buf.stride(0),
-            group, t.max_q, chunk, req.scale * LOG2E, cap, window, **meta,
+            group, t.max_q, chunk, req.scale * LOG2E, cap, window,
         )  # fmt: skip
-        kern.combine_kernel[(hq, t.seqs)](
+        launch.fwd(kern.fwd_kernel, grid, args, meta)
+        args = (
             o_buf, l_buf, out, lse, t.tab, sk, splits, t.max_q, o_buf.stride(0), l_buf.stride(0),
-            out.stride(0) * seq_stride, out.stride(1), out.stride(2), lse.stride(0) * seq_stride,
-            lse.stride(1), DV=dv, BDV=_pad(dv), BQ=_pow2(t.max_q), BS=max(2, _pow2(splits)),
-            SINK=sinks is not None,
+            out.stride(0) * seq_stride, out.stride(1), out.stride(2), lse.stride(0) * seq_stride, lse.stride(1),
         )  # fmt: skip
+        meta = dict(DV=dv, BDV=_pad(dv), BQ=_pow2(t.max_q), BS=max(2, _pow2(splits)), SINK=sinks is not None)
+        launch.combine(kern.combine_kernel, (hq, t.seqs), args, meta)
     else:
-        kern.fwd_kernel[grid](
+        args = (
             q, k, v, out, lse, t.tab, bt, sk, *qs, kb, kh, kn, vb, vh, vn,
             out.stride(0) * seq_stride, out.stride(1), out.stride(2),
             lse.stride(0) * seq_stride, lse.stride(1), sbt, 0, 0,
-            group, t.max_q, chunk, req.scale * LOG2E, cap, window, **meta,
+            group, t.max_q, chunk, req.scale * LOG2E, cap, window,
         )  # fmt: skip
+        launch.fwd(kern.fwd_kernel, grid, args, meta)
     return out, lse
 
 
