@@ -20,6 +20,7 @@ import argparse
 import inspect
 import json
 import math
+import traceback
 
 import torch
 import torch.nn.functional as F
@@ -123,7 +124,7 @@ def _sweep_decode() -> None:
             try:
                 times[(cfg, fill)] = _ms_graph(lambda: ragged_launch.forward(q, k, v, req, ops))
             except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
-                print(f"  decode cfg {cfg} fill {fill}: {type(e).__name__}")
+                print(f"  decode cfg {cfg} fill {fill}: {type(e).__name__}: {str(e)[:200]}")
     (cfg, fill), t = min(times.items(), key=lambda kv: kv[1])
     ragged_launch.TUNE.update(decode=cfg, fill=fill)
     nbytes = 4 * k.numel()
@@ -230,7 +231,7 @@ def packed(quick: bool) -> None:
             try:
                 sweep[cfg] = _ms(fwd)
             except Exception as e:  # noqa: BLE001
-                print(f"  fwd cfg {cfg}: {type(e).__name__}")
+                print(f"  fwd cfg {cfg}: {type(e).__name__}: {str(e)[:200]}")
         ragged_launch.TUNE["fwd"] = min(sweep, key=sweep.get)
         bsweep = {}
         for pair in (((64, 128, 8, 2), (128, 64, 8, 2)), ((64, 64, 4, 2), (64, 64, 4, 2)),
@@ -239,7 +240,7 @@ def packed(quick: bool) -> None:
             try:
                 bsweep[pair] = _ms(fwd_bwd)
             except Exception as e:  # noqa: BLE001
-                print(f"  bwd cfg {pair}: {type(e).__name__}")
+                print(f"  bwd cfg {pair}: {type(e).__name__}: {str(e)[:200]}")
         best = min(bsweep, key=bsweep.get)
         ragged_launch.TUNE.update(dkdv=best[0], dq=best[1])
         _record(bench="packed_sweep", fwd={str(c): round(flops / t / 1e9, 1) for c, t in sweep.items()},
@@ -310,6 +311,7 @@ def main() -> None:
         try:
             globals()[name](args.quick)
         except Exception as e:  # noqa: BLE001 - one failing section must not hide the others
+            traceback.print_exc()
             _record(bench=name, error=f"{type(e).__name__}: {str(e)[:300]}")
         torch.cuda.empty_cache()
         if args.out:  # after each section: a later timeout keeps what was measured

@@ -55,3 +55,30 @@ def test_paged(block) -> None:
     check_case(torch, dtype="bfloat16", b=4, hq=32, hkv=8, lq=1, lk=4096, dqk=128, dv=128,
                q_lengths=None, k_lengths=[4096, 1, 2500, 1000], side="right", rule=Causal(),
                sync="none_end", grad=False, device="cuda", paged=block)  # fmt: skip
+
+
+def test_repeated_call_signature() -> None:
+    """Later calls of one signature launch the compiled kernels directly (relaunch.py): same results."""
+    from attnhub.operands import Operands
+    from attnhub_backends.triton import ragged_launch
+    from tests.ragged_dense import case_request
+
+    for lq, paged in ((1, 0), (3, 16), (300, 0)):
+        q = torch.randn(2, 8, lq, 64, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(2, 2, 2048, 64, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        lens = torch.tensor([2048, 700], dtype=torch.int32, device="cuda")
+        ops = Operands(k_lengths=lens)
+        req = case_request("bfloat16", 2, 8, 2, lq, 2048, 64, 64, Causal(), "none_end", device="cuda:0",
+                           k_lengths=True)  # fmt: skip
+        if paged:
+            k = k.permute(0, 2, 1, 3).reshape(2 * 2048 // paged, paged, 2, 64)
+            v = v.permute(0, 2, 1, 3).reshape(2 * 2048 // paged, paged, 2, 64)
+            table = torch.arange(2 * 2048 // paged, dtype=torch.int32, device="cuda").reshape(2, -1)
+            ops = Operands(k_lengths=lens, block_table=table)
+            req = case_request("bfloat16", 2, 8, 2, lq, 2048, 64, 64, Causal(), "none_end", device="cuda:0",
+                               k_lengths=True, paged=paged)  # fmt: skip
+        first = ragged_launch.forward(q, k, v, req, ops)
+        for _ in range(3):
+            again = ragged_launch.forward(q, k, v, req, ops)
+            assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])

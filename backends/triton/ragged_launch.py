@@ -150,7 +150,7 @@ def seq_table(
         HAS_QL=req.q_lengths, HAS_KL=req.k_lengths, VARLEN=req.varlen, LEFT=req.padding_side == "left",
         SYNC=req.sync, BS=bs,
     )  # fmt: skip
-    (launcher or Relauncher())(_kernels().table_kernel, (max(1, -(-seqs // bs)),), args, meta)
+    (launcher or Relauncher())(_kernels().table_kernel, (max(1, -(-seqs // bs)), 1, 1), args, meta)
     return Table(tab, seqs, max_q, max_k)
 
 
@@ -278,7 +278,7 @@ def forward(
             out.stride(0) * seq_stride, out.stride(1), out.stride(2), lse.stride(0) * seq_stride, lse.stride(1),
         )  # fmt: skip
         meta = dict(DV=dv, BDV=_pad(dv), BQ=_pow2(t.max_q), BS=max(2, _pow2(splits)), SINK=sinks is not None)
-        launch.combine(kern.combine_kernel, (hq, t.seqs), args, meta)
+        launch.combine(kern.combine_kernel, (hq, t.seqs, 1), args, meta)  # 3-d: Relauncher
     else:
         args = (
             q, k, v, out, lse, t.tab, bt, sk, *qs, kb, kh, kn, vb, vh, vn,
