@@ -114,3 +114,92 @@ else:
         assert any("bias" in r for r in TritonBackend().check(replace(req, bias=(1, 1, 8, 8))))
         paged = replace(req, q_lengths=False, k_lengths=True, paged=16, needs_grad=True)
         assert any("no_grad" in r for r in TritonBackend().check(paged))
+
+    def _api_pair(fn, inputs, grad_inputs, **kw):
+        """(triton results, float64 reference results) of ``fn`` on float32 inputs, with gradients
+        of a random projection of out and lse for ``grad_inputs``."""
+        results = []
+        for backend, dt in (("triton", torch.float32), ("reference", torch.float64)):
+            xs = {n: (x.to(dt).detach().requires_grad_(n in grad_inputs) if x.is_floating_point() else x)
+                  for n, x in inputs.items()}  # fmt: skip
+            out, lse = fn(**xs, backend=backend, return_lse=True, **kw)
+            proj = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).reshape(out.shape)
+            loss = (out.double() * proj).sum()
+            grads = torch.autograd.grad(loss, [xs[n] for n in grad_inputs]) if grad_inputs else ()
+            results.append((out, lse, grads))
+        return results
+
+    def _close(got, want, tol, name):
+        got, want = got.double(), want.double()
+        assert torch.equal(torch.isinf(got), torch.isinf(want)), name
+        fin = torch.isfinite(want)
+        e = (got[fin] - want[fin]).norm() / want[fin].norm().clamp_min(1e-30)
+        assert e < tol, f"{name}: {e:.3g}"
+
+    def test_api_lengths_against_reference(monkeypatch) -> None:
+        """attnhub.attention with lengths, sinks and softcap: triton vs the reference (float64).
+
+        The ragged kernels apply softcap and sinks; the backend declares those features once its
+        dense kernels do too (another branch), so they are declared here for this test."""
+        import attnhub
+        from attnhub_backends.triton.backend import TritonBackend
+
+        monkeypatch.setattr(TritonBackend, "features", TritonBackend.features | {"softcap", "sinks"})
+
+        g = torch.Generator().manual_seed(5)
+        inputs = dict(q=torch.randn(3, 4, 13, 16, generator=g), k=torch.randn(3, 2, 19, 16, generator=g),
+                      v=torch.randn(3, 2, 19, 16, generator=g), sinks=torch.randn(4, generator=g))  # fmt: skip
+        lens = dict(q_lengths=torch.tensor([13, 0, 6], dtype=torch.int32),
+                    k_lengths=torch.tensor([19, 4, 0], dtype=torch.int32))  # fmt: skip
+        for side in ("right", "left"):
+            (o, lse, gr), (o_r, lse_r, gr_r) = _api_pair(
+                attnhub.attention, inputs, ("q", "k", "v", "sinks"), mask=Local(4, causal=True), sync="none_end",
+                softcap=3.0, padding_side=side, **lens,
+            )  # fmt: skip
+            _close(o, o_r, 2e-5, "out")
+            _close(lse, lse_r, 2e-5, "lse")
+            for n, a, b in zip("qkvs", gr, gr_r, strict=True):
+                _close(a, b, 1e-4, f"d{n}")
+
+    def test_api_varlen_and_kvcache_against_reference() -> None:
+        import attnhub
+
+        g = torch.Generator().manual_seed(6)
+        cu_q = torch.tensor([0, 5, 5, 22, 30], dtype=torch.int32)
+        cu_k = torch.tensor([0, 7, 10, 27, 40], dtype=torch.int32)
+        inputs = dict(q=torch.randn(30, 4, 16, generator=g), k=torch.randn(40, 2, 16, generator=g),
+                      v=torch.randn(40, 2, 16, generator=g), cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)  # fmt: skip
+        (o, lse, gr), (o_r, lse_r, gr_r) = _api_pair(
+            attnhub.attention_varlen, inputs, ("q", "k", "v"), mask="causal", sync="none_end"
+        )
+        _close(o, o_r, 2e-5, "out")
+        _close(lse, lse_r, 2e-5, "lse")
+        for n, a, b in zip("qkv", gr, gr_r, strict=True):
+            _close(a, b, 1e-4, f"d{n}")
+        # KV cache: contiguous, then the same keys paged through a shuffled block table
+        q = torch.randn(2, 8, 2, 16, generator=g)
+        kc = torch.randn(2, 2, 32, 16, generator=g)
+        vc = torch.randn(2, 2, 32, 16, generator=g)
+        kl = torch.tensor([32, 9], dtype=torch.int32)
+        inputs = dict(q=q, k_cache=kc, v_cache=vc, k_lengths=kl)
+        (o, lse, _), (o_r, lse_r, _) = _api_pair(attnhub.attention_kvcache, inputs, ())
+        _close(o, o_r, 2e-5, "out")
+        _close(lse, lse_r, 2e-5, "lse")
+        perm = torch.randperm(8, generator=g).to(torch.int32)
+        table = perm.reshape(2, 4)
+        kp = torch.empty(8, 8, 2, 16)
+        vp = torch.empty(8, 8, 2, 16)
+        kp[table.long()] = kc.reshape(2, 2, 4, 8, 16).permute(0, 2, 3, 1, 4)
+        vp[table.long()] = vc.reshape(2, 2, 4, 8, 16).permute(0, 2, 3, 1, 4)
+        out_p, lse_p = attnhub.attention_kvcache(
+            q, kp, vp, kl, block_table=table, backend="triton", return_lse=True
+        )
+        _close(out_p, o_r, 2e-5, "paged out")
+        _close(lse_p, lse_r, 2e-5, "paged lse")
+
+    def test_api_declines_bias_with_lengths() -> None:
+        import attnhub
+
+        q = torch.randn(2, 2, 8, 16)
+        with pytest.raises(attnhub.BackendUnsupported, match="bias"):
+            attnhub.attention(q, q, q, bias=torch.randn(1, 1, 8, 8), k_lengths=[8, 3], backend="triton")
