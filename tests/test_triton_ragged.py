@@ -203,3 +203,15 @@ else:
         q = torch.randn(2, 2, 8, 16)
         with pytest.raises(attnhub.BackendUnsupported, match="bias"):
             attnhub.attention(q, q, q, bias=torch.randn(1, 1, 8, 8), k_lengths=[8, 3], backend="triton")
+
+    def test_repeated_signature_new_data(monkeypatch) -> None:
+        """The forward plan is kept per call signature: later calls with new tensors and lengths of
+        the same signature still compute their own inputs (split-KV and packed paths)."""
+        monkeypatch.setenv("ATTNHUB_TRITON_SPLITS", "2")
+        for seed in range(3):
+            check_case(torch, dtype="float32", b=2, hq=4, hkv=2, lq=2, lk=40, dqk=16, dv=16,
+                       q_lengths=None, k_lengths=[40 - 7 * seed, 3 + seed], side="right", rule=Causal(),
+                       sync="none_end", grad=False, seed=seed)  # fmt: skip
+            check_case(torch, dtype="float32", b=1, hq=2, hkv=2, lq=0, lk=0, dqk=16, dv=16,
+                       varlen=([9, 4 + seed], [9, 12 - seed]), side="right", rule=Causal(), sync="none_front",
+                       grad=False, seed=seed)  # fmt: skip

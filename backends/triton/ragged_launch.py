@@ -30,7 +30,10 @@ LOG2E = 1.4426950408889634
 #: GPU tile configs (BM, BN, warps, stages) where set, else the defaults below; ``decode`` is
 #: (BN, warps, stages) of the packed (few-query) forward and ``fill`` the programs per SM that the
 #: split-KV choice aims at. Module state so that benchmarks/ragged.py can sweep them.
-TUNE: dict[str, Any] = {"fwd": None, "dkdv": None, "dq": None, "decode": (64, 4, 3), "fill": 4}
+#: Defaults from benchmarks/ragged.py's sweep on an H100 (bf16, D=128): decode (128, 4, 3) with fill 4
+#: read 2.69 TB/s at Lk=32k; packed causal training: forward (128, 64, 8, 3), backward (64, 64, 4, 2)
+#: for both kernels.
+TUNE: dict[str, Any] = {"fwd": None, "dkdv": None, "dq": None, "decode": (128, 4, 3), "fill": 4}
 _LOCK = threading.Lock()
 _LOADED: dict[bool, ModuleType] = {}
 
@@ -81,29 +84,90 @@ class Table:
     max_k: int  # longest sequence of keys
 
 
+@dataclass(frozen=True)
+class _TablePlan:
+    """The table kernel's launch for one call signature."""
+
+    grid: tuple[int, int, int]
+    scalars: tuple  # seqs, Lq, Lk, q_offset, k_offset
+    meta: dict[str, Any]
+    seqs: int
+    max_q: int
+    max_k: int
+
+
+def _table_plan(req: Request, q: torch.Tensor, k: torch.Tensor, ops: Any) -> _TablePlan:
+    if req.varlen:
+        seqs = ops.cu_seqlens_q.shape[0] - 1
+        lq, lk = q.shape[2], k.shape[2]
+        max_q = ops.max_seqlen_q or lq
+        max_k = ops.max_seqlen_k or lk
+    else:
+        seqs, lq, lk = req.batch, q.shape[2], req.seq_k[0]
+        max_q, max_k = lq, lk
+    bs = 128
+    meta = dict(
+        HAS_QL=req.q_lengths, HAS_KL=req.k_lengths, VARLEN=req.varlen, LEFT=req.padding_side == "left",
+        SYNC=req.sync, BS=bs,
+    )  # fmt: skip
+    grid = (max(1, -(-seqs // bs)), 1, 1)  # 3-d: Relauncher's compiled launches read grid[2]
+    return _TablePlan(grid, (seqs, lq, lk, req.q_offset, req.k_offset), meta, seqs, max_q, max_k)
+
+
+def _run_table(
+    tp: _TablePlan, req: Request, ops: Any, device: torch.device, launcher: Relauncher
+) -> torch.Tensor:
+    """Launch the table kernel of ``tp``: the (S, 8) table on ``device``, no host copy."""
+    tab = torch.empty((max(tp.seqs, 1), 8), dtype=torch.int32, device=device)
+    ql = ops.q_lengths if req.q_lengths else tab
+    kl = ops.k_lengths if req.k_lengths else tab
+    cuq = ops.cu_seqlens_q if req.varlen else tab
+    cuk = ops.cu_seqlens_k if req.varlen else tab
+    launcher(_kernels().table_kernel, tp.grid, (ql, kl, cuq, cuk, tab, *tp.scalars), tp.meta)
+    return tab
+
+
+def seq_table(req: Request, q: torch.Tensor, k: torch.Tensor, ops: Any) -> Table:
+    """Build the sequence table with one launch (no device-to-host copy)."""
+    tp = _table_plan(req, q, k, ops)
+    return Table(_run_table(tp, req, ops, q.device, Relauncher()), tp.seqs, tp.max_q, tp.max_k)
+
+
 @dataclass
-class _Launchers:
-    """The forward's kernels relaunched without Triton's per-call binding (see relaunch.py), kept
-    per call signature: decoding steps repeat one signature and are short enough for the host's
-    launch cost to show."""
+class _FwdPlan:
+    """Everything a forward launch needs beyond the tensors, fixed for one call signature (tile
+    sizes, split-KV factor, strides, constexprs), with its kernels relaunched without Triton's
+    per-call binding (see relaunch.py): decoding steps repeat one signature, and are short enough
+    for the host's cost per call to show."""
 
-    table: Relauncher = field(default_factory=Relauncher)
-    fwd: Relauncher = field(default_factory=Relauncher)
-    combine: Relauncher = field(default_factory=Relauncher)
+    table: _TablePlan
+    out_shape: tuple[int, ...]
+    out_dtype: torch.dtype
+    zero_fill: bool  # q_lengths: padded rows are never visited, out and lse start at 0 and -inf
+    splits: int
+    grid: tuple[int, int, int]
+    fwd_tail: tuple  # fwd_kernel's scalars after its eight pointers
+    fwd_meta: dict[str, Any]
+    buf_shape: tuple[int, ...]  # split-KV partial outputs (splits, S, Hq, MQ, Dv)
+    combine_tail: tuple
+    combine_meta: dict[str, Any]
+    table_launcher: Relauncher = field(default_factory=Relauncher)
+    fwd_launcher: Relauncher = field(default_factory=Relauncher)
+    combine_launcher: Relauncher = field(default_factory=Relauncher)
 
 
-_LAUNCHERS: OrderedDict[tuple, _Launchers] = OrderedDict()
+_PLANS: OrderedDict[tuple, _FwdPlan] = OrderedDict()
 
 
 def _align(x: Any) -> int:
     return x.data_ptr() % 16 if isinstance(x, torch.Tensor) else -1
 
 
-def _launchers(
+def _signature(
     req: Request, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ops: Any, out_dtype: Any
-) -> _Launchers:
-    """The launchers of this call signature: everything Triton specialises on (shapes, strides,
-    alignments, dtypes, the host-known sizes, the tuning and split settings) is in the key."""
+) -> tuple:
+    """Everything Triton specialises on (shapes, strides, alignments, dtypes), the host-known sizes
+    and the tuning and split settings."""
     extra = ()
     if ops is not None:
         extra = tuple(
@@ -111,47 +175,10 @@ def _launchers(
             for x in (ops.q_lengths, ops.k_lengths, ops.cu_seqlens_q, ops.cu_seqlens_k, ops.block_table,
                       ops.sinks, ops.max_seqlen_q, ops.max_seqlen_k)
         )  # fmt: skip
-    key = (
+    return (
         req, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), _align(q), _align(k), _align(v),
-        out_dtype, extra, settings.raw("ATTNHUB_TRITON_SPLITS"), tuple(TUNE.items()),
+        out_dtype, extra, settings.raw("ATTNHUB_TRITON_SPLITS"), tuple(TUNE.items()), interpret_mode(),
     )  # fmt: skip
-    found = _LAUNCHERS.get(key)
-    if found is None:
-        found = _LAUNCHERS[key] = _Launchers()
-        if len(_LAUNCHERS) > 256:
-            _LAUNCHERS.popitem(last=False)
-    return found
-
-
-def seq_table(
-    req: Request, q: torch.Tensor, k: torch.Tensor, ops: Any, launcher: Relauncher | None = None
-) -> Table:
-    """Build the sequence table with one launch (no device-to-host copy)."""
-    dev = q.device
-    if req.varlen:
-        seqs = ops.cu_seqlens_q.shape[0] - 1
-        lq, lk = q.shape[2], k.shape[2]
-        max_q = ops.max_seqlen_q or lq
-        max_k = ops.max_seqlen_k or lk
-    else:
-        seqs = req.batch
-        lq = q.shape[2]
-        lk = req.seq_k[0]
-        max_q, max_k = lq, lk
-    tab = torch.empty((max(seqs, 1), 8), dtype=torch.int32, device=dev)
-    dummy = tab
-    ql = ops.q_lengths if (req.q_lengths and ops is not None) else dummy
-    kl = ops.k_lengths if (req.k_lengths and ops is not None) else dummy
-    cuq = ops.cu_seqlens_q if req.varlen else dummy
-    cuk = ops.cu_seqlens_k if req.varlen else dummy
-    bs = 128
-    args = (ql, kl, cuq, cuk, tab, seqs, lq, lk, req.q_offset, req.k_offset)
-    meta = dict(
-        HAS_QL=req.q_lengths, HAS_KL=req.k_lengths, VARLEN=req.varlen, LEFT=req.padding_side == "left",
-        SYNC=req.sync, BS=bs,
-    )  # fmt: skip
-    (launcher or Relauncher())(_kernels().table_kernel, (max(1, -(-seqs // bs)), 1, 1), args, meta)
-    return Table(tab, seqs, max_q, max_k)
 
 
 def _dot_precision(x: torch.Tensor) -> str:
@@ -192,6 +219,18 @@ def _fwd_cfg(x: torch.Tensor, d: int) -> tuple[int, int, int, int]:
     return 128, 64, 8, 3
 
 
+def _decode_cfg(x: torch.Tensor, d_sum: int) -> tuple[int, int, int]:
+    """(BN, warps, stages) of the packed forward: TUNE's, with smaller key tiles or fewer stages
+    where the K and V tiles buffered ahead (stages - 1 of them) would pass 160 KiB of shared memory
+    (Triton's pipeliner used 70 KiB at BN=64, 3 stages, bf16, D=128)."""
+    bn, warps, stages = TUNE["decode"]
+    while bn > 32 and bn * d_sum * x.element_size() * (stages - 1) > 160 * 1024:
+        bn //= 2
+    while stages > 1 and bn * d_sum * x.element_size() * (stages - 1) > 160 * 1024:
+        stages -= 1
+    return bn, warps, stages
+
+
 def _splits(tiles: int, programs: int, device: torch.device) -> int:
     """Split-KV factor for packed (decode) programs: enough programs to fill the GPU, at least a
     few key tiles each. ``ATTNHUB_TRITON_SPLITS`` forces it (also under the interpreter)."""
@@ -213,80 +252,106 @@ def forward(
     out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of a ragged request; padded query rows give out 0 and lse -inf."""
-    kern = _kernels()
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
-    launch = _launchers(req, q, k, v, ops, out_dtype)
-    t = seq_table(req, q, k, ops, launch.table)
+    out_dtype = out_dtype or q.dtype
+    key = _signature(req, q, k, v, ops, out_dtype)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _plan_forward(q, k, v, req, ops, out_dtype)
+        if len(_PLANS) > 256:
+            _PLANS.popitem(last=False)
+    return _run_forward(plan, q, k, v, req, ops)
+
+
+def _plan_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, req: Request, ops: Any, out_dtype: torch.dtype
+) -> _FwdPlan:
+    tp = _table_plan(req, q, k, ops)
     b, hq, nq, dqk = q.shape
     dv = v.shape[-1]
     hkv = k.shape[2] if req.paged else k.shape[1]
     group = hq // hkv
-    shape = (b, hq, nq)
-    if req.q_lengths:  # padded rows are never visited: their out and lse are set here
-        out = torch.zeros((*shape, dv), dtype=out_dtype or q.dtype, device=q.device)
-        lse = torch.full(shape, float("-inf"), dtype=torch.float32, device=q.device)
-    else:
-        out = torch.empty((*shape, dv), dtype=out_dtype or q.dtype, device=q.device)
-        lse = torch.empty(shape, dtype=torch.float32, device=q.device)
-    if t.seqs == 0 or hq == 0 or nq == 0:
-        return out, lse
     consts, window = _rule(req)
-    sinks = ops.sinks if (req.sinks and ops is not None) else None
     cap = float(req.softcap) if req.softcap is not None else 1.0
+    seq_stride = 0 if req.varlen else 1  # packed sequences share batch entry 0
     if req.paged:  # raw (num_blocks, block_size, Hkv, D): block, row and head strides
         kb, kn, kh = k.stride(0), k.stride(1), k.stride(2)
         vb, vn, vh = v.stride(0), v.stride(1), v.stride(2)
-        bt = ops.block_table
-        sbt = bt.stride(0)
-    seq_stride = 0 if req.varlen else 1  # packed sequences share batch entry 0
-    if not req.paged:
+        sbt = ops.block_table.stride(0)
+    else:
         kb, kh, kn = k.stride(0) * seq_stride, k.stride(1), k.stride(2)
         vb, vh, vn = v.stride(0) * seq_stride, v.stride(1), v.stride(2)
-        bt, sbt = t.tab, 0
-    pack = t.max_q * group <= 64
+        sbt = 0
+    pack = tp.max_q * group <= 64
     interp = interpret_mode() or q.device.type != "cuda"
     if pack:
-        bm = max(16, _pow2(t.max_q * group))
-        bn, warps, stages = (16, 1, 1) if interp else TUNE["decode"]
-        tiles = -(-t.max_k // bn)
-        splits = _splits(tiles, t.seqs * hkv, q.device)
-        chunk = -(-tiles // splits)
+        bm = max(16, _pow2(tp.max_q * group))
+        bn, warps, stages = (16, 1, 1) if interp else _decode_cfg(q, _pad(dqk) + _pad(dv))
+        tiles = -(-tp.max_k // bn)
+        splits = _splits(tiles, tp.seqs * hkv, q.device)
+        chunk = -(-tiles // splits) if tiles else 0
         splits = -(-tiles // chunk) if tiles else 1
-        grid = (splits, hkv, t.seqs)
+        grid = (splits, hkv, tp.seqs)
     else:
         bm, bn, warps, stages = _fwd_cfg(q, max(_pad(dqk), _pad(dv)))
         splits, chunk = 1, 0
-        grid = (-(-t.max_q // bm), hq, t.seqs)
+        grid = (-(-tp.max_q // bm), hq, tp.seqs)
     meta = dict(
         DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=bn, **consts, PACK=pack,
         SPLIT=splits > 1, PAGED=bool(req.paged), BLOCK=req.paged or 1, SOFTCAP=req.softcap is not None,
-        SINK=sinks is not None, DOT_PRECISION=_dot_precision(q), num_warps=warps, num_stages=stages,
+        SINK=req.sinks, DOT_PRECISION=_dot_precision(q), num_warps=warps, num_stages=stages,
     )  # fmt: skip
-    sk = sinks if sinks is not None else t.tab
     qs = (q.stride(0) * seq_stride, q.stride(1), q.stride(2))
+    scalars = (group, tp.max_q, chunk, req.scale * LOG2E, cap, window)
+    # Outputs are allocated contiguous: (B, Hq, Nq, Dv) and (B, Hq, Nq); partials likewise.
+    out_strides = (hq * nq * dv * seq_stride, nq * dv, dv)
+    lse_strides = (hq * nq * seq_stride, nq)
+    buf_shape = (splits, tp.seqs, hq, tp.max_q, dv)
     if splits > 1:
-        o_buf = torch.empty((splits, t.seqs, hq, t.max_q, dv), dtype=torch.float32, device=q.device)
-        l_buf = torch.empty((splits, t.seqs, hq, t.max_q), dtype=torch.float32, device=q.device)
-        args = (
-            q, k, v, o_buf, l_buf, t.tab, bt, sk, *qs, kb, kh, kn, vb, vh, vn,
-            *o_buf.stride()[1:4], *l_buf.stride()[1:3], sbt, o_buf.stride(0), l_buf.stride(0),
-            group, t.max_q, chunk, req.scale * LOG2E, cap, window,
+        o_split, l_split = tp.seqs * hq * tp.max_q * dv, tp.seqs * hq * tp.max_q
+        tail = (
+            *qs, kb, kh, kn, vb, vh, vn, hq * tp.max_q * dv, tp.max_q * dv, dv, hq * tp.max_q, tp.max_q,
+            sbt, o_split, l_split, *scalars,
         )  # fmt: skip
-        launch.fwd(kern.fwd_kernel, grid, args, meta)
-        args = (
-            o_buf, l_buf, out, lse, t.tab, sk, splits, t.max_q, o_buf.stride(0), l_buf.stride(0),
-            out.stride(0) * seq_stride, out.stride(1), out.stride(2), lse.stride(0) * seq_stride, lse.stride(1),
-        )  # fmt: skip
-        meta = dict(DV=dv, BDV=_pad(dv), BQ=_pow2(t.max_q), BS=max(2, _pow2(splits)), SINK=sinks is not None)
-        launch.combine(kern.combine_kernel, (hq, t.seqs, 1), args, meta)  # 3-d: Relauncher
+        combine_tail = (splits, tp.max_q, o_split, l_split, *out_strides, *lse_strides)
     else:
-        args = (
-            q, k, v, out, lse, t.tab, bt, sk, *qs, kb, kh, kn, vb, vh, vn,
-            out.stride(0) * seq_stride, out.stride(1), out.stride(2),
-            lse.stride(0) * seq_stride, lse.stride(1), sbt, 0, 0,
-            group, t.max_q, chunk, req.scale * LOG2E, cap, window,
-        )  # fmt: skip
-        launch.fwd(kern.fwd_kernel, grid, args, meta)
+        tail = (*qs, kb, kh, kn, vb, vh, vn, *out_strides, *lse_strides, sbt, 0, 0, *scalars)
+        combine_tail = ()
+    combine_meta = dict(DV=dv, BDV=_pad(dv), BQ=_pow2(tp.max_q), BS=max(2, _pow2(splits)), SINK=req.sinks)
+    return _FwdPlan(
+        tp, (b, hq, nq, dv), out_dtype, req.q_lengths, splits, grid, tail, meta, buf_shape, combine_tail,
+        combine_meta,
+    )  # fmt: skip
+
+
+def _run_forward(
+    plan: _FwdPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, req: Request, ops: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    dev = q.device
+    shape = plan.out_shape
+    if plan.zero_fill:
+        out = torch.zeros(shape, dtype=plan.out_dtype, device=dev)
+        lse = torch.full(shape[:3], float("-inf"), dtype=torch.float32, device=dev)
+    else:
+        out = torch.empty(shape, dtype=plan.out_dtype, device=dev)
+        lse = torch.empty(shape[:3], dtype=torch.float32, device=dev)
+    if plan.table.seqs == 0 or 0 in shape[1:3]:
+        return out, lse
+    kern = _kernels()
+    tab = _run_table(plan.table, req, ops, dev, plan.table_launcher)
+    bt = ops.block_table if req.paged else tab
+    sk = ops.sinks if req.sinks else tab
+    if plan.splits > 1:
+        o_buf = torch.empty(plan.buf_shape, dtype=torch.float32, device=dev)
+        l_buf = torch.empty(plan.buf_shape[:4], dtype=torch.float32, device=dev)
+        plan.fwd_launcher(kern.fwd_kernel, plan.grid, (q, k, v, o_buf, l_buf, tab, bt, sk, *plan.fwd_tail),
+                          plan.fwd_meta)  # fmt: skip
+        grid = (shape[1], plan.table.seqs, 1)  # 3-d: Relauncher's compiled launches read grid[2]
+        plan.combine_launcher(kern.combine_kernel, grid, (o_buf, l_buf, out, lse, tab, sk, *plan.combine_tail),
+                              plan.combine_meta)  # fmt: skip
+    else:
+        plan.fwd_launcher(kern.fwd_kernel, plan.grid, (q, k, v, out, lse, tab, bt, sk, *plan.fwd_tail),
+                          plan.fwd_meta)  # fmt: skip
     return out, lse
 
 
@@ -312,7 +377,7 @@ def _bwd_cfgs(x: torch.Tensor, d: int) -> tuple[tuple[int, int, int, int], tuple
         return (32, 64, 4, 1), (64, 32, 4, 1)
     if d > 128:
         return (32, 64, 4, 1), (64, 32, 4, 1)
-    return (64, 128, 8, 2), (128, 64, 8, 2)
+    return (64, 64, 4, 2), (64, 64, 4, 2)
 
 
 def backward(
