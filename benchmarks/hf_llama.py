@@ -154,15 +154,14 @@ def main() -> None:
                 row["attnhub_features"] = dict(st.features)
         except Exception as exc:  # report and go on with the next implementation
             row["error"] = f"{type(exc).__name__}: {exc}"[:400]
-        results[impl] = row
-    for impl, row in results.items():
         logits = row.pop("logits", None)
         if logits is not None and ref_logits is not None:
             row["logits_vs_sdpa"] = float((logits - ref_logits).abs().max() / ref_logits.abs().max())
-        print(impl, json.dumps(row, default=str))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1, default=str)
+        results[impl] = row
+        print(impl, json.dumps(row, default=str), flush=True)  # each row as soon as it is measured
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=1, default=str)
 
 
 if __name__ == "__main__":
