@@ -19,6 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import attnhub  # noqa: E402
 import attnhub.integrations.transformers as ah_hf  # noqa: E402
 from tests.test_transformers import (  # noqa: E402
     DECODERS,
@@ -112,3 +113,11 @@ def test_llama_bf16_cuda_against_sdpa():
     valid = mask.bool()
     assert _rel(got[valid], want[valid]) <= BF16_TOL
     assert ah_hf.stats().features["lengths"] == 4
+    # and a GPU kernel served them, not the float64 reference
+    q = torch.empty(b, 8, n, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.empty(b, 2, n, 64, device="cuda", dtype=torch.bfloat16)
+    lengths = mask.sum(-1).to(torch.int32)
+    ex = attnhub.explain(
+        q, k, k, mask=attnhub.Causal(), sync="none_end", k_lengths=lengths, padding_side="left"
+    )
+    assert ex.chosen not in (None, "reference"), str(ex)
