@@ -110,6 +110,9 @@ def run_case(
     seed: int = 0,
     bias_scale: float = 1.0,
     bias_edit=None,
+    bias_view=None,
+    grid: tuple[tuple[int, int], tuple[int, int]] | None = None,
+    device: str = "cpu",
 ) -> None:
     """One case through the backend against :func:`dense` (SPEC §6 tolerances)."""
     from attnhub.operands import Operands
@@ -123,7 +126,9 @@ def run_case(
     q64 = torch.randn(b, hq, lq, d, generator=g, dtype=torch.float64) * boost
     k64 = torch.randn(b, hkv, lk, d, generator=g, dtype=torch.float64)
     v64 = torch.randn(b, hkv, lk, d, generator=g, dtype=torch.float64)
-    q, k, v = (x.to(tdt) for x in (q64, k64, v64))
+    q, k, v = (x.to(tdt).to(device) for x in (q64, k64, v64))
+    if mask is not None:
+        mask = mask.to(device)
     req, _ = build_request(q, k, v, rule if mask is None else mask, sync, None, "bhsd", True)
     bias = sk = None
     if bias_shape is not None:
@@ -131,9 +136,14 @@ def run_case(
         bias = torch.randn(bias_shape, generator=g, dtype=torch.float64) * bias_scale
         if bias_edit is not None:
             bias_edit(bias)
-        bias = bias.to(bdt)
+        bias = bias.to(bdt).to(device)
+        if bias_view is not None:
+            bias = bias_view(bias)
     if sinks:
-        sk = torch.randn(hq, generator=g, dtype=torch.float64).to(tdt)
+        sk = torch.randn(hq, generator=g, dtype=torch.float64).to(tdt).to(device)
+    if grid is not None:  # 2-d sequences, flattened row-major as the backend receives them
+        assert grid[0][0] * grid[0][1] == lq and grid[1][0] * grid[1][1] == lk
+        req = dataclasses.replace(req, seq_q=grid[0], seq_k=grid[1])
     req = dataclasses.replace(
         req, needs_grad=True, bias=None if bias is None else tuple(bias.shape),
         bias_grad=bias is not None and bias_grad, softcap=softcap, sinks=sinks, sinks_grad=sinks,
@@ -145,27 +155,39 @@ def run_case(
     mask_arg = mask.reshape(req.rule.shape) if isinstance(req.rule, ExplicitMask) else None
     out, lse, saved = be.forward_for_grad(q, k, v, req, mask_arg, operands=ops)
     dout64 = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    dout64 = dout64.to(device)
     grads = be.backward(q, k, v, saved, lse, dout64.to(tdt), req, mask_arg, operands=ops)
 
     # the float64 oracle, on the rounded inputs
-    keep = _positions_keep(plan_rule(req), lq, lk, sync, *offsets)[None, None]
+    if grid is None:
+        keep = _positions_keep(plan_rule(req), lq, lk, sync, *offsets)
+    else:
+        from attnhub.positions import dense_rule_mask
+
+        keep = torch.from_numpy(dense_rule_mask(plan_rule(req), grid[0], grid[1], sync).copy())
+    keep = keep[None, None].to(device)
     if mask is not None:
         keep = keep & mask
     keep = keep.expand(b, hq, lq, lk)
     qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
     bd = bias.double().requires_grad_() if bias is not None else None
     sd = sk.double().requires_grad_() if sk is not None else None
-    want_out, want_lse = dense(qd, kd, vd, req.scale, keep, softcap, bd, sd)
+    # dS per element (a zero full-shape bias): the terms that dbias sums over broadcast dims
+    zd = torch.zeros(b, hq, lq, lk, dtype=torch.float64, device=device, requires_grad=True)
+    want_out, want_lse = dense(qd, kd, vd, req.scale, keep, softcap, zd if bd is None else bd + zd, sd)
     want_out.backward(dout64)
 
-    def close(name, got, want, tol):
+    def close(name, got, want, tol, terms=None):
+        """SPEC §6 relative errors; ``terms``: the absolute values a reduction summed (a sum that
+        cancels to about 0 is judged against them)."""
         assert got is not None, f"{name} missing"
         assert got.shape == want.shape, f"{name} shape {tuple(got.shape)} != {tuple(want.shape)}"
         gd = got.detach().double()
         assert not torch.isnan(gd).any(), f"NaN in {name}"
         err = gd - want.detach()
-        scale = max(float(want.detach().abs().max()), 1e-300)
-        rel = float(err.norm() / max(float(want.detach().norm()), 1e-300))
+        ref = want.detach().abs() if terms is None else torch.maximum(want.detach().abs(), terms)
+        scale = max(float(ref.max()), 1e-300)
+        rel = float(err.norm() / max(float(ref.norm()), 1e-300))
         mx = float(err.abs().max()) / scale
         assert rel < tol and mx < tol, f"{name} error {rel:.2e}/{mx:.2e} >= {tol} ({req.describe()})"
 
@@ -181,7 +203,9 @@ def run_case(
     if bias is not None or sinks:
         assert len(grads) == 5
         if bias is not None and bias_grad:
-            close("dbias", grads[3], bd.grad, tol)
+            dims = [i for i in range(4) if bias.shape[i] == 1]
+            terms = zd.grad.abs().sum(dim=dims, keepdim=True) if dims else zd.grad.abs()
+            close("dbias", grads[3], bd.grad, tol, terms)
             assert grads[3].dtype == bias.dtype
         else:
             assert grads[3] is None
@@ -228,11 +252,23 @@ if CHILD:
 
     def test_bias_float32_on_half_inputs_and_noncontiguous() -> None:
         run_case(dtype="bfloat16", rule=Full(), bias_shape=(1, 2, 24, 24), bias_dtype="float32")
-        run_case(dtype="float16", rule=Local(4), bias_shape=(2, 2, 24, 24), sync="scale_end", lq=12, lk=24)
+        run_case(dtype="float16", rule=Local(4), bias_shape=(2, 2, 12, 24), sync="scale_end", lq=12, lk=24)
+        # strided layouts: a transposed copy, and a 0-stride expanded view of full shape
+        run_case(rule=Causal(), bias_shape=(2, 2, 24, 24), bias_view=lambda x: x.mT.contiguous().mT)
+        run_case(rule=Causal(), bias_shape=(1, 2, 24, 1), bias_view=lambda x: x.expand(1, 2, 24, 24))
 
     def test_bias_gqa_none_end_and_no_grad() -> None:
         run_case(rule=Causal(), hq=4, hkv=1, bias_shape=(1, 4, 24, 30), lk=30, sync="none_end")
         run_case(rule=Full(), bias_shape=(2, 1, 1, 24), bias_grad=False)
+
+    def test_2d_rules_with_bias_softcap_sinks() -> None:
+        run_case(
+            rule=Causal(), grid=((4, 6), (4, 6)), sync="none_end", bias_shape=(1, 2, 24, 24), softcap=3.0
+        )
+        run_case(
+            rule=Local((2, 3)), grid=((3, 8), (6, 8)), lq=24, lk=48, sync="scale_end", sinks=True,
+            bias_shape=(2, 1, 24, 48), hq=2, hkv=1,
+        )  # fmt: skip
 
     def test_bias_neg_inf_excludes() -> None:
         """A -inf bias excludes pairs; a row excluded entirely gives out 0, lse -inf."""
