@@ -129,7 +129,8 @@ def run_case(
     q, k, v = (x.to(tdt).to(device) for x in (q64, k64, v64))
     if mask is not None:
         mask = mask.to(device)
-    req, _ = build_request(q, k, v, rule if mask is None else mask, sync, None, "bhsd", True)
+    first = (rule if grid is None else None) if mask is None else mask  # 2-d: the rule comes below
+    req, _ = build_request(q, k, v, first, sync, None, "bhsd", True)
     bias = sk = None
     if bias_shape is not None:
         bdt = getattr(torch, bias_dtype or dtype)
@@ -143,7 +144,7 @@ def run_case(
         sk = torch.randn(hq, generator=g, dtype=torch.float64).to(tdt).to(device)
     if grid is not None:  # 2-d sequences, flattened row-major as the backend receives them
         assert grid[0][0] * grid[0][1] == lq and grid[1][0] * grid[1][1] == lk
-        req = dataclasses.replace(req, seq_q=grid[0], seq_k=grid[1])
+        req = dataclasses.replace(req, seq_q=grid[0], seq_k=grid[1], rule=rule)
     req = dataclasses.replace(
         req, needs_grad=True, bias=None if bias is None else tuple(bias.shape),
         bias_grad=bias is not None and bias_grad, softcap=softcap, sinks=sinks, sinks_grad=sinks,
@@ -340,3 +341,12 @@ if CHILD:
         )  # fmt: skip
         reasons = TritonBackend().check(req)
         assert any("q_offset" in r for r in reasons), reasons
+
+    @pytest.mark.parametrize("cfg", ["32,16,1,1,0,1", "16,16,1,1,0,0"])
+    def test_band_walk_and_other_tiles(monkeypatch, cfg) -> None:
+        """The forward's band walk (and another tile shape) with every modifier and a bool mask."""
+        monkeypatch.setenv("ATTNHUB_TRITON_FWD_CFG", cfg)
+        m = padding_mask(2, 48, 48, [48, 29])
+        run_case(mask=m, lq=48, lk=48, softcap=5.0, bias_shape=(1, 2, 48, 48), sinks=True, boost=2.0)
+        run_case(rule=Causal(), lq=40, lk=40, softcap=5.0, bias_shape=(2, 1, 40, 40), offsets=(3, 0))
+        run_case(rule=Local(9, causal=True), lq=40, lk=40, sinks=True, sync="none_end")

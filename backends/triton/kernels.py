@@ -21,6 +21,8 @@ multiplies (see ``_dot``).
 This module is executed once per mode (compiled or ``TRITON_INTERPRET=1``) by ``loader.py``.
 """
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -93,6 +95,26 @@ def _keep(
     return keep
 
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+
+    @triton.jit
+    def _tanh(x):
+        """tanh(x) = 1 - 2 / (exp(2x) + 1): exact at both ends (exp overflows to inf, or is 0)."""
+        return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)
+
+else:
+
+    @triton.jit
+    def _tanh(x):
+        """tanh as above, with the hardware's approximate reciprocal (1 ulp; no division
+        sequence): with softcap the forward is bound by these per-element special functions."""
+        e = tl.math.exp2(x * 2.8853900817779268) + 1.0
+        r = tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=r,r", [e], dtype=tl.float32, is_pure=True, pack=1
+        )
+        return 1.0 - 2.0 * r
+
+
 @triton.jit
 def _modify(qk, qk_scale, bias_ptrs, ld, softcap2, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr):
     """SPEC §9 scores of a tile in the log2 domain: ``softcap·tanh(scale·qk / softcap) + bias``
@@ -100,7 +122,7 @@ def _modify(qk, qk_scale, bias_ptrs, ld, softcap2, SOFTCAP: tl.constexpr, HAS_BI
     s = qk * qk_scale
     th = s
     if SOFTCAP:
-        th = 2.0 * tl.sigmoid(s * (2.0 / softcap2)) - 1.0  # tanh(x) = 2·sigmoid(2x) - 1
+        th = _tanh(s * (1.0 / softcap2))
         s = softcap2 * th
     if HAS_BIAS:
         s = s + tl.load(bias_ptrs, mask=ld, other=0.0).to(tl.float32) * LOG2E
@@ -223,9 +245,10 @@ def _fwd_band_step(
     DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BN: tl.constexpr,
     EVEN_K: tl.constexpr, TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
     NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-    SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
 ):  # fmt: skip
-    """One key tile of a band walk: the rule is evaluated only on tiles outside the FULL run.
+    """One key tile of a band walk: the rule (and a boolean mask) is evaluated only on tiles outside
+    the FULL run.
 
     One loop visits every tile of the band, so the software pipeline is filled once per query
     tile (not once per run) and no tile index is loaded. Positive scales only (``NEG`` is false).
@@ -246,6 +269,8 @@ def _fwd_band_step(
         )
         if (t < full_lo) | (t >= full_hi):
             keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
+            if HAS_MASK:
+                keep = keep & _mask_keep(mask_ptr + mrow[:, None] + (cols * smn)[None, :], ld)
             qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -253,6 +278,10 @@ def _fwd_band_step(
     else:
         if (t < full_lo) | (t >= full_hi):
             keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
+            if HAS_MASK:
+                bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
+                ld = row_ok[:, None] & (cols < Nk)[None, :]
+                keep = keep & _mask_keep(mask_ptr + mrow[:, None] + (cols * smn)[None, :], ld)
             qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -341,7 +370,7 @@ def fwd_kernel(
     brow = b.to(tl.int64) * sbb + hrow64 * sbh + offs_m * sbm
     mrow = b.to(tl.int64) * smb + hrow64 * smh + offs_m * smm
     mod = (BIAS, brow, sbn, MASKP, mrow, smn, softcap2)
-    if HAS_MASK:  # no PACK: hrow is one head
+    if HAS_MASK:  # no PACK: hrow is one head; rows of plan.lists or plan.band_lists
         row = PLAN + (b * plan_b + hrow * plan_h + pid_m).to(tl.int64) * plan_stride
     else:
         row = PLAN + pid_m * plan_stride
@@ -353,7 +382,7 @@ def fwd_kernel(
                 q, kd, vd, k_ptrs, v_ptrs, b, hk, t, full_lo, full_hi, offs_m, offs_n, offs_dq, offs_dv,
                 m_i, l_i, acc, qk_scale, skn, svn, Nk, rule, mod, row_ok,
                 DQK, DV, BDQK, BDV, BN, EVEN_K, TMA, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
-                SOFTCAP, HAS_BIAS,
+                SOFTCAP, HAS_BIAS, HAS_MASK,
             )  # fmt: skip
     else:  # plan.rows: [full_lo, full_hi, count, masked tile indices...]
         count = tl.load(row + 2)
@@ -655,7 +684,7 @@ def _dq_step(
     DBIAS: tl.constexpr = False,
 ):  # fmt: skip
     """One key tile's contribution to a query tile's dq (the rule, and a boolean mask, evaluated
-    where ``MASKED``); with ``DBIAS`` it also stores dS (natural units, float32) in ``mod``'s
+    where ``MASKED``); with ``DBIAS`` it also stores dS (natural units) in ``mod``'s
     buffer."""
     cols = start_n + offs_n
     ok = (cols < Nk)[None, :]
@@ -680,7 +709,7 @@ def _dq_step(
     dp = _dot(do, vt, DOT_PRECISION)
     ds = p * (dp - delta[:, None])
     if DBIAS:
-        tl.store(db_ptr + dbrow[:, None] + cols[None, :], ds, mask=ld)
+        tl.store(db_ptr + dbrow[:, None] + cols[None, :], ds.to(db_ptr.dtype.element_ty), mask=ld)
     if SOFTCAP:
         ds = ds * (1.0 - th * th)
     dq = _dot(ds.to(kt.dtype), tl.trans(kt), DOT_PRECISION, dq)
@@ -703,7 +732,7 @@ def dq_kernel(
     DBIAS: tl.constexpr = False,
 ):  # fmt: skip
     """One (query tile, head, batch) program: dq of its rows; with ``DBIAS`` also dS into ``DB``
-    (B, HQ, Nq, Nk) float32. The other §9 modifiers as in ``fwd_kernel``."""
+    (B, HQ, Nq, Nk), float32 or the bias's 16-bit dtype. The other §9 modifiers as in ``fwd_kernel``."""
     rule = (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
             row_len, window_y, window_x)  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)

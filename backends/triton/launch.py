@@ -325,19 +325,22 @@ def _launch_forward(
 
         kk = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, fl.cfg.bn, dqk])
         vv = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, fl.cfg.bn, dv])
-    rows, plan_b, plan_h = fl.rows, 0, 0
+    rows, plan_b, plan_h, kwargs = fl.rows, 0, 0, fl.kwargs
     if mods.mask is not None:
         mp = mask_summary.mask_plan(
             mods.mask, plan_rule(req), req.seq_q, req.seq_k, req.sync, fl.kwargs["BM"], fl.cfg.bn
         )
         rows, plan_b, plan_h = mp.rows, mp.plan_b, mp.plan_h
+        if fl.cfg.band and mp.band is not None and req.scale > 0:  # this mask's visits are bands
+            rows = mp.band
+            kwargs = dict(kwargs, BAND=True, EVEN_K=nk % fl.cfg.bn == 0)
     args = (
         q, kk, vv, o_buf, l_buf, rows, rows.stride(0), *q.stride(), *k.stride(), *v.stride(),
         *o_strides, hq, hq // hkv, nq, nk, fl.qk_scale,
         *runtime_args(mods, q, plan_b, plan_h, extra=mods.sinks),
     )  # fmt: skip
     if mods.any:  # tensors whose layouts vary per call: Triton specialises each launch
-        kern.fwd_kernel[fl.grid](*args, **fl.kwargs)
+        kern.fwd_kernel[fl.grid](*args, **kwargs)
     else:
         fl.fwd_launcher(kern.fwd_kernel, fl.grid, args, fl.kwargs)
     if splits > 1:
@@ -392,10 +395,14 @@ def backward(
         common.update(mods.consts())
     dbias_full = None
     if req.bias is not None and req.bias_grad:
-        # Every (query tile, key tile) pair the dq kernel skips holds dS = 0.
+        # dS per element in the bias's dtype (16-bit biases: half the bytes to write and to sum,
+        # the sum taken in float32), float32 for a float32 bias. Every (query tile, key tile) pair
+        # the dq kernel skips holds dS = 0.
         skips = not isinstance(rule, Full) or mods.mask is not None or req.ndim != 1
         alloc = torch.zeros if skips else torch.empty
-        dbias_full = alloc((b, hq, nq, nk), dtype=torch.float32, device=q.device)
+        bdt = mods.bias.dtype if mods.bias is not None else torch.float32
+        bdt = bdt if bdt in (torch.float16, torch.bfloat16) else torch.float32
+        dbias_full = alloc((b, hq, nq, nk), dtype=bdt, device=q.device)
 
     def tiles(cfg: configs.Cfg, transposed: bool) -> tuple[torch.Tensor, int, int]:
         if mods.mask is not None:
@@ -438,7 +445,7 @@ def backward(
     dbias = None
     if dbias_full is not None:
         dims = [d for d in range(4) if req.bias[d] == 1 and dbias_full.shape[d] != 1]
-        red = dbias_full.sum(dim=dims, keepdim=True) if dims else dbias_full
+        red = dbias_full.sum(dim=dims, keepdim=True, dtype=torch.float32) if dims else dbias_full
         dbias = red.reshape(req.bias).to(mods.bias.dtype if mods.bias is not None else q.dtype)
     dsinks = None
     if req.sinks and req.sinks_grad and mods.sinks is not None:

@@ -37,6 +37,7 @@ class MaskPlan:
     """
 
     rows: Any
+    band: Any  # plan.band_lists per row block (forward only), or None
     plan_b: int
     plan_h: int
     pairs: int
@@ -84,7 +85,7 @@ def mask_plan(
     tile, for the dk/dv kernel)."""
     key = (_key(mask), rule, seq_q, seq_k, sync, block_m, block_n, transposed)
     hit = _CACHE.get(key)
-    if hit is not None and hit[0] is not None:
+    if hit is not None:
         _CACHE.move_to_end(key)
         return hit[1]
     found = _build(mask, rule, seq_q, seq_k, sync, block_m, block_n, transposed)
@@ -118,9 +119,12 @@ def _build(
     tiles = both.shape[2]
     flat = np.ascontiguousarray(both.reshape(mb * mh * tiles, both.shape[3]))
     visits = (flat != EMPTY).sum(axis=1)
-    rows = torch.from_numpy(plan.lists(flat)).to(mask.device)
+    base_lists = plan.lists(flat)
+    rows = torch.from_numpy(base_lists).to(mask.device)
+    band = None if transposed else plan.band_lists(flat, base_lists)
     return MaskPlan(
         rows=rows,
+        band=None if band is None else torch.from_numpy(band).to(mask.device),
         plan_b=mh * tiles if mb > 1 else 0,
         plan_h=tiles if mh > 1 else 0,
         pairs=int(visits.sum()),
