@@ -151,7 +151,11 @@ def case_dense(out, quick: bool) -> None:
         )
         qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
         both = timings(
-            {"triton": lambda: attnhub.attention(qg, kg, vg, mask="causal", backend="triton")},
+            {
+                "triton": lambda qg=qg, kg=kg, vg=vg: attnhub.attention(
+                    qg, kg, vg, mask="causal", backend="triton"
+                )
+            },
             True,
             [qg, kg, vg],
         )

@@ -68,7 +68,9 @@ def _key(mask: Any) -> tuple:
     return (mask.data_ptr(), mask._version, tuple(mask.shape), mask.stride(), str(mask.device))
 
 
-_CACHE: OrderedDict[tuple, tuple[Any, MaskPlan]] = OrderedDict()
+#: mask identity -> (the mask, {(rule, shapes, tiles, transposed): plan}); the LRU counts masks,
+#: so that every tile shape of one mask (the forward's, the backward's, tuning candidates) stays.
+_CACHE: OrderedDict[tuple, tuple[Any, dict[tuple, MaskPlan]]] = OrderedDict()
 
 
 def mask_plan(
@@ -83,15 +85,18 @@ def mask_plan(
 ) -> MaskPlan:
     """The cached :class:`MaskPlan` of ``mask`` joined with ``rule``'s plan (``transposed``: per key
     tile, for the dk/dv kernel)."""
-    key = (_key(mask), rule, seq_q, seq_k, sync, block_m, block_n, transposed)
-    hit = _CACHE.get(key)
-    if hit is not None:
-        _CACHE.move_to_end(key)
-        return hit[1]
-    found = _build(mask, rule, seq_q, seq_k, sync, block_m, block_n, transposed)
-    _CACHE[key] = (mask, found)
-    if len(_CACHE) > CACHE_SIZE:
-        _CACHE.popitem(last=False)
+    mkey = _key(mask)
+    entry = _CACHE.get(mkey)
+    if entry is None:
+        entry = _CACHE[mkey] = (mask, {})
+        if len(_CACHE) > CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    else:
+        _CACHE.move_to_end(mkey)
+    key = (rule, seq_q, seq_k, sync, block_m, block_n, transposed)
+    found = entry[1].get(key)
+    if found is None:
+        found = entry[1][key] = _build(mask, rule, seq_q, seq_k, sync, block_m, block_n, transposed)
     return found
 
 
