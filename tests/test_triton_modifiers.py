@@ -416,3 +416,15 @@ if CHILD:
             err = float((got.double() - want).abs().max())
             # a dbias summed over keys cancels to ~0: judged on the scale of the terms it sums
             assert err <= 1e-4 * max(float(want.abs().max()), 0.1), err
+
+    def test_split_kv_and_gqa_packing_with_modifiers(monkeypatch) -> None:
+        """Decoding shapes: keys split over programs (the sink joins split 0 only) and GQA rows
+        packed into one tile, with every modifier; a bool mask (no packing) split too."""
+        monkeypatch.setenv("ATTNHUB_TRITON_SPLITS", "3")
+        run_case(
+            rule=Causal(), sync="none_end", b=2, hq=8, hkv=2, lq=2, lk=60, sinks=True, softcap=3.0,
+            bias_shape=(2, 8, 2, 60), boost=2.0,
+        )  # fmt: skip
+        m = torch.rand(2, 1, 3, 50, generator=torch.Generator().manual_seed(2)) > 0.4
+        m[1, :, 1, :] = False  # a fully masked row
+        run_case(mask=m, b=2, hq=4, hkv=1, lq=3, lk=50, sinks=True)
