@@ -33,6 +33,7 @@ GRAD_TOL = {"float32": 1e-4, "float16": 8e-3, "bfloat16": 4e-2}
 
 if not CHILD:
 
+    @pytest.mark.slow
     def test_modifiers_under_interpreter() -> None:
         """Runs this module's cases in a child pytest under ``TRITON_INTERPRET=1``."""
         here = Path(__file__)
