@@ -1,12 +1,12 @@
 """A Llama-shaped transformers model with attn_implementation "attnhub", "sdpa" and "flex_attention".
 
-Run (GPU): python benchmarks/hf_llama.py [--impls attnhub,sdpa,flex_attention] [--out results.json]
+Run (GPU): python benchmarks/hf_llama.py [--impls sdpa,attnhub,flex_attention] [--out results.json]
 Smoke test (CPU, tiny): python benchmarks/hf_llama.py --tiny
 
 The model: random weights (seeded, no download), 16 layers, hidden 2048, 32 query / 8 key-value
 heads (head dim 64), MLP 5632, vocab 32000, bf16 (float32 with --tiny). Each implementation runs
 on the same weights:
-- prefill: one forward of a left-padded batch 4 x 4096 (pads 0, 512, 1024, 2048 on the left;
+- prefill: one forward of a left-padded batch 4 x 4096 (pads 0, 512, 1024, 1536 on the left;
   ``logits_to_keep=1``, with a KV cache, as generate's first step), median of ``--reps`` after one
   warm-up; tokens/s counts valid tokens only;
 - decode: greedy ``generate()`` of 256 new tokens (``min_new_tokens`` = ``max_new_tokens``) after a
@@ -40,11 +40,9 @@ def build(tiny: bool, device: str) -> transformers.LlamaForCausalLM:
     config = transformers.LlamaConfig(**cfg, max_position_embeddings=8192, initializer_range=0.02)
     torch.manual_seed(0)
     dtype = torch.float32 if tiny else torch.bfloat16
-    return (
-        transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa", dtype=dtype)
-        .to(device)
-        .eval()
-    )
+    with torch.device(device):  # initialised where it runs (a CPU init of 1B weights takes a while)
+        model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa", dtype=dtype)
+    return model.eval()
 
 
 def sync(device: str) -> None:
@@ -57,7 +55,7 @@ def prefill_batch(batch: int, length: int, vocab: int, device: str) -> tuple[tor
     ids = torch.randint(3, vocab, (batch, length), generator=g)
     mask = torch.ones(batch, length, dtype=torch.long)
     for b in range(batch):
-        mask[b, : (length // 8) * b] = 0  # pads 0, L/8, L/4, 3L/8... on the left
+        mask[b, : (length // 8) * b] = 0  # pads 0, L/8, L/4, 3L/8 on the left
     ids = ids.masked_fill(mask == 0, 0)
     return ids.to(device), mask.to(device)
 
