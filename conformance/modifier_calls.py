@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 import attnhub
-from attnhub.frameworks import numpy_dtype
+from attnhub.dispatch import explain_request
+from attnhub.frameworks import adapter_for, numpy_dtype
 from attnhub.operands import Operands
 from attnhub.request import Request
 from attnhub.rules import Full
@@ -26,6 +27,12 @@ from attnhub_conformance.modifier_data import ModData, bias_dtype
 def _thd(a: np.ndarray) -> np.ndarray:
     """Canonical (1, H, T, D) -> packed (T, H, D)."""
     return np.ascontiguousarray(np.swapaxes(a[0], 0, 1))
+
+
+def _perm_shape(x: Any) -> tuple[int, int, int]:
+    """(H, T, D) of a packed (T, H, D) array."""
+    t, h, d = (int(n) for n in x.shape)
+    return h, t, d
 
 
 def _from_thd(a: np.ndarray) -> np.ndarray:
@@ -128,16 +135,41 @@ class Call:
         return self.entry()(*self.positional(arrays), backend=backend, **self.kwargs(arrays, lse))
 
     def explain(self) -> Any:
-        """``attnhub.explain`` (or the entry point's own explain) for this call."""
-        fn = (
-            attnhub.explain
-            if self.case.entry == "attention"
-            else getattr(attnhub, f"explain_{self.case.entry}")
-        )
-        return fn(*self.positional(self.arrays), **self.kwargs(self.arrays, self.case.lse))
+        """What ``auto`` would choose for this call (``attnhub.explain``, or the entry point's own
+        explain where the core has one, else dispatch on :meth:`request`)."""
+        if self.case.entry == "attention":
+            return attnhub.explain(*self.positional(self.arrays), **self.kwargs(self.arrays, self.case.lse))
+        own = getattr(attnhub, f"explain_{self.case.entry}", None)
+        if own is not None:
+            return own(*self.positional(self.arrays), **self.kwargs(self.arrays, self.case.lse))
+        return explain_request(self.request(), "auto")
 
     def request(self) -> Request:
-        return self.explain().request
+        """The request the backend is asked about (SPEC §10's entry points as the contract states
+        them: varlen is attention on (1, Hq, T, D) with ``varlen``; a contiguous cache is attention
+        with k_lengths and sync none_end; a paged one the same with ``paged`` = the block size)."""
+        c = self.case
+        if c.entry == "attention" or getattr(attnhub, f"explain_{c.entry}", None) is not None:
+            return self.explain().request
+        kw = {"mask": None if isinstance(c.rule, (Full, str)) else c.rule, "scale": c.scale,
+              "return_lse": c.lse}  # fmt: skip
+        if c.softcap is not None:
+            kw["softcap"] = c.softcap
+        if "sinks" in self.arrays:
+            kw["sinks"] = self.arrays["sinks"]
+        if c.entry == "varlen":
+            ad = adapter_for(self.arrays["q"])
+            q, k, v = (ad.reshape(ad.permute(self.arrays[n], (1, 0, 2)), (1, *_perm_shape(self.arrays[n])))
+                       for n in "qkv")  # fmt: skip
+            req = attnhub.explain(q, k, v, sync=c.sync, **kw).request
+            return dataclasses.replace(req, varlen=True)
+        k, v = self.arrays["k"], self.arrays["v"]
+        if c.paged:  # the logical cache, for the request's shapes only
+            k, v = (self.ops.array(x, c.dtype, grad=False) for x in (self.d.k, self.d.v))
+        req = attnhub.explain(
+            self.arrays["q"], k, v, sync="none_end", k_lengths=self.arrays["k_lengths"], **kw
+        )
+        return dataclasses.replace(req.request, paged=c.paged)
 
     def grad_request(self, req: Request) -> Request:
         """The request when the caller differentiates (what ``check`` must accept for grad cases)."""
