@@ -121,11 +121,8 @@ class Call:
         return [arrays[n] for n in ("q", "k", "v", *extra)]
 
     def entry(self) -> Any:
-        return {
-            "attention": attnhub.attention,
-            "varlen": attnhub.attention_varlen,
-            "kvcache": attnhub.attention_kvcache,
-        }[self.case.entry]  # fmt: skip
+        name = {"attention": "attention", "varlen": "attention_varlen", "kvcache": "attention_kvcache"}
+        return getattr(attnhub, name[self.case.entry])
 
     def invoke(
         self, backend: str, arrays: dict[str, Any] | None = None, return_lse: bool | None = None
