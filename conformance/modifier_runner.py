@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attnhub.backend import serves_legacy
+from attnhub.dispatch import backend_reasons
 from attnhub.errors import BackendUnsupported
 from attnhub.frameworks import numpy_dtype
 from attnhub_conformance import oracle
@@ -36,13 +38,14 @@ def run_modified(cert: Certifier, case: Case, res: Result) -> None:
     call = Call(ops, case, d)
     req = call.request()
     res.request = req.describe()
-    reasons = b.check(req)
+    # As dispatch decides (Backend.check plus the core's own reasons, e.g. a bias's gradient)
+    reasons = backend_reasons(b, req, frozenset())
     if reasons:
         honest_decline(cert, call, reasons)
         res.status, res.reasons = "declined", reasons
         return
     greq = call.grad_request(req)
-    if case.grad and (why := b.check(greq)):
+    if case.grad and (why := backend_reasons(b, greq, frozenset())):
         res.status, res.reasons = "declined", why
         return
 
@@ -105,14 +108,19 @@ def gradients(
         arrays = [qc, kc, vc] + ([] if mc is None else [mc])
         keep = [x.copy() for x in arrays]
         dout = call.d.dout.astype(numpy_dtype(case.dtype))
-        out, lse = b.forward(qc, kc, vc, greq, mc, operands=operands)
-        if not all(same(x, y) for x, y in zip(arrays, keep)):
-            modified.append("backend.forward wrote into its inputs")
-        got = b.backward(qc, kc, vc, out, lse, dout, greq, mc, operands=operands)
-        if len(got) != 5:
-            raise CaseFailure(
-                "grad", f"backward returned {len(got)} gradients for a bias/sinks request, not 5"
-            )
+        if serves_legacy(b, greq):  # as the core calls it: the bias as an additive mask (SPEC §9)
+            breq, legacy_mask = greq.legacy_additive(), operands.bias
+            out, lse = b.forward(qc, kc, vc, breq, legacy_mask)
+            got = b.backward(qc, kc, vc, out, lse, dout, breq, legacy_mask)
+            allowed = (4,) if breq.mask_needs_grad else (3, 4)
+        else:
+            out, lse = b.forward(qc, kc, vc, greq, mc, operands=operands)
+            if not all(same(x, y) for x, y in zip(arrays, keep)):
+                modified.append("backend.forward wrote into its inputs")
+            got = b.backward(qc, kc, vc, out, lse, dout, greq, mc, operands=operands)
+            allowed = (5,) if (greq.bias is not None or greq.sinks) else (3, 5)
+        if len(got) not in allowed:
+            raise CaseFailure("grad", f"backward returned {len(got)} gradients; this request takes {allowed}")
         by_name = dict(zip(("q", "k", "v", "bias", "sinks"), got))
         wanted = dict(zip(("q", "k", "v"), (qc, kc, vc)))
         if "bias" in names:
