@@ -139,17 +139,52 @@ def test_paged_blocks_hold_the_logical_cache_in_table_order():
     assert np.isnan(blocks[[2, 4]]).all()
 
 
+def _check_constraints(c: Case) -> None:
+    ragged = c.q_lengths is not None or c.k_lengths is not None or c.entry != "attention"
+    if ragged or c.q_offset or c.k_offset:
+        assert c.ndim == 1, c.id
+    if c.q_offset or c.k_offset:
+        assert c.sync == "none_front", c.id
+    if c.entry == "kvcache":
+        assert c.sync == "none_end" and not c.grad and len(c.k_lengths) == c.batch, c.id
+        assert not c.paged or c.nk % c.paged == 0, c.id
+    if c.entry == "varlen":
+        assert not c.bias and c.batch == 1 and c.nq == sum(c.seqlens_q), c.id
+    for n, lens in ((c.nq, c.q_lengths), (c.nk, c.k_lengths)):
+        assert lens is None or (len(lens) == c.batch and all(0 <= x <= n for x in lens)), c.id
+
+
+def test_randomised_modifier_cases_respect_the_spec_constraints():
+    import hypothesis
+    import hypothesis.strategies as st
+    from hypothesis import HealthCheck, Phase, settings
+
+    from attnhub_conformance.suite import modifier_fields, random_case, random_fields
+
+    seen = set()
+
+    @hypothesis.seed(0)
+    @settings(max_examples=300, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @hypothesis.given(fields=random_fields(("float32", "float16"), True), data=st.data())
+    def check(fields, data):
+        c = random_case(data.draw(modifier_fields(fields)))
+        _check_constraints(c)
+        seen.update(c.features)
+
+    check()
+    assert {
+        "bias",
+        "softcap",
+        "sinks",
+        "q_lengths",
+        "padding left",
+        "offsets",
+        "varlen",
+        "kvcache paged",
+    } <= seen
+
+
 def test_full_modifier_cases_respect_the_spec_constraints():
     for c in full_cases("float32"):
-        ragged = c.q_lengths is not None or c.k_lengths is not None or c.entry != "attention"
-        if ragged or c.q_offset or c.k_offset:
-            assert c.ndim == 1, c.id
-        if c.q_offset or c.k_offset:
-            assert c.sync == "none_front", c.id
-        if c.entry == "kvcache":
-            assert c.sync == "none_end" and not c.grad and len(c.k_lengths) == c.batch, c.id
-            assert not c.paged or c.nk % c.paged == 0, c.id
-        if c.entry == "varlen":
-            assert not c.bias and c.batch == 1 and c.nq == sum(c.seqlens_q), c.id
-        for n, lens in ((c.nq, c.q_lengths), (c.nk, c.k_lengths)):
-            assert lens is None or (len(lens) == c.batch and all(0 <= x <= n for x in lens)), c.id
+        _check_constraints(c)
