@@ -29,12 +29,6 @@ def _thd(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.swapaxes(a[0], 0, 1))
 
 
-def _perm_shape(x: Any) -> tuple[int, int, int]:
-    """(H, T, D) of a packed (T, H, D) array."""
-    t, h, d = (int(n) for n in x.shape)
-    return h, t, d
-
-
 def _from_thd(a: np.ndarray) -> np.ndarray:
     return np.swapaxes(a, 0, 1)[None]
 
@@ -142,31 +136,35 @@ class Call:
         return explain_request(self.request(), "auto")
 
     def request(self) -> Request:
-        """The request the backend is asked about (SPEC §10's entry points as the contract states
-        them: varlen is attention on (1, Hq, T, D) with ``varlen``; a contiguous cache is attention
-        with k_lengths and sync none_end; a paged one the same with ``paged`` = the block size)."""
+        """The request the backend is asked about, built as the entry point builds it: varlen is
+        attention on the packed arrays viewed as (1, T, H, D) in layout "bshd" with cu_seqlens; a
+        contiguous cache is attention with k_lengths and sync none_end; a paged one the same on
+        the logical (B, Hkv, L, D) shapes with the block table and the block size."""
         c = self.case
         if c.entry == "attention" or getattr(attnhub, f"explain_{c.entry}", None) is not None:
             return self.explain().request
+        a = self.arrays
         kw = {"mask": None if isinstance(c.rule, (Full, str)) else c.rule, "scale": c.scale,
               "return_lse": c.lse}  # fmt: skip
         if c.softcap is not None:
             kw["softcap"] = c.softcap
-        if "sinks" in self.arrays:
-            kw["sinks"] = self.arrays["sinks"]
+        if "sinks" in a:
+            kw["sinks"] = a["sinks"]
         if c.entry == "varlen":
-            ad = adapter_for(self.arrays["q"])
-            q, k, v = (ad.reshape(ad.permute(self.arrays[n], (1, 0, 2)), (1, *_perm_shape(self.arrays[n])))
-                       for n in "qkv")  # fmt: skip
-            req = attnhub.explain(q, k, v, sync=c.sync, **kw).request
-            return dataclasses.replace(req, varlen=True)
-        k, v = self.arrays["k"], self.arrays["v"]
-        if c.paged:  # the logical cache, for the request's shapes only
+            ad = adapter_for(a["q"])
+            q, k, v = (ad.reshape(a[n], (1, *(int(d) for d in a[n].shape))) for n in "qkv")
+            return attnhub.explain(
+                q, k, v, sync=c.sync, layout="bshd", cu_seqlens_q=a["cu_seqlens_q"], cu_seqlens_k=a["cu_seqlens_k"],
+                max_seqlen_q=max(c.seqlens_q, default=0), max_seqlen_k=max(c.seqlens_k, default=0), **kw,
+            ).request  # fmt: skip
+        k, v = a["k"], a["v"]
+        paged = {}
+        if c.paged:  # the logical cache's shapes (its values are not read)
             k, v = (self.ops.array(x, c.dtype, grad=False) for x in (self.d.k, self.d.v))
-        req = attnhub.explain(
-            self.arrays["q"], k, v, sync="none_end", k_lengths=self.arrays["k_lengths"], **kw
-        )
-        return dataclasses.replace(req.request, paged=c.paged)
+            paged = {"block_table": a["block_table"], "paged": c.paged}
+        return attnhub.explain(
+            a["q"], k, v, sync="none_end", k_lengths=a["k_lengths"], **paged, **kw
+        ).request  # fmt: skip
 
     def grad_request(self, req: Request) -> Request:
         """The request when the caller differentiates (what ``check`` must accept for grad cases)."""
