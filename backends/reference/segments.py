@@ -50,11 +50,12 @@ def _slice4(a: np.ndarray | None, seg: Segment) -> np.ndarray | None:
     if a is None:
         return None
     mb, _, mq, mk = a.shape
+    whole = slice(None)  # a broadcast (size-1) dimension is kept whole, whatever the segment's start
     return a[
-        seg.b : seg.b + 1 if mb > 1 else None,
+        slice(seg.b, seg.b + 1) if mb > 1 else whole,
         :,
-        seg.qs : seg.qs + seg.ql if mq > 1 else None,
-        seg.ks : seg.ks + seg.kl if mk > 1 else None,
+        slice(seg.qs, seg.qs + seg.ql) if mq > 1 else whole,
+        slice(seg.ks, seg.ks + seg.kl) if mk > 1 else whole,
     ]
 
 
