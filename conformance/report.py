@@ -60,7 +60,8 @@ def aggregate(results: list[Result]) -> dict[str, dict[str, dict[str, Any]]]:
     for f, row in cells.items():
         out[f] = {}
         for d, c in row.items():
-            reason = c["reasons"].most_common(1)[0][0] if c["reasons"] else ""
+            # the most common reason; ties by text, so that a sharded (--jobs) run agrees
+            reason = min(c["reasons"].items(), key=lambda kv: (-kv[1], kv[0]))[0] if c["reasons"] else ""
             if c["failed"]:
                 status = "FAIL"
             elif c["passed"]:
