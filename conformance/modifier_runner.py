@@ -9,6 +9,7 @@ keys, and every caller array (lengths, cu_seqlens and block tables included) lef
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from typing import TYPE_CHECKING, Any
 
@@ -105,19 +106,22 @@ def gradients(
     names = call.differentiated
     if fw == "numpy":
         (qc, kc, vc), mc, operands = call.canonical_inputs(greq)
-        arrays = [qc, kc, vc] + ([] if mc is None else [mc])
+        extra = [getattr(operands, f.name) for f in dataclasses.fields(operands)]
+        arrays = [qc, kc, vc] + [x for x in (mc, *extra) if isinstance(x, np.ndarray)]
         keep = [x.copy() for x in arrays]
         dout = call.d.dout.astype(numpy_dtype(case.dtype))
-        if serves_legacy(b, greq):  # as the core calls it: the bias as an additive mask (SPEC §9)
-            breq, legacy_mask = greq.legacy_additive(), operands.bias
-            out, lse = b.forward(qc, kc, vc, breq, legacy_mask)
-            got = b.backward(qc, kc, vc, out, lse, dout, breq, legacy_mask)
+        legacy = serves_legacy(b, greq)  # as the core calls it: the bias as an additive mask (SPEC §9)
+        breq = greq.legacy_additive() if legacy else greq
+        fwd_mask, fwd_kw = (operands.bias, {}) if legacy else (mc, {"operands": operands})
+        out, lse = b.forward(qc, kc, vc, breq, fwd_mask, **fwd_kw)
+        if not all(same(x, y) for x, y in zip(arrays, keep)):
+            modified.append("backend.forward wrote into its inputs")
+            for x, y in zip(arrays, keep):
+                x[...] = y  # the backward gets the inputs it should have had
+        got = b.backward(qc, kc, vc, out, lse, dout, breq, fwd_mask, **fwd_kw)
+        if legacy:
             allowed = (4,) if breq.mask_needs_grad else (3, 4)
         else:
-            out, lse = b.forward(qc, kc, vc, greq, mc, operands=operands)
-            if not all(same(x, y) for x, y in zip(arrays, keep)):
-                modified.append("backend.forward wrote into its inputs")
-            got = b.backward(qc, kc, vc, out, lse, dout, greq, mc, operands=operands)
             allowed = (5,) if (greq.bias is not None or greq.sinks) else (3, 5)
         if len(got) not in allowed:
             raise CaseFailure("grad", f"backward returned {len(got)} gradients; this request takes {allowed}")

@@ -72,6 +72,21 @@ class _Leaky(ReferenceBackend):
         return out, lse
 
 
+class _OperandScribbler(ReferenceBackend):
+    """Right results, but writes into the operands it was given (bias, sinks, lengths, tables)."""
+
+    name: ClassVar[str] = "t_mod_scribble"
+    priority: ClassVar[int] = -50
+
+    def forward(self, q, k, v, req, mask=None, operands=None):
+        out = super().forward(q, k, v, req, mask, operands)
+        for f in dataclasses.fields(operands or ()):
+            x = getattr(operands, f.name)
+            if isinstance(x, np.ndarray) and x.flags.writeable:
+                x.reshape(-1)[0] += 1
+        return out
+
+
 class _NoSinks(ReferenceBackend):
     """Honestly declines sinks (the feature is not declared)."""
 
@@ -83,7 +98,7 @@ class _NoSinks(ReferenceBackend):
 class _Plugin:
     @hookimpl
     def attnhub_backends(self):
-        return [_NoBias(), _NoDsinks(), _PaddedKeys(), _Leaky(), _NoSinks()]
+        return [_NoBias(), _NoDsinks(), _PaddedKeys(), _Leaky(), _OperandScribbler(), _NoSinks()]
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +181,20 @@ def test_padded_query_rows_must_be_exactly_zero(broken):
     assert Certifier("reference", seed=8).run(case).status == "pass"
     with pytest.raises(CaseFailure, match="exactly 0"):
         Certifier("t_mod_leaky", seed=8).run(case)
+
+
+def test_operands_written_into_fail_the_inputs_row_only(broken):
+    """Bias, lengths and block tables are the caller's arrays too: writing into them is caught, in
+    the call and in backend.forward before backend.backward (whose gradients stay right)."""
+    cert = Certifier("t_mod_scribble", seed=9)
+    cases = [quick_cases("float32")[i] for i in (0, 2, 5, 9)]  # bias+dbias, sinks, lengths, paged
+    results = _run_all(cert, cases)
+    assert all(r.status == "FAIL" and r.check == "inputs modified" for r in results), [
+        r.message for r in results
+    ]
+    m = rep.aggregate(results)
+    assert m["inputs unchanged"]["float32"]["status"] == "FAIL"
+    assert m["dbias"]["float32"]["status"] == "pass" and m["kvcache paged"]["float32"]["status"] == "pass"
 
 
 def test_matrix_overview_keeps_old_reports_without_the_new_rows(tmp_path):
