@@ -164,7 +164,7 @@ def test_randomised_modifier_cases_respect_the_spec_constraints():
     seen = set()
 
     @hypothesis.seed(0)
-    @settings(max_examples=300, database=None, deadline=None, phases=[Phase.generate],
+    @settings(max_examples=150, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))  # fmt: skip
     @hypothesis.given(fields=random_fields(("float32", "float16"), True), data=st.data())
     def check(fields, data):
