@@ -20,6 +20,7 @@ class TritonBackend(Backend):
     dtypes: ClassVar[tuple[str, ...]] = ("float16", "bfloat16", "float32")
     features: ClassVar[frozenset[str]] = frozenset(
         {"1d", "2d", "full", "causal", "local", "gqa", "lse", "backward", "deterministic"}
+        | {"lengths", "varlen", "paged"}  # SPEC §10: ragged_launch
     )
     max_head_dim: ClassVar[int | None] = 256
     requires: ClassVar[tuple[str, ...]] = ("torch", "triton")
@@ -72,18 +73,33 @@ class TritonBackend(Backend):
                 reasons.append(f"bfloat16 needs compute capability 8.0 or newer, the GPU has {major}.{minor}")
         if req.nq >= (1 << 31) or req.nk >= (1 << 31):
             reasons.append("sequence lengths must stay under 2**31 (int32 positions)")
+        if req.ragged:
+            from attnhub_backends.triton.ragged_checks import reasons as ragged_reasons
+
+            reasons.extend(ragged_reasons(req))
         return reasons
 
-    def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
+    def forward(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
+    ) -> tuple[Any, Any]:
         from attnhub_backends.triton import launch
+
+        if req.ragged:
+            from attnhub_backends.triton import ragged_launch
+
+            return ragged_launch.forward(q, k, v, req, operands)
 
         return launch.forward(q, k, v, req)
 
     def forward_for_grad(
-        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
     ) -> tuple[Any, Any, Any]:
         """Half-precision inputs: the kernel writes a float32 output; the backward's rowsum(dO·O)
         reads it, the caller gets it rounded to the input dtype (the same rounding as forward)."""
+        if req.ragged:
+            from attnhub_backends.triton import ragged_launch
+
+            return ragged_launch.forward_for_grad(q, k, v, req, operands)
         if q.element_size() >= 4:
             return super().forward_for_grad(q, k, v, req, mask)
         import torch
@@ -94,8 +110,14 @@ class TritonBackend(Backend):
         return out32.to(q.dtype), lse, out32
 
     def backward(
-        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
-    ) -> tuple[Any, Any, Any]:
+        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None,
+        operands: Any = None,
+    ) -> tuple[Any, ...]:  # fmt: skip
         from attnhub_backends.triton import launch
+
+        if req.ragged:
+            from attnhub_backends.triton import ragged_launch
+
+            return ragged_launch.backward(q, k, v, out, lse, dout, req, operands)
 
         return launch.backward(q, k, v, out, lse, dout, req)
