@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from attnhub.request import Request
+from attnhub.rules import ExplicitMask
 
 
 def reasons(req: Request) -> list[str]:
@@ -12,6 +13,11 @@ def reasons(req: Request) -> list[str]:
         out.append(
             "does not combine a bias with q_lengths/k_lengths, attention_varlen or a paged cache; "
             "pad the batch and put the lengths into the bias as -inf, or use backend='reference'"
+        )
+    if isinstance(req.rule, ExplicitMask):
+        out.append(
+            "does not combine a mask array with q_lengths/k_lengths, attention_varlen or a paged cache; "
+            "put the lengths into the bool mask, or use backend='reference'"
         )
     if req.paged and (req.needs_grad or req.sinks_grad):
         out.append("reads paged KV caches forward only; call attention_kvcache under torch.no_grad()")
