@@ -7,7 +7,7 @@
 # stage and all of them again at the end; the exit status is non-zero when a stage failed):
 #   install        pip install -e . without dependencies; GPU, driver, torch / triton / cuda versions
 #   precompile     NVRTC-compile the cuda backend's kernels for $ARCH into the kernel cache
-#   tests          the GPU-marked tests of the triton, cuda and jax backends (pytest -m gpu)
+#   tests          the GPU-marked tests (pytest -m gpu) of $TEST_FILES (default: all of tests/)
 #   certify-quick  `attnhub certify NAME --quick --device cuda` for each of $BACKENDS
 #   certify        the full `attnhub certify NAME --device cuda -j $JOBS` for each of $BACKENDS
 #   bench          the figures of record: `attnhub bench` of $BENCH_BACKENDS against SDPA flash and
@@ -58,8 +58,7 @@ stage_precompile() {
 
 stage_tests() {
   # shellcheck disable=SC2046
-  "$PY" -m pytest -q -m gpu $(xdist) -p no:cacheprovider tests/test_triton_gpu.py tests/test_cuda_gpu.py \
-    tests/test_peaked_row_gradients.py tests/test_conformance_gpu.py tests/test_jax_gpu.py
+  "$PY" -m pytest -q -m gpu $(xdist) -p no:cacheprovider ${TEST_FILES:-tests/}
 }
 
 stage_certify_quick() {
