@@ -48,7 +48,11 @@ class JaxBackend(Backend):
     """Blockwise online-softmax attention in ``jax.lax``; cuDNN on NVIDIA GPUs where it is exact.
 
     ``run`` returns ``jax.Array``s from a ``jax.custom_vjp`` function, so ``jax.grad``,
-    ``jax.jit`` and ``jax.vmap`` work on ``attnhub.attention`` directly.
+    ``jax.jit`` and ``jax.vmap`` work on ``attnhub.attention`` directly. SPEC §9-§11: the
+    blockwise path serves every argument (bias with dbias, softcap, sinks with dsinks, lengths,
+    packed sequences, offsets; paged caches gathered by their block table inside the trace), the
+    arrays possibly traced; Pallas serves softcap, sinks and offsets, cuDNN right-padded lengths
+    with the rule Full; anything else of §9-§11 falls back to blockwise.
     """
 
     name: ClassVar[str] = "jax"

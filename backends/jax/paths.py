@@ -3,9 +3,11 @@
 - ``blockwise``: :mod:`blockwise` under ``jax.custom_vjp`` (forward saves out and lse, the
   backward recomputes probabilities tile by tile), every SPEC feature.
 - ``pallas``: the Pallas (Triton) forward kernel of :mod:`pallas` on NVIDIA GPUs for the
-  requests cuDNN cannot serve, with the same blockwise backward.
+  requests cuDNN cannot serve (softcap, sinks and offsets included), with the same blockwise
+  backward.
 - ``cudnn``: ``jax.nn.dot_product_attention(implementation="cudnn")`` for the requests it serves
-  exactly (see :mod:`cudnn`); it differentiates through cuDNN's own backward.
+  exactly (see :mod:`cudnn`; right-padded lengths with the rule Full included); it differentiates
+  through cuDNN's own backward.
 
 Functions are built once per (request, path, config) and cached; each is a ``jax.jit`` so that
 eager calls are compiled once and calls under an outer ``jit``/``grad``/``vmap`` inline it. Each
