@@ -453,7 +453,7 @@ def test_jit_with_every_array_traced(rng):
 
 
 # ---- declines and paths -----------------------------------------------------------------------
-def test_declines_ragged_2d_and_pallas_cudnn_fall_back(rng):
+def test_declines_ragged_2d_and_pallas_cudnn_fall_back(rng, monkeypatch):
     q = jnp.zeros((1, 2, 4, 4, 8), jnp.float32)
     req, _ = build_request(q, q, q, Causal(), "none_front", None, "bhsd", False)
     reasons = BACKEND.check(replace(req, q_lengths=True))
@@ -474,6 +474,10 @@ def test_declines_ragged_2d_and_pallas_cudnn_fall_back(rng):
         gpu = replace(r, device="cuda:0", dtype="bfloat16")
         assert cudnn.obstacles(gpu) and not pallas.obstacles(gpu)
     right = replace(r16, bias=None, device="cuda:0", dtype="bfloat16", k_lengths=True, return_lse=False)
+    assert cudnn.obstacles(right) == [
+        "cuDNN with sequence lengths awaits its GPU test (cudnn.LENGTHS_VERIFIED)"
+    ]
+    monkeypatch.setattr(cudnn, "LENGTHS_VERIFIED", True)
     assert not cudnn.obstacles(right)
     assert cudnn.obstacles(replace(right, padding_side="left"))
     assert cudnn.obstacles(replace(right, rule=Causal()))

@@ -84,8 +84,12 @@ def test_offsets_chunked_prefill(rng):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_cudnn_right_padding(rng, dtype):
-    """Right-padded lengths, rule Full, no lse: the cuDNN path, a length 0 on both sides included."""
+def test_cudnn_right_padding(rng, dtype, monkeypatch):
+    """Right-padded lengths, rule Full, no lse: the cuDNN path, a length 0 on both sides included
+    (it is off until this test passed: cudnn.LENGTHS_VERIFIED)."""
+    from attnhub_backends.jax import cudnn
+
+    monkeypatch.setattr(cudnn, "LENGTHS_VERIFIED", True)
     b, hq, hkv, n, d = 3, 8, 2, 512, 128
     xs = [
         rounded(rng, (b, hq, n, d), dtype, 8.0),
