@@ -4,10 +4,13 @@ wraps them in ``tf.custom_gradient``)."""
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from attnhub.backend import Backend
+from attnhub.operands import Operands
 from attnhub.request import Request
+from attnhub.rules import ExplicitMask, Full
 
 
 class TFBackend(Backend):
@@ -23,7 +26,10 @@ class TFBackend(Backend):
     frameworks: ClassVar[tuple[str, ...]] = ("tensorflow",)
     device_types: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
     features: ClassVar[frozenset[str]] = frozenset(
-        {"1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward", "deterministic"}
+        {
+            *("1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward"),
+            *("deterministic", "bias", "dbias", "softcap", "sinks", "lengths", "varlen", "offsets"),
+        }
     )
     requires: ClassVar[tuple[str, ...]] = ("tensorflow",)
 
@@ -37,20 +43,32 @@ class TFBackend(Backend):
 
         return f"tensorflow {tf.__version__}"
 
-    def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
+    def extra_reasons(self, req: Request) -> list[str]:
+        if req.paged:
+            return [
+                "reads no paged KV cache: gather the blocks (tf.gather(k_cache, block_table)) into "
+                "(B, Hkv, Lmax, D) and call attention_kvcache without block_table"
+            ]
+        return []
+
+    def forward(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
+    ) -> tuple[Any, Any]:
         from attnhub_backends.tf import kernel
         from attnhub_backends.tf.tiles import plan_for
 
-        return kernel.forward(q, k, v, req, plan_for(req), mask)
+        req, mask, operands = _bias_from_mask(req, mask, operands)
+        return kernel.forward(q, k, v, req, plan_for(req), mask, operands)
 
     def forward_for_grad(
-        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
     ) -> tuple[Any, Any, Any]:
         """(out, lse, out in the compute dtype): the backward's rowsum(dO·O) reads O before rounding."""
         from attnhub_backends.tf import kernel
         from attnhub_backends.tf.tiles import plan_for
 
-        return kernel.forward_with_residual(q, k, v, req, plan_for(req), mask)
+        req, mask, operands = _bias_from_mask(req, mask, operands)
+        return kernel.forward_with_residual(q, k, v, req, plan_for(req), mask, operands)
 
     def backward(
         self,
@@ -63,9 +81,25 @@ class TFBackend(Backend):
         req: Request,
         mask: Any = None,
         dlse: Any = None,
-    ) -> tuple[Any, Any, Any]:
-        """Recomputes each tile from lse (memory stays linear in the sequence length)."""
+        operands: Any = None,
+    ) -> tuple[Any, ...]:
+        """Recomputes each tile from lse (memory stays linear in the sequence length).
+
+        (dq, dk, dv), plus (dbias, dsinks) for a request with a bias or sinks (SPEC §9).
+        """
         from attnhub_backends.tf import kernel
         from attnhub_backends.tf.tiles import plan_for
 
-        return kernel.backward(q, k, v, out, lse, dout, req, plan_for(req), mask, dlse)
+        legacy = isinstance(req.rule, ExplicitMask) and req.rule.kind == "additive"
+        req, mask, operands = _bias_from_mask(req, mask, operands)
+        grads = kernel.backward(q, k, v, out, lse, dout, req, plan_for(req), mask, dlse, operands)
+        return grads[:3] if legacy else grads
+
+
+def _bias_from_mask(req: Request, mask: Any, operands: Any) -> tuple[Request, Any, Any]:
+    """A float mask handed the pre-§9 way (an additive ExplicitMask) read as ``bias`` with Full."""
+    rule = req.rule
+    if not (isinstance(rule, ExplicitMask) and rule.kind == "additive"):
+        return req, mask, operands
+    req = replace(req, rule=Full(), bias=rule.shape, bias_grad=False, mask_needs_grad=False)
+    return req, None, replace(operands or Operands(), bias=mask)
