@@ -550,12 +550,57 @@ def test_ragged_plan_skips_only_what_lengths_cannot_revive():
     assert not any(t.full for blk in p_right.blocks + p_moved.blocks for t in blk.tiles)
 
 
-def test_declared_features_and_paged_decline():
+def test_declared_features():
     from attnhub_backends.tf.backend import TFBackend
 
+    feats = {"bias", "dbias", "softcap", "sinks", "lengths", "varlen", "offsets", "paged"}
+    assert feats <= TFBackend().features
+
+
+# ---------------------------------------------------------------- §10 paged KV cache
+
+
+@pytest.mark.parametrize("jit", [None, False, True])
+def test_paged_kv_cache(jit):
+    """Blocks gathered per entry (one block shared by two entries, -1 past the length), sinks and
+    softcap; dk/dv summed back into the cache blocks."""
+    from attnhub_backends.tf.backend import TFBackend
+
+    rng = np.random.default_rng(17)
+    b, hq, hkv, bs, nblocks, nq = 3, 4, 2, 4, 7, 3
+    table = np.array([[2, 5, 0], [5, 1, -1], [6, -1, -1]], np.int32)
+    kl = [11, 6, 3]
+    kc = rng.standard_normal((nblocks, bs, hkv, 8))
+    vc = rng.standard_normal((nblocks, bs, hkv, 6))
+    q = rng.standard_normal((b, hq, nq, 8))
+    sinks = rng.standard_normal(hq)
+    dout, dlse = _upstream(rng, b, hq, nq, 6)
+    idx = np.clip(table, 0, None)
+    kg = kc[idx].reshape(b, -1, hkv, 8).transpose(0, 2, 1, 3)
+    vg = vc[idx].reshape(b, -1, hkv, 6).transpose(0, 2, 1, 3)
+    nk = kg.shape[2]
+    req = _request(
+        q, kg, vg, Causal(), "none_end", k_lengths=True, paged=bs, sinks=True, sinks_grad=True, softcap=4.0
+    )
+    ops = Operands(
+        sinks=tf.constant(sinks), k_lengths=tf.constant(kl, tf.int32), block_table=tf.constant(table)
+    )
     be = TFBackend()
-    assert {"bias", "dbias", "softcap", "sinks", "lengths", "varlen", "offsets"} <= be.features
-    q, k, v = _inputs(np.random.default_rng(0), 1, 1, 1, 4, 16)
-    req = _request(q, k, v, Causal(), "none_end", paged=8, k_lengths=True)
-    reasons = be.check(req)
-    assert any("block_table" in r for r in reasons), reasons
+
+    def call(q, kc, vc, dout, dlse):
+        out, lse, saved = be.forward_for_grad(q, kc, vc, req, None, operands=ops)
+        return out, lse, be.backward(q, kc, vc, saved, lse, dout, req, None, dlse=dlse, operands=ops)
+
+    if jit is not None:
+        call = tf.function(call, jit_compile=jit)
+    out, lse, grads = call(*(tf.constant(x) for x in (q, kc, vc, dout, dlse)))
+    keep, qv = padded_keep(Causal(), "none_end", b, nq, nk, None, kl, "right")
+    want = dense(q, kg, vg, keep=keep, sinks=sinks, softcap=4.0, dout=dout, dlse=dlse)
+    dkc, dvc = np.zeros_like(kc), np.zeros_like(vc)
+    for g, dc in ((want[2][1], dkc), (want[2][2], dvc)):
+        per_block = g.transpose(0, 2, 1, 3).reshape(b, -1, bs, hkv, g.shape[-1])
+        for e in range(b):
+            for j, blk in enumerate(idx[e]):
+                dc[blk] += per_block[e, j]
+    want = (want[0], want[1], (want[2][0], dkc, dvc, None, want[2][4]))
+    _check((out.numpy(), lse.numpy(), [None if x is None else x.numpy() for x in grads]), want)

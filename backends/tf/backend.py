@@ -28,7 +28,7 @@ class TFBackend(Backend):
     features: ClassVar[frozenset[str]] = frozenset(
         {
             *("1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward"),
-            *("deterministic", "bias", "dbias", "softcap", "sinks", "lengths", "varlen", "offsets"),
+            *("deterministic", "bias", "dbias", "softcap", "sinks", "lengths", "varlen", "offsets", "paged"),
         }
     )
     requires: ClassVar[tuple[str, ...]] = ("tensorflow",)
@@ -43,14 +43,6 @@ class TFBackend(Backend):
 
         return f"tensorflow {tf.__version__}"
 
-    def extra_reasons(self, req: Request) -> list[str]:
-        if req.paged:
-            return [
-                "reads no paged KV cache: gather the blocks (tf.gather(k_cache, block_table)) into "
-                "(B, Hkv, Lmax, D) and call attention_kvcache without block_table"
-            ]
-        return []
-
     def forward(
         self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
     ) -> tuple[Any, Any]:
@@ -58,6 +50,7 @@ class TFBackend(Backend):
         from attnhub_backends.tf.tiles import plan_for
 
         req, mask, operands = _bias_from_mask(req, mask, operands)
+        k, v, req = _unpaged(k, v, req, operands)
         return kernel.forward(q, k, v, req, plan_for(req), mask, operands)
 
     def forward_for_grad(
@@ -68,6 +61,7 @@ class TFBackend(Backend):
         from attnhub_backends.tf.tiles import plan_for
 
         req, mask, operands = _bias_from_mask(req, mask, operands)
+        k, v, req = _unpaged(k, v, req, operands)
         return kernel.forward_with_residual(q, k, v, req, plan_for(req), mask, operands)
 
     def backward(
@@ -92,7 +86,14 @@ class TFBackend(Backend):
 
         legacy = isinstance(req.rule, ExplicitMask) and req.rule.kind == "additive"
         req, mask, operands = _bias_from_mask(req, mask, operands)
-        grads = kernel.backward(q, k, v, out, lse, dout, req, plan_for(req), mask, dlse, operands)
+        kd, vd, dreq = _unpaged(k, v, req, operands)
+        grads = kernel.backward(q, kd, vd, out, lse, dout, dreq, plan_for(dreq), mask, dlse, operands)
+        if req.paged:
+            from attnhub_backends.tf import paged
+
+            dk = paged.scatter(grads[1], k, operands.block_table)
+            dv = paged.scatter(grads[2], v, operands.block_table)
+            grads = (grads[0], dk, dv, *grads[3:])
         return grads[:3] if legacy else grads
 
 
@@ -103,3 +104,13 @@ def _bias_from_mask(req: Request, mask: Any, operands: Any) -> tuple[Request, An
         return req, mask, operands
     req = replace(req, rule=Full(), bias=rule.shape, bias_grad=False, mask_needs_grad=False)
     return req, None, replace(operands or Operands(), bias=mask)
+
+
+def _unpaged(k: Any, v: Any, req: Request, operands: Any) -> tuple[Any, Any, Request]:
+    """Paged caches gathered into the contiguous keys of a right-padded batch (paged.py)."""
+    if not req.paged:
+        return k, v, req
+    from attnhub_backends.tf import paged
+
+    bt = operands.block_table
+    return paged.gather(k, bt), paged.gather(v, bt), paged.dense_request(req)
