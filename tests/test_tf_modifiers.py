@@ -604,3 +604,46 @@ def test_paged_kv_cache(jit):
                 dc[blk] += per_block[e, j]
     want = (want[0], want[1], (want[2][0], dkc, dvc, None, want[2][4]))
     _check((out.numpy(), lse.numpy(), [None if x is None else x.numpy() for x in grads]), want)
+
+
+def test_row_whose_first_tiles_are_masked_and_later_logits_very_negative():
+    """Online softmax: a row with nothing attended in its first tile and logits near -1000 later
+    (a large negative bias) must not form 0·exp(+1000)."""
+    rng = np.random.default_rng(18)
+    q, k, v = _inputs(rng, 1, 1, 1, 8, 24)
+    bias = rng.standard_normal((1, 1, 8, 24)) - 1000.0
+    bias[:, :, :, :8] = -np.inf  # the first key tile (BLOCK_K = 8)
+    dout, dlse = _upstream(rng, 1, 1, 8, 6)
+    keep = np.ones((1, 1, 8, 24), bool)
+    req = _request(q, k, v, Full(), "none_front", bias=bias.shape, bias_grad=True)
+    got = _run(req, q, k, v, Operands(bias=tf.constant(bias)), dout, dlse)
+    _check(got, dense(q, k, v, keep=keep, bias=bias, dout=dout, dlse=dlse))
+
+
+def test_ragged_tiles_without_pairs_are_skipped_at_run_time(monkeypatch):
+    """Packed sequences: eagerly, only the tiles whose segments meet are computed."""
+    from attnhub_backends.tf import kernel
+
+    calls = {"fwd": 0, "bwd": 0}
+    fwd, bwd = kernel._forward_tile, kernel._backward_tile
+
+    def count(name, f):
+        def wrapped(*a, **kw):
+            calls[name] += 1
+            return f(*a, **kw)
+
+        return wrapped
+
+    monkeypatch.setattr(kernel, "_forward_tile", count("fwd", fwd))
+    monkeypatch.setattr(kernel, "_backward_tile", count("bwd", bwd))
+    rng = np.random.default_rng(19)
+    cu = [0, 8, 16, 24, 32]
+    q, k, v = _inputs(rng, 1, 2, 1, 32, 32)
+    dout, dlse = _upstream(rng, 1, 2, 32, 6)
+    req = _request(q, k, v, Causal(), "none_front", varlen=True)
+    cu_t = tf.constant(cu, tf.int32)
+    ops = Operands(cu_seqlens_q=cu_t, cu_seqlens_k=cu_t, max_seqlen_q=8, max_seqlen_k=8)
+    got = _run(req, q, k, v, ops, dout, dlse)
+    want = dense_varlen(q, k, v, cu, cu, Causal(), "none_front", dout=dout, dlse=dlse)
+    _check(got, want, names=("dq", "dk", "dv"))
+    assert calls == {"fwd": 4, "bwd": 4}  # the 4 diagonal 8x8 tiles of 16 (10 the causal plan keeps)

@@ -106,7 +106,13 @@ class _Ctx:
         b, hkv, g = self.shape5
         return tf.reshape(x5[:, :, :, blk.q0 : blk.q1, :], (b, hkv, g * (blk.q1 - blk.q0), -1))
 
-    def logits(self, qb: tf.Tensor, blk: RowBlock, tile: Tile, after: Any = None) -> tuple[tf.Tensor, Any]:
+    def seg_keep(self, blk: RowBlock, tile: Tile) -> tf.Tensor:
+        """The (B, 1, 1, rows, cols) lengths/segments-and-rule mask of a ragged request's tile."""
+        return ragged.tile_keep(self.seg, self.req.rule, slice(blk.q0, blk.q1), slice(tile.k0, tile.k1))
+
+    def logits(
+        self, qb: tf.Tensor, blk: RowBlock, tile: Tile, after: Any = None, seg_keep: Any = None
+    ) -> tuple[tf.Tensor, Any]:
         """Masked logits s (B, Hkv, G, rows, cols) and ``tanh(t / softcap)`` (None without softcap).
 
         SPEC §9 order: ``t = scale·q·k``, ``t = softcap·tanh(t/softcap)``, ``s = t + bias``; pairs
@@ -132,9 +138,7 @@ class _Ctx:
             if self.bool_mask:
                 keep = _part(self.mask, req.rule.shape, req, blk, tile)
             if self.seg is not None:
-                seg_keep = ragged.tile_keep(
-                    self.seg, req.rule, slice(blk.q0, blk.q1), slice(tile.k0, tile.k1)
-                )
+                seg_keep = self.seg_keep(blk, tile) if seg_keep is None else seg_keep
                 keep = seg_keep if keep is None else tf.logical_and(keep, seg_keep)
             elif not tile.full:
                 keep = _rule_keep(req, self.plan, blk, tile)
@@ -154,6 +158,25 @@ def _part(x: tf.Tensor, shape: tuple[int, ...], req: Request, blk: RowBlock, til
     if mh > 1:
         return tf.reshape(x, (mb, req.heads_kv, req.group, r, c))
     return tf.reshape(x, (mb, 1, 1, r, c))
+
+
+def _forward_tile(cx: _Ctx, qb, blk: RowBlock, tile: Tile, last, state, seg_keep=None) -> tuple:
+    """One online-softmax step: state (m, m with -inf as 0, denom, acc) after ``tile``."""
+    b, hkv, g = cx.shape5
+    r = blk.q1 - blk.q0
+    s, _ = cx.logits(qb, blk, tile, last, seg_keep)
+    mt = tf.reduce_max(s, axis=-1, keepdims=True)
+    m_new = mt if state is None else tf.maximum(state[0], mt)
+    m_safe = tf.where(m_new == NEG_INF, tf.zeros_like(m_new), m_new)
+    p = tf.exp(s - m_safe)
+    lt = tf.reduce_sum(p, axis=-1, keepdims=True)
+    pv = tf.matmul(tf.reshape(p, (b, hkv, g * r, -1)), cx.v[tile.index])
+    pv = tf.reshape(pv, (b, hkv, g, r, cx.req.dim_v))
+    if state is None:
+        return m_new, m_safe, lt, pv
+    # exp(m_old - m_safe): 0 where nothing was attended yet (denom = acc = 0; never 0·inf)
+    alpha = tf.exp(state[0] - m_safe)
+    return m_new, m_safe, state[2] * alpha + lt, state[3] * alpha + pv
 
 
 @tf.autograph.experimental.do_not_convert
@@ -187,23 +210,26 @@ def forward_with_residual(
             lses.append(empty if cx.sinks is None else tf.maximum(empty, cx.sinks[..., 0]))
             continue
         qb = cx.rows(cx.qs, blk) if last is None else _after(cx.rows(cx.qs, blk), last)
-        m = denom = acc = m_safe_prev = None
+        state = None
+        if cx.seg is not None:  # tiles are skipped at run time where the lengths leave no pair
+            state = (
+                tf.fill((b, hkv, g, r, 1), tf.constant(NEG_INF, ct)),
+                tf.zeros((b, hkv, g, r, 1), ct),
+                tf.zeros((b, hkv, g, r, 1), ct),
+                tf.zeros((b, hkv, g, r, req.dim_v), ct),
+            )
         for tile in blk.tiles:
-            s, _ = cx.logits(qb, blk, tile, last)
-            mt = tf.reduce_max(s, axis=-1, keepdims=True)
-            m_new = mt if m is None else tf.maximum(m, mt)
-            m_safe = tf.where(m_new == NEG_INF, tf.zeros_like(m_new), m_new)
-            p = tf.exp(s - m_safe)
-            lt = tf.reduce_sum(p, axis=-1, keepdims=True)
-            pv = tf.matmul(tf.reshape(p, (b, hkv, g * r, -1)), cx.v[tile.index])
-            pv = tf.reshape(pv, (b, hkv, g, r, req.dim_v))
-            if m is None:
-                denom, acc = lt, pv
+            if cx.seg is None:
+                state = _forward_tile(cx, qb, blk, tile, last, state)
             else:
-                alpha = tf.exp(m_safe_prev - m_safe)
-                denom = denom * alpha + lt
-                acc = acc * alpha + pv
-            m, m_safe_prev, last = m_new, m_safe, acc
+                keep, prev = cx.seg_keep(blk, tile), state
+                state = tf.cond(
+                    tf.reduce_any(keep),
+                    lambda: _forward_tile(cx, qb, blk, tile, last, prev, keep),  # noqa: B023
+                    lambda: prev,  # noqa: B023
+                )
+            last = state[3]
+        m, m_safe_prev, denom, acc = state
         if cx.sinks is not None:
             # the sink: one more key, logit sinks[h], value 0 (SPEC §9)
             m_all = tf.maximum(m, cx.sinks)
@@ -259,21 +285,21 @@ def backward(q, k, v, out, lse, dout, req: Request, plan: Plan, mask=None, dlse=
         dd_b = dd[:, :, :, blk.q0 : blk.q1, :]
         dq = None
         for tile in blk.tiles:
-            s, th = cx.logits(qb, blk, tile, last)
-            p = tf.exp(s - lse_b)
-            vt = cx.v[tile.index]
-            dp = tf.reshape(tf.matmul(dob, vt, transpose_b=True), p.shape)
-            ds = p * (dp - dd_b)  # the gradient of the final logits s
+            args = (cx, qb, dob, lse_b, dd_b, blk, tile, last, dbias)
+            if cx.seg is None:
+                parts = _backward_tile(*args)
+            else:  # skipped at run time where the lengths leave no pair (zero gradients)
+                keep = cx.seg_keep(blk, tile)
+                zeros = _backward_zeros(cx, blk, tile, dbias)
+                parts = tf.cond(
+                    tf.reduce_any(keep),
+                    lambda: _backward_tile(*args, keep),  # noqa: B023
+                    lambda: zeros,  # noqa: B023
+                )
+            part_q, part_k, part_v = parts[:3]
             if dbias is not None:
-                dbias.add(ds, bi, tile)
-            if th is not None:
-                ds = ds * (1 - th * th)  # through softcap·tanh(t / softcap)
-            ds = tf.reshape(ds, (b, hkv, g * r, -1))
-            p2 = tf.reshape(p, (b, hkv, g * r, -1))
-            part_q = tf.matmul(ds, cx.k[tile.index])
+                dbias.add(parts[3], bi, tile)
             dq = part_q if dq is None else dq + part_q
-            part_k = tf.matmul(ds, qb, transpose_a=True)
-            part_v = tf.matmul(p2, dob, transpose_a=True)
             i = tile.index
             dks[i] = part_k if dks[i] is None else dks[i] + part_k
             dvs[i] = part_v if dvs[i] is None else dvs[i] + part_v
@@ -296,6 +322,37 @@ def backward(q, k, v, out, lse, dout, req: Request, plan: Plan, mask=None, dlse=
     return (*grads, db, dsinks)
 
 
+def _backward_tile(cx: _Ctx, qb, dob, lse_b, dd_b, blk: RowBlock, tile: Tile, last, dbias, seg_keep=None):
+    """One tile's (dq part, dk part, dv part[, dbias part]) recomputed from lse."""
+    b, hkv, g = cx.shape5
+    r = blk.q1 - blk.q0
+    s, th = cx.logits(qb, blk, tile, last, seg_keep)
+    p = tf.exp(s - lse_b)
+    dp = tf.reshape(tf.matmul(dob, cx.v[tile.index], transpose_b=True), p.shape)
+    ds = p * (dp - dd_b)  # the gradient of the final logits s
+    piece = () if dbias is None else (dbias.reduce(ds),)
+    if th is not None:
+        ds = ds * (1 - th * th)  # through softcap·tanh(t / softcap)
+    ds = tf.reshape(ds, (b, hkv, g * r, -1))
+    p2 = tf.reshape(p, (b, hkv, g * r, -1))
+    part_q = tf.matmul(ds, cx.k[tile.index])
+    part_k = tf.matmul(ds, qb, transpose_a=True)
+    part_v = tf.matmul(p2, dob, transpose_a=True)
+    return (part_q, part_k, part_v, *piece)
+
+
+def _backward_zeros(cx: _Ctx, blk: RowBlock, tile: Tile, dbias) -> tuple:
+    """What :func:`_backward_tile` returns for a tile without an attended pair."""
+    b, hkv, g = cx.shape5
+    r, c, req = blk.q1 - blk.q0, tile.k1 - tile.k0, cx.req
+    zeros = (
+        tf.zeros((b, hkv, g * r, req.dim_qk), cx.ct),
+        tf.zeros((b, hkv, c, req.dim_qk), cx.ct),
+        tf.zeros((b, hkv, c, req.dim_v), cx.ct),
+    )
+    return zeros if dbias is None else (*zeros, tf.zeros(dbias.piece_shape(r, c), cx.ct))
+
+
 class _BiasGrad:
     """dbias accumulated tile by tile, summed over the bias's broadcast dimensions."""
 
@@ -304,14 +361,22 @@ class _BiasGrad:
         self.shape = req.bias
         self.parts: dict[tuple[int, int], tf.Tensor] = {}
 
-    def add(self, ds: tf.Tensor, bi: int, tile: Tile) -> None:
-        """Add one tile's logit gradient (B, Hkv, G, rows, cols)."""
+    def piece_shape(self, r: int, c: int) -> tuple[int, int, int, int]:
+        """Shape of one tile's piece of dbias (rows and cols kept only where the bias has them)."""
         bb, bh, bq, bk = self.shape
-        axes = [
-            a for a, keep in ((0, bb > 1), (1, bh > 1), (2, bh > 1), (3, bq > 1), (4, bk > 1)) if not keep
-        ]
+        return bb, bh, r if bq > 1 else 1, c if bk > 1 else 1
+
+    def reduce(self, ds: tf.Tensor) -> tf.Tensor:
+        """One tile's logit gradient (B, Hkv, G, rows, cols) summed over the broadcast dims."""
+        bb, bh, bq, bk = self.shape
+        dims = ((0, bb > 1), (1, bh > 1), (2, bh > 1), (3, bq > 1), (4, bk > 1))
+        axes = [a for a, kept in dims if not kept]
         x = tf.reduce_sum(ds, axis=axes, keepdims=True) if axes else ds
-        x = tf.reshape(x, (bb, bh, int(x.shape[3]), int(x.shape[4])))
+        return tf.reshape(x, self.piece_shape(int(ds.shape[3]), int(ds.shape[4])))
+
+    def add(self, x: tf.Tensor, bi: int, tile: Tile) -> None:
+        """Add one tile's piece (see :meth:`reduce`) of row block ``bi``."""
+        bq, bk = self.shape[2:]
         key = (bi if bq > 1 else 0, tile.index if bk > 1 else 0)
         self.parts[key] = x if key not in self.parts else self.parts[key] + x
 
