@@ -647,3 +647,78 @@ def test_ragged_tiles_without_pairs_are_skipped_at_run_time(monkeypatch):
     want = dense_varlen(q, k, v, cu, cu, Causal(), "none_front", dout=dout, dlse=dlse)
     _check(got, want, names=("dq", "dk", "dv"))
     assert calls == {"fwd": 4, "bwd": 4}  # the 4 diagonal 8x8 tiles of 16 (10 the causal plan keeps)
+
+
+def test_2d_sequences_with_bias_softcap_sinks():
+    """§9 composes with 2-d sequences (flat index rules)."""
+    from attnhub.positions import grid_positions
+
+    rng = np.random.default_rng(21)
+    sq, sk = (4, 5), (6, 5)
+    q, k, v = _inputs(rng, 2, 2, 1, 20, 30)
+    bias = rng.standard_normal((1, 2, 20, 30))
+    sinks = rng.standard_normal(2)
+    dout, dlse = _upstream(rng, 2, 2, 20, 6)
+    for rule in (Causal(), Local((2, 3), causal=True)):
+        pq, pk, fq, fk = grid_positions(sq, sk, "scale_end")
+        keep = rule_mask(rule, pq, pk, fq, fk)[None, None]
+        q5, k5, v5 = q.reshape(2, 2, *sq, 8), k.reshape(2, 1, *sk, 8), v.reshape(2, 1, *sk, 6)
+        req = _request(
+            q5,
+            k5,
+            v5,
+            rule,
+            "scale_end",
+            bias=bias.shape,
+            bias_grad=True,
+            sinks=True,
+            sinks_grad=True,
+            softcap=3.0,
+        )
+        ops = Operands(bias=tf.constant(bias), sinks=tf.constant(sinks))
+        got = _run(req, q, k, v, ops, dout, dlse)
+        _check(got, dense(q, k, v, keep=keep, bias=bias, sinks=sinks, softcap=3.0, dout=dout, dlse=dlse))
+
+
+def test_bool_mask_with_lengths_and_sinks():
+    rng = np.random.default_rng(22)
+    q, k, v = _inputs(rng, 3, 2, 2, 10, 13)
+    mask = rng.random((3, 2, 10, 13)) < 0.7
+    sinks = rng.standard_normal(2)
+    ql, kl = [10, 4, 7], [13, 9, 0]
+    dout, dlse = _upstream(rng, 3, 2, 10, 6)
+    keep, qv = padded_keep(Full(), "none_end", 3, 10, 13, ql, kl, "left")
+    req, _ = build_request(
+        *(tf.constant(x) for x in (q, k, v)), tf.constant(mask), "none_end", None, "bhsd", True
+    )
+    req = replace(
+        req, needs_grad=True, q_lengths=True, k_lengths=True, padding_side="left", sinks=True, sinks_grad=True
+    )
+    ops = Operands(
+        sinks=tf.constant(sinks), q_lengths=tf.constant(ql, tf.int32), k_lengths=tf.constant(kl, tf.int32)
+    )
+    got = _run(req, q, k, v, ops, dout, dlse, mask=tf.constant(mask))
+    _check(got, dense(q, k, v, keep=keep & mask, q_valid=qv, sinks=sinks, dout=dout, dlse=dlse))
+
+
+def test_float32_lengths_bias_sinks_softcap_large_logits():
+    rng = np.random.default_rng(23)
+    q, k, v = (x.astype(np.float32) for x in _inputs(rng, 2, 4, 2, 24, 31, big=True))
+    bias = rng.standard_normal((2, 4, 24, 31)).astype(np.float32)
+    sinks = rng.standard_normal(4).astype(np.float32)
+    ql, kl = [24, 11], [31, 17]
+    dout, dlse = (x.astype(np.float32) for x in _upstream(rng, 2, 4, 24, 6))
+    keep, qv = padded_keep(Causal(), "none_end", 2, 24, 31, ql, kl, "right")
+    req = _request(
+        q, k, v, Causal(), "none_end", q_lengths=True, k_lengths=True, bias=bias.shape, bias_grad=True,
+        sinks=True, sinks_grad=True, softcap=20.0,
+    )  # fmt: skip
+    ops = Operands(
+        bias=tf.constant(bias), sinks=tf.constant(sinks),
+        q_lengths=tf.constant(ql, tf.int32), k_lengths=tf.constant(kl, tf.int32),
+    )  # fmt: skip
+    got = _run(req, q, k, v, ops, dout, dlse, dtype="float32")
+    assert got[0].dtype == np.float32 and got[1].dtype == np.float32
+    assert got[2][3].dtype == np.float32 and got[2][4].dtype == np.float32
+    want = dense(q, k, v, keep=keep, q_valid=qv, bias=bias, sinks=sinks, softcap=20.0, dout=dout, dlse=dlse)
+    _check(got, want, "float32")
