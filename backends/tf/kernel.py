@@ -2,8 +2,14 @@
 
 Every loop runs in Python at trace time over a :class:`~attnhub_backends.tf.tiles.Plan` (AutoGraph
 is kept out with ``do_not_convert``), so the same code works eagerly, inside ``tf.function`` and
-under XLA (``jit_compile=True``): shapes are static and every slice is a constant. Memory is O(B·H·(N·D + block_q·block_k)); the ``Nq x Nk``
-logits are never formed. Half types are computed in float32, float64 in float64.
+under XLA (``jit_compile=True``): shapes are static and every slice is a constant. Memory is
+O(B·H·(N·D + block_q·block_k)); the ``Nq x Nk`` logits are never formed. Half types are computed
+in float32, float64 in float64.
+
+SPEC §9 (softcap, bias, sinks) is applied per tile; the bias and sinks get their gradients in
+the same backward loop. Ragged requests (§10: lengths, packed sequences) mask every computed tile
+from the per-entry positions of :mod:`~attnhub_backends.tf.ragged` and skip, at run time with
+``tf.cond``, the tiles in which the lengths leave no attended pair.
 """
 
 from __future__ import annotations
