@@ -11,6 +11,8 @@ from attnhub.backend import FEATURES, Backend
 from attnhub.dispatch import Explanation, use_backend
 from attnhub.errors import AttnhubError, BackendError, BackendUnsupported, NoBackendError, SpecError
 from attnhub.hookspecs import hookimpl
+from attnhub.operands import Operands
+from attnhub.ragged import attention_kvcache, attention_varlen
 from attnhub.registry import REGISTRY
 from attnhub.request import Request
 from attnhub.rules import Causal, ExplicitMask, Full, Local
@@ -40,9 +42,12 @@ __all__ = [
     "Full",
     "Local",
     "NoBackendError",
+    "Operands",
     "Request",
     "SpecError",
     "attention",
+    "attention_kvcache",
+    "attention_varlen",
     "backends",
     "explain",
     "hookimpl",

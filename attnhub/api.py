@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from typing import Any
 
-from attnhub.backend import Backend
+import numpy as np
+
+from attnhub.backend import Backend, serves_legacy
 from attnhub.dispatch import CACHE, DISPATCHER, Explanation, _disabled, explain_request, override_state
-from attnhub.errors import AttnhubError, BackendError
+from attnhub.errors import AttnhubError, BackendError, SpecError
+from attnhub.extras import NONE as NO_EXTRAS
+from attnhub.extras import Extras, operands_for
 from attnhub.frameworks import Adapter, adapter_for
 from attnhub.registry import REGISTRY
-from attnhub.request import Request, build_request, check_backend_arg, from_canonical, to_canonical
+from attnhub.request import Request, build_request_ex, check_backend_arg, from_canonical, to_canonical
 from attnhub.rules import Causal, ExplicitMask, Full, Local
 
 _modules = sys.modules
@@ -21,52 +26,64 @@ class _Plan:
     """Everything decided once per call signature: the request, the backend, the layout moves."""
 
     __slots__ = (
-        "req", "ad", "backend", "run", "reshape_in", "reshape_out", "lse_shape", "out_shape",
-        "lse_dtype", "guard_mask", "empty", "mask_array",
+        "req", "breq", "ad", "backend", "run", "reshape_in", "reshape_out", "lse_shape", "out_shape",
+        "lse_dtype", "guard_bias", "empty", "mask_array", "legacy", "operands", "bias_from_mask",
     )  # fmt: skip
 
-    def __init__(self, req: Request, ad: Adapter, backend: Backend) -> None:
+    def __init__(self, req: Request, ad: Adapter, backend: Backend, bias_from_mask: bool = False) -> None:
         self.req, self.ad, self.backend, self.run = req, ad, backend, backend.run
+        #: A float mask moved into ``bias`` by validation (redone on a cache hit without validating).
+        self.bias_from_mask = bias_from_mask
+        # A backend written before SPEC §9 reads a bias (rule Full, nothing else) as its float mask.
+        self.legacy = serves_legacy(backend, req)
+        self.breq = req.legacy_additive() if self.legacy else req
+        self.operands = req.modified and not self.legacy
         # A 1-d bhsd request is already canonical: no reshape on the hot path.
         self.reshape_in = not (req.layout == "bhsd" and req.ndim == 1)
         self.reshape_out = self.reshape_in
         self.lse_shape = (req.batch, req.heads_q, *req.seq_q)
         self.out_shape = (req.batch, req.heads_q, req.nq, req.dim_v)
         self.lse_dtype = "float64" if req.dtype == "float64" else "float32"
-        # A float mask traced by jax.jit may be differentiated after the trace (grad of jit): guard
-        # it so that its gradient is never silently zero (SPEC §9).
-        rule = req.rule
-        self.guard_mask = (
-            req.framework == "jax" and req.symbolic and isinstance(rule, ExplicitMask)
-            and rule.kind == "additive" and "dbias" not in backend.features
+        # A bias traced by jax.jit may be differentiated after the trace (grad of jit): guard it so
+        # that its gradient is never silently zero (SPEC §9).
+        self.guard_bias = (
+            req.framework == "jax" and req.symbolic and req.bias is not None
+            and "dbias" not in backend.features
         )  # fmt: skip
         self.empty = req.is_empty
-        self.mask_array = isinstance(rule, ExplicitMask)
+        self.mask_array = isinstance(req.rule, ExplicitMask)
         # Backend.run only decides whether the framework's autograd glue wraps the forward; the
         # decision depends on the request alone, so it is taken here. A backend overriding run()
         # keeps it.
+        grads = req.needs_grad or req.bias_grad or req.sinks_grad
         if type(backend).run is Backend.run and not (
             "backward" in backend.features
-            and (req.framework == "tensorflow" or (req.framework == "torch" and req.needs_grad))
+            and (req.framework == "tensorflow" or (req.framework == "torch" and grads))
         ):
             self.run = backend.forward
 
-    def execute(self, q: Any, k: Any, v: Any, mask: Any) -> Any:
+    def execute(self, q: Any, k: Any, v: Any, mask: Any, extras: Extras = NO_EXTRAS) -> Any:
         req, ad = self.req, self.ad
+        if self.bias_from_mask:
+            extras = dataclasses.replace(extras, bias=mask)
         if self.empty:
-            return _empty_result(ad, q, k, v, mask, req)
+            return _empty_result(ad, q, k, v, mask, req, extras)
         if self.reshape_in:
             q, k, v = (to_canonical(ad, x, req.layout) for x in (q, k, v))
-        if self.mask_array:
-            mask = adapter_for(mask).reshape(mask, req.rule.shape)  # type: ignore[union-attr]
-            if self.guard_mask:
-                from attnhub.glue.jax_guard import guard_mask
+        mask = adapter_for(mask).reshape(mask, req.rule.shape) if self.mask_array else None  # type: ignore[union-attr]
+        if self.guard_bias:
+            from attnhub.glue.jax_guard import guard_mask
 
-                mask = guard_mask(mask, self.backend.name)
-        else:
-            mask = None
+            extras = dataclasses.replace(extras, bias=guard_mask(extras.bias, self.backend.name))
         try:
-            out, lse = self.run(q, k, v, req, mask)
+            if self.legacy:
+                mask = adapter_for(extras.bias).reshape(extras.bias, req.bias)  # type: ignore[arg-type]
+                out, lse = self.run(q, k, v, self.breq, mask)
+            elif self.operands:
+                ops = operands_for(extras, ad, q, req)
+                out, lse = self.run(q, k, v, req, mask, operands=ops)
+            else:
+                out, lse = self.run(q, k, v, req, mask)
         except Exception as exc:
             if passes_through(exc):
                 raise
@@ -108,7 +125,7 @@ def _mask_key(mask: Any) -> Any:
     raise TypeError  # not a mask: validated (and rejected) without the cache
 
 
-def _plan(q, k, v, mask, sync, scale, layout, return_lse, backend) -> _Plan:
+def _plan(q, k, v, mask, sync, scale, layout, return_lse, backend, extras: Extras = NO_EXTRAS) -> _Plan:
     """The plan for this call signature: from the dispatch cache (so that a repeated call skips
     validation and backend choice), else validated, dispatched and cached.
 
@@ -123,6 +140,7 @@ def _plan(q, k, v, mask, sync, scale, layout, return_lse, backend) -> _Plan:
         key = (
             ad.call_key(q, k, v), _mask_key(mask), sync, scale, type(scale), layout, return_lse,
             type(return_lse), backend, override_state(),
+            extras.key(ad) if extras is not NO_EXTRAS else None,
         )  # fmt: skip
         hit = CACHE.recent.get(key)
         if hit is None:
@@ -131,9 +149,9 @@ def _plan(q, k, v, mask, sync, scale, layout, return_lse, backend) -> _Plan:
         key, hit = None, None
     if hit is not None:
         return hit
-    req, ad = build_request(q, k, v, mask, sync, scale, layout, return_lse)
+    req, ad, moved = build_request_ex(q, k, v, mask, sync, scale, layout, return_lse, extras)
     check_backend_arg(backend)
-    plan = _Plan(req, ad, DISPATCHER.choose(req, backend))
+    plan = _Plan(req, ad, DISPATCHER.choose(req, backend), moved.bias is not extras.bias)
     if key is not None:
         CACHE.put(key, plan)
     return plan
@@ -150,23 +168,49 @@ def attention(
     layout: str = "bhsd",
     backend: str = "auto",
     return_lse: bool = False,
+    bias: Any = None,
+    softcap: float | None = None,
+    sinks: Any = None,
+    q_lengths: Any = None,
+    k_lengths: Any = None,
+    padding_side: str = "right",
+    q_offset: int = 0,
+    k_offset: int = 0,
 ) -> Any:
     """Exact scaled-dot-product attention (SPEC.md) on the caller's arrays.
 
     Returns ``out`` in the caller's framework, device, dtype and layout, or ``(out, lse)`` with
     ``return_lse=True``. ``backend="auto"`` picks the highest-priority backend able to run the
     request; a named backend that cannot raises :class:`attnhub.BackendUnsupported`.
+
+    Score modifiers (SPEC §9): ``bias`` (additive, broadcastable to (B, Hq, Nq, Nk), differentiable),
+    ``softcap`` (Gemma 2's ``softcap·tanh(t/softcap)``), ``sinks`` ((Hq,) logits of a virtual
+    zero-value key). Ragged batches (SPEC §10, 1-d): ``q_lengths``/``k_lengths`` ((B,) ints) with
+    ``padding_side`` "right" (valid tokens first) or "left". Offsets (SPEC §11): ``q_offset``,
+    ``k_offset`` shift query and key positions (sync ``none_front``).
     """
+    if (
+        bias is None and softcap is None and sinks is None and q_lengths is None and k_lengths is None
+        and padding_side == "right" and q_offset == 0 and k_offset == 0
+    ):  # fmt: skip
+        extras = NO_EXTRAS
+    else:
+        extras = Extras(bias, softcap, sinks, q_lengths, k_lengths, padding_side, q_offset, k_offset)
     torch = _modules.get("torch")
     if torch is not None and torch.compiler.is_compiling():
         # Traced by torch.compile: through attnhub's custom ops (attnhub/glue/torch_ops.py).
         from attnhub.glue import torch_ops
 
+        if extras is not NO_EXTRAS:
+            return torch_ops.eager_call(q, k, v, mask, sync, scale, layout, backend, return_lse, extras)
         return torch_ops.attention(q, k, v, mask, sync, scale, layout, backend, return_lse)
-    return _plan(q, k, v, mask, sync, scale, layout, return_lse, backend).execute(q, k, v, mask)
+    plan = _plan(q, k, v, mask, sync, scale, layout, return_lse, backend, extras)
+    return plan.execute(q, k, v, mask, extras)
 
 
-def _empty_result(ad: Adapter, like: Any, k: Any, v: Any, mask: Any, req: Request) -> Any:
+def _empty_result(
+    ad: Adapter, like: Any, k: Any, v: Any, mask: Any, req: Request, extras: Extras = NO_EXTRAS
+) -> Any:
     """SPEC §7: empty work returns an empty output; no keys means fully masked rows (0, -inf).
 
     When the caller differentiates, the output is connected to the inputs (and to a float mask)
@@ -176,11 +220,18 @@ def _empty_result(ad: Adapter, like: Any, k: Any, v: Any, mask: Any, req: Reques
     if req.framework in ("torch", "tensorflow"):
         from attnhub.glue import empty
 
-        out = empty.connect(req, out, like, k, v, mask)
+        more = (extras.bias, extras.sinks) if extras.bias is not mask else (extras.sinks,)
+        out = empty.connect(req, out, like, k, v, mask, *more)
     if not req.return_lse:
         return out
     lse_dtype = "float64" if req.dtype == "float64" else "float32"
     lse = ad.full((req.batch, req.heads_q, *req.seq_q), float("-inf"), lse_dtype, like)
+    if req.sinks and not req.symbolic and 0 not in (req.batch, req.heads_q, req.nq):
+        # SPEC §9: a row with no key attended has lse = sinks[h] (here Lk = 0).
+        sinks = adapter_for(extras.sinks).to_numpy(extras.sinks).astype(np.float64)
+        shape = (req.batch, req.heads_q, *req.seq_q)
+        rows = np.broadcast_to(sinks.reshape((1, req.heads_q) + (1,) * req.ndim), shape)
+        lse = ad.from_numpy(rows.copy(), lse_dtype, like)
     return out, lse
 
 
@@ -206,9 +257,15 @@ def explain(
     layout: str = "bhsd",
     backend: str = "auto",
     return_lse: bool = False,
+    **extras: Any,
 ) -> Explanation:
-    """Which backend ``attention`` would run for these arguments, and why each other one would not."""
-    req, _ = build_request(q, k, v, mask, sync, scale, layout, return_lse)
+    """Which backend ``attention`` would run for these arguments (the same keywords, SPEC §9-§11
+    ones included), and why each other one would not."""
+    try:
+        ex = Extras(**extras)
+    except TypeError as exc:
+        raise SpecError("explain", "the keyword arguments of attnhub.attention", str(exc)) from None
+    req, _, _ = build_request_ex(q, k, v, mask, sync, scale, layout, return_lse, ex)
     check_backend_arg(backend)
     return explain_request(req, backend)
 

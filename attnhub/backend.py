@@ -75,11 +75,14 @@ def missing_features(req: Request, feats: frozenset[str] | set[str]) -> list[str
         "offsets": bool(req.q_offset or req.k_offset),
     }
     reasons.extend(_MISSING[f] for f, used in uses.items() if used and f not in feats)
+    if req.sinks_grad and "backward" not in feats:
+        reasons.append("has no backward, and the sinks require grad")
     return reasons
 
 
 def serves_legacy(backend: Backend, req: Request) -> bool:
-    """True when ``backend`` gets ``req`` in the legacy additive-mask form."""
+    """True when ``backend`` gets ``req`` in the legacy additive-mask form (it does not declare
+    "bias")."""
     return req.bias is not None and "bias" not in backend.features and req.legacy_expressible
 
 
@@ -93,6 +96,9 @@ class Backend:
     dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
     features: ClassVar[frozenset[str]] = frozenset({"1d", "2d", "full", "causal", "local", "gqa", "lse"})
     max_head_dim: ClassVar[int | None] = None
+    #: A backend declaring "bias" gets a float mask as ``operands.bias``; it also takes the legacy
+    #: form (an additive ExplicitMask rule, the array as ``mask``) only when this is True.
+    reads_additive_mask: ClassVar[bool] = False
     #: Name and version of what the backend runs on, for ``attnhub info``.
     requires: ClassVar[tuple[str, ...]] = ()
 
@@ -122,6 +128,8 @@ class Backend:
                 reasons.append(
                     "does not read explicit mask arrays; express the mask as a rule (Causal/Local)"
                 )
+            elif rule.kind == "additive" and "bias" in feats and not self.reads_additive_mask:
+                reasons.append("reads a float mask as a bias (bias=), not as the mask argument")
         else:
             kind = type(rule).__name__.lower()
             if kind not in feats:

@@ -133,7 +133,7 @@ def backend_reasons(b: Backend, req: Request, disabled: frozenset[str]) -> list[
     except Exception as exc:
         return [f"check() raised {type(exc).__name__}: {exc}"]
     # Checked here, not in Backend.check, so that a backend overriding check() cannot forget it.
-    if req.mask_needs_grad and not req.is_empty and "dbias" not in b.features:
+    if (req.mask_needs_grad or req.bias_grad) and not req.is_empty and "dbias" not in b.features:
         reasons.append(DBIAS_REASON + "; the mask requires grad")
     return reasons
 

@@ -6,6 +6,7 @@ dispatcher caches its choice. Arrays never live in it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
@@ -186,7 +187,29 @@ def build_request(
     return_lse: bool,
 ) -> tuple[Request, Adapter]:
     """Validate a call against SPEC §7 and §12 and describe it; raises :class:`SpecError` naming
-    the argument on bad input (types included: a bool is not a number here, a list not an array)."""
+    the argument on bad input (types included: a bool is not a number here, a list not an array).
+
+    A float ``mask`` is described as a bias with the rule Full (SPEC §9)."""
+    req, ad, _ = build_request_ex(q, k, v, mask, sync, scale, layout, return_lse)
+    return req, ad
+
+
+def build_request_ex(
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: Any,
+    sync: str,
+    scale: float | None,
+    layout: str,
+    return_lse: bool,
+    extras: Any = None,
+) -> tuple[Request, Adapter, Any]:
+    """:func:`build_request` with the §9-§11 arguments (:class:`attnhub.extras.Extras`); returns
+    the extras too, with a float mask moved into ``bias``."""
+    from attnhub import extras as ext
+
+    extras = ext.NONE if extras is None else extras
     ad = adapter_for(q, "q")
     for name, x in (("k", k), ("v", v)):
         other = adapter_for(x, name)
@@ -238,10 +261,19 @@ def build_request(
 
     rule = parse_rule(mask)
     nq, nk = math.prod(sq), math.prod(sk)
+    from_mask = False
     if rule is None:
         rule = _explicit_signature(mask, ad, bq, hq, nq, nk, devices[0])
+        if rule.kind == "additive":  # SPEC §9: a float mask is a bias with the rule Full
+            if extras.bias is not None:
+                raise SpecError("mask", "a rule or a bool mask when bias= is given", "a float mask")
+            extras = dataclasses.replace(extras, bias=mask)
+            rule, from_mask = Full(), True
     elif isinstance(rule, Local):
         rule.windows(len(sq))  # raises SpecError for a window tuple of the wrong length
+    fields = ext.parse(
+        extras, ad, q, bq, hq, nq, nk, len(sq), sync, devices[0], dtypes[0], from_mask
+    ).as_dict()
 
     req = Request(
         framework=ad.name,
@@ -261,11 +293,9 @@ def build_request(
         needs_grad=any(ad.requires_grad(x) for x in (q, k, v)),
         return_lse=return_lse,
         symbolic=not ad.is_concrete(q),
-        mask_needs_grad=isinstance(rule, ExplicitMask)
-        and rule.kind == "additive"
-        and ad.mask_needs_grad(mask),
+        **fields,
     )
-    return req, ad
+    return req, ad, extras
 
 
 _SCALE = "a finite real number (not a bool) or None"

@@ -411,7 +411,11 @@ class Certifier:
         if fw == "numpy":
             ad = adapter_for(xs[0])
             qc, kc, vc = (to_canonical(ad, x, case.layout) for x in xs)
-            mc = None if data.mask is None else kw["mask"].reshape(req.rule.shape)  # type: ignore[union-attr]
+            mc = (
+                None
+                if data.mask is None
+                else kw["mask"].reshape(req.bias if req.bias is not None else req.rule.shape)
+            )  # type: ignore[union-attr]
             arrays = [qc, kc, vc] + ([] if mc is None else [mc])
             before = [x.copy() for x in arrays]
             dout = data.dout.astype(numpy_dtype(case.dtype))

@@ -138,8 +138,8 @@ class _WrongDtype(ReferenceBackend):
     name: ClassVar[str] = "t_conf_dtype"
     priority: ClassVar[int] = -50
 
-    def forward(self, q, k, v, req, mask=None):
-        out, lse = super().forward(q, k, v, req, mask)
+    def forward(self, q, k, v, req, mask=None, operands=None):
+        out, lse = super().forward(q, k, v, req, mask, operands)
         return out.astype(np.float64), lse
 
 
@@ -147,8 +147,8 @@ class _Scribbler(ReferenceBackend):
     name: ClassVar[str] = "t_conf_scribble"
     priority: ClassVar[int] = -50
 
-    def forward(self, q, k, v, req, mask=None):
-        out, lse = super().forward(q, k, v, req, mask)
+    def forward(self, q, k, v, req, mask=None, operands=None):
+        out, lse = super().forward(q, k, v, req, mask, operands)
         k[...] = 0  # writes into the caller's array through the canonical view
         return out, lse
 
@@ -158,8 +158,8 @@ class _Flaky(ReferenceBackend):
     priority: ClassVar[int] = -50
     calls = 0
 
-    def forward(self, q, k, v, req, mask=None):
-        out, lse = super().forward(q, k, v, req, mask)
+    def forward(self, q, k, v, req, mask=None, operands=None):
+        out, lse = super().forward(q, k, v, req, mask, operands)
         type(self).calls += 1
         return out + (type(self).calls % 2) * np.finfo(out.dtype).eps * out, lse
 

@@ -1,7 +1,7 @@
 """SPEC §9 "A gradient is never dropped", and empty work under autograd (SPEC §4, §7).
 
-No backend computes the gradient of a float mask yet ("dbias"), so a request whose float mask is
-differentiated is declined; under patch_sdpa it goes to torch, which computes it.
+A request whose float mask (or bias) is differentiated goes only to backends that compute its
+gradient ("dbias"); the others decline it with the SPEC §9 reason.
 """
 
 import numpy as np
@@ -21,16 +21,27 @@ def tqkv(requires_grad=True, lk=5):
     return [x.requires_grad_(requires_grad) for x in (q, k, v)]
 
 
-def test_torch_bias_that_requires_grad_is_declined():
+def _dense_grads(q, k, v, bias):
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + bias
+    out = torch.softmax(s, -1) @ v
+    return torch.autograd.grad(out.sum(), (q, k, v, bias))
+
+
+def test_torch_bias_that_requires_grad_gets_its_gradient_or_is_declined():
     q, k, v = tqkv()
-    bias = torch.zeros(1, 2, 4, 5, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(1, 2, 4, 5, dtype=torch.float64, requires_grad=True)
     attnhub.attention(q, k, v, mask=bias.detach())  # a cached plan without grad must not be reused
-    with pytest.raises(NoBackendError, match=r"gradient of a float mask/bias \(SPEC §9\)"):
-        attnhub.attention(q, k, v, mask=bias)
-    with pytest.raises(BackendUnsupported, match="SPEC §9"):
-        attnhub.attention(q, k, v, mask=bias, backend="reference")
+    for kw in ({"mask": bias}, {"bias": bias}):
+        got = torch.autograd.grad(attnhub.attention(q, k, v, **kw).sum(), (q, k, v, bias))
+        for g, w in zip(got, _dense_grads(q, k, v, bias)):
+            assert torch.allclose(g, w, atol=1e-12)
     exp = attnhub.explain(q, k, v, mask=bias)
-    assert exp.chosen is None and "mask-grad" in exp.request.describe()
+    assert exp.chosen == "reference" and "bias-grad" in exp.request.describe()
+    # A backend without "dbias" declines it (sdpa-cpu reads float masks, not their gradient).
+    declined = dict((v.name, v.reasons) for v in exp.verdicts)
+    assert any("SPEC §9" in r for r in declined["sdpa-cpu"])
+    with pytest.raises(BackendUnsupported, match="SPEC §9"):
+        attnhub.attention(q, k, v, mask=bias, backend="sdpa-cpu")
 
 
 def test_bias_without_grad_still_runs():
@@ -43,7 +54,7 @@ def test_bias_without_grad_still_runs():
     attnhub.attention(q, k, v, mask=bias.detach() > 0)  # bool masks have no gradient
 
 
-def test_patch_sdpa_leaves_a_bias_with_grad_to_torch():
+def test_patch_sdpa_computes_the_gradient_of_a_bias():
     from attnhub.torch import patch_sdpa, reset_sdpa_stats, sdpa_stats, unpatch_sdpa
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -63,8 +74,8 @@ def test_patch_sdpa_leaves_a_bias_with_grad_to_torch():
     finally:
         unpatch_sdpa()
     assert bias.grad is not None and torch.allclose(bias.grad, want)
-    assert stats.get("fallback:attn_mask grad") == 1 and not stats.get("routed")
-    assert routed.get("routed") == 1
+    assert stats.get("routed") == 1 and not any(k.startswith("fallback") for k in stats)
+    assert routed.get("routed") == 2
 
 
 @pytest.mark.parametrize("return_lse", [False, True])
@@ -99,14 +110,20 @@ def test_tf_empty_work_gives_zero_gradients():
     assert dq is not None and not np.any(dq.numpy()) and dk.shape == k.shape
 
 
-def test_tf_bias_watched_by_a_tape_is_declined():
+def test_tf_bias_watched_by_a_tape_gets_its_gradient_or_is_declined():
     tf = pytest.importorskip("tensorflow")
-    q = tf.random.normal((1, 2, 4, 8))
-    bias = tf.Variable(tf.zeros((1, 2, 4, 4)))
-    attnhub.attention(q, q, q, mask=tf.zeros((1, 2, 4, 4)))
-    with tf.GradientTape(), pytest.raises(NoBackendError, match="SPEC §9"):
-        attnhub.attention(q, q, q, mask=bias)
+    q = tf.random.normal((1, 2, 4, 8), dtype=tf.float64)
+    bias = tf.Variable(tf.random.normal((1, 2, 4, 4), dtype=tf.float64))
+    attnhub.attention(q, q, q, mask=tf.zeros((1, 2, 4, 4), dtype=tf.float64))
+    with tf.GradientTape() as tape:  # eagerly: the reference computes dbias
+        out = attnhub.attention(q, q, q, mask=bias)
+    got = tape.gradient(out, bias)
+    with tf.GradientTape() as tape:
+        want_out = tf.nn.softmax(tf.matmul(q, q, transpose_b=True) / 8**0.5 + bias) @ q
+    want = tape.gradient(want_out, bias)
+    assert got is not None and np.allclose(got.numpy(), want.numpy(), atol=1e-12)
     attnhub.attention(q, q, q, mask=tf.convert_to_tensor(bias))  # not watched: runs
+    q = tf.cast(q, tf.float32)
 
     @tf.function
     def step(q, b):

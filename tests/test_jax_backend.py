@@ -55,7 +55,7 @@ def inputs(rng, dtype, sq, sk, hq=4, hkv=2, b=2, d=8, dv=8, big=False):
 
 def reference(xs, rule, sync, mask=None, dout=None):
     req, _ = build_request(*xs, rule if mask is None else mask, sync, None, "bhsd", True)
-    mc = None if mask is None else mask.reshape(req.rule.shape)
+    mc = None if mask is None else mask.reshape(req.bias if req.bias is not None else req.rule.shape)
     out, lse = kernel.forward(*(canon(x) for x in xs), req, mc)
     grads = None
     if dout is not None:

@@ -50,7 +50,11 @@ def _flat(x):
 def _reference(q, k, v, rule, sync, dout=None, mask=None):
     q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, k, v))
     req, _ = build_request(q64, k64, v64, rule if mask is None else mask, sync, None, "bhsd", False)
-    m = None if mask is None else np.asarray(mask).reshape(req.rule.shape)
+    m = (
+        None
+        if mask is None
+        else np.asarray(mask).reshape(req.bias if req.bias is not None else req.rule.shape)
+    )
     out, lse = ref.forward(_flat(q64), _flat(k64), _flat(v64), req, m)
     grads = None
     if dout is not None:

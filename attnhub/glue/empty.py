@@ -14,12 +14,13 @@ from typing import Any
 from attnhub.request import Request
 
 
-def connect(req: Request, out: Any, q: Any, k: Any, v: Any, mask: Any) -> Any:
-    """``out`` (zeros or empty) as a function of q, k, v and a float mask with zero gradients."""
+def connect(req: Request, out: Any, q: Any, k: Any, v: Any, mask: Any, *more: Any) -> Any:
+    """``out`` (zeros or empty) as a function of q, k, v, a float mask and ``more`` float arrays
+    (bias, sinks) with zero gradients."""
     if req.framework == "torch":
-        return _connect_torch(req, out, q, k, v, mask)
+        return _connect_torch(req, out, q, k, v, mask, more)
     if req.framework == "tensorflow":
-        return _connect_tf(out, q, k, v, mask)
+        return _connect_tf(out, q, k, v, mask, more)
     return out
 
 
@@ -29,13 +30,14 @@ def _float_mask(mask: Any, is_float: Any) -> Any:
     return mask
 
 
-def _connect_torch(req: Request, out: Any, q: Any, k: Any, v: Any, mask: Any) -> Any:
+def _connect_torch(req: Request, out: Any, q: Any, k: Any, v: Any, mask: Any, more: tuple) -> Any:
     import torch
 
     m = _float_mask(mask, torch.is_floating_point)
-    if not (req.needs_grad or req.mask_needs_grad):
+    if not (req.needs_grad or req.mask_needs_grad or req.bias_grad or req.sinks_grad):
         return out
     inputs = (q, k, v) if m is None else (q, k, v, m)
+    inputs += tuple(x for x in more if x is not None)
     return _Empty.apply(out, *inputs)
 
 
@@ -67,11 +69,12 @@ class _Lazy:
 _Empty = _Lazy()
 
 
-def _connect_tf(out: Any, q: Any, k: Any, v: Any, mask: Any) -> Any:
+def _connect_tf(out: Any, q: Any, k: Any, v: Any, mask: Any, more: tuple) -> Any:
     import tensorflow as tf
 
     m = _float_mask(mask, lambda x: x.dtype.is_floating)
     inputs = (q, k, v) if m is None else (q, k, v, m)
+    inputs += tuple(x for x in more if x is not None)
 
     @tf.custom_gradient
     def _empty(*xs: Any) -> Any:

@@ -8,6 +8,7 @@ An exception in the backend's ``backward`` reaches the caller as :class:`attnhub
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import tensorflow as tf
@@ -16,30 +17,53 @@ from attnhub.backend import takes_dlse
 from attnhub.request import Request
 
 
-def run_with_gradient(backend: Any, q: Any, k: Any, v: Any, req: Request, mask: Any) -> tuple[Any, Any]:
-    """Run ``backend.forward_for_grad`` so that a GradientTape calls ``backend.backward``."""
+def run_with_gradient(
+    backend: Any, q: Any, k: Any, v: Any, req: Request, mask: Any, operands: Any = None
+) -> tuple[Any, Any]:
+    """Run ``backend.forward_for_grad`` so that a GradientTape calls ``backend.backward``; a bias
+    and sinks (SPEC §9) are inputs of the gradient too and get the backward's dbias/dsinks."""
     from attnhub.api import backend_error, passes_through
 
     with_dlse = takes_dlse(backend)
+    extra = {}
+    if operands is not None:
+        extra = {n: getattr(operands, n) for n in ("bias", "sinks") if getattr(operands, n) is not None}
+    names = tuple(extra)
 
     @tf.custom_gradient
-    def _attend(q, k, v):
-        out, lse, saved = backend.forward_for_grad(q, k, v, req, mask)
+    def _attend(q, k, v, *more):
+        ops = None
+        if operands is not None:
+            ops = dataclasses.replace(operands, **dict(zip(names, more)))
+        kw = {} if ops is None else {"operands": ops}
+        out, lse, saved = backend.forward_for_grad(q, k, v, req, mask, **kw)
 
         def grad(dout, dlse=None):
             if dout is None:
                 dout = tf.zeros_like(out)
+            if with_dlse:
+                kw["dlse"] = dlse
             try:
-                if with_dlse:
-                    return backend.backward(q, k, v, saved, lse, dout, req, mask, dlse=dlse)
-                return backend.backward(q, k, v, saved, lse, dout, req, mask)
+                grads = backend.backward(q, k, v, saved, lse, dout, req, mask, **kw)
             except Exception as exc:
                 if passes_through(exc):
                     raise
                 raise backend_error(
                     backend.name, req, f"backward raised {type(exc).__name__}: {exc}"
                 ) from exc
+            grads = list(grads)
+            if ops is None:
+                return grads[:3]
+            found = {
+                "bias": grads[3] if len(grads) > 3 else None,
+                "sinks": grads[4] if len(grads) > 4 else None,
+            }
+            rest = []
+            for name, x in zip(names, more):
+                g = found[name]
+                rest.append(tf.zeros_like(x) if g is None else g)
+            return [*grads[:3], *rest]
 
         return (out, lse), grad
 
-    return _attend(q, k, v)
+    return _attend(q, k, v, *extra.values())

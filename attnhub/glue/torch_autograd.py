@@ -19,48 +19,69 @@ from attnhub.request import Request
 
 def call_backward(
     backend: Any, req: Request, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, mask: Any,
-    mask_grad: bool,
-) -> tuple[Any, Any, Any, Any]:  # fmt: skip
-    """``backend.backward`` as the glue calls it: (dq, dk, dv, dmask or None), errors named."""
+    mask_grad: bool, operands: Any = None,
+) -> tuple[Any, Any, Any, Any, Any]:  # fmt: skip
+    """``backend.backward`` as the glue calls it: (dq, dk, dv, dmask or dbias or None, dsinks or
+    None), errors named; a gradient the request asks for and the backend does not give is an
+    error, never a dropped gradient (SPEC §9)."""
     from attnhub.api import backend_error, passes_through
 
     name = getattr(backend, "name", type(backend).__name__)
     try:
-        grads = tuple(backend.backward(q, k, v, out, lse, dout.contiguous(), req, mask))
+        if operands is None:
+            grads = tuple(backend.backward(q, k, v, out, lse, dout.contiguous(), req, mask))
+        else:
+            grads = tuple(
+                backend.backward(q, k, v, out, lse, dout.contiguous(), req, mask, operands=operands)
+            )
     except Exception as exc:
         if passes_through(exc):
             raise
         raise backend_error(name, req, f"backward raised {type(exc).__name__}: {exc}") from exc
-    if len(grads) not in (3, 4):
-        raise backend_error(name, req, f"backward returned {len(grads)} gradients, expected 3 or 4")
-    dmask = grads[3] if len(grads) == 4 else None
-    if mask_grad and dmask is None:
-        raise backend_error(name, req, "gave no gradient for the mask, which requires grad")
-    return grads[0], grads[1], grads[2], dmask
+    if len(grads) not in (3, 4, 5):
+        raise backend_error(name, req, f"backward returned {len(grads)} gradients, expected 3, 4 or 5")
+    dbias = grads[3] if len(grads) >= 4 else None
+    dsinks = grads[4] if len(grads) == 5 else None
+    if (mask_grad or req.bias_grad) and dbias is None:
+        raise backend_error(name, req, "gave no gradient for the bias/float mask, which requires grad")
+    if req.sinks_grad and dsinks is None:
+        raise backend_error(name, req, "gave no gradient for sinks, which require grad")
+    return grads[0], grads[1], grads[2], dbias, dsinks
 
 
 class _AttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, backend, req, mask):  # type: ignore[override]
-        if any(ctx.needs_input_grad[:3]) or ctx.needs_input_grad[5]:
-            out, lse, saved = backend.forward_for_grad(q, k, v, req, mask)
+    def forward(ctx, q, k, v, mask, bias, sinks, backend, req, operands):  # type: ignore[override]
+        if operands is None:
+            if any(ctx.needs_input_grad[:4]):
+                out, lse, saved = backend.forward_for_grad(q, k, v, req, mask)
+            else:
+                out, lse = backend.forward(q, k, v, req, mask)
+                saved = out
         else:
-            out, lse = backend.forward(q, k, v, req, mask)
-            saved = out
+            out, lse, saved = backend.forward_for_grad(q, k, v, req, mask, operands=operands)
         ctx.save_for_backward(q, k, v, saved, lse)
-        ctx.backend, ctx.req, ctx.mask = backend, req, mask
+        ctx.backend, ctx.req, ctx.mask, ctx.operands = backend, req, mask, operands
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):  # type: ignore[override]
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv, dmask = call_backward(
-            ctx.backend, ctx.req, q, k, v, out, lse, dout, ctx.mask, ctx.needs_input_grad[5]
+        dq, dk, dv, dbias, dsinks = call_backward(
+            ctx.backend, ctx.req, q, k, v, out, lse, dout, ctx.mask, ctx.needs_input_grad[3], ctx.operands
         )
-        return dq, dk, dv, None, None, dmask
+        dmask = dbias if ctx.needs_input_grad[3] else None
+        dbias = dbias if ctx.needs_input_grad[4] else None
+        dsinks = dsinks if ctx.needs_input_grad[5] else None
+        return dq, dk, dv, dmask, dbias, dsinks, None, None, None
 
 
-def run_with_autograd(backend: Any, q: Any, k: Any, v: Any, req: Request, mask: Any) -> tuple[Any, Any]:
-    """Run ``backend.forward`` so that torch autograd calls ``backend.backward``."""
-    return _AttentionFunction.apply(q, k, v, backend, req, mask)
+def run_with_autograd(
+    backend: Any, q: Any, k: Any, v: Any, req: Request, mask: Any, operands: Any = None
+) -> tuple[Any, Any]:
+    """Run ``backend.forward`` so that torch autograd calls ``backend.backward``; a legacy float
+    mask, a bias and sinks that require grad get their gradients."""
+    bias = None if operands is None else operands.bias
+    sinks = None if operands is None else operands.sinks
+    return _AttentionFunction.apply(q, k, v, mask, bias, sinks, backend, req, operands)

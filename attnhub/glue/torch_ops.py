@@ -74,6 +74,16 @@ def _stand_in(shape: tuple[int, ...], dtype: Any, device: Any, grad: bool) -> to
     return t.requires_grad_() if grad else t
 
 
+@torch._dynamo.disable
+def eager_call(q, k, v, mask, sync, scale, layout, backend, return_lse, extras) -> Any:
+    """A call with SPEC §9-§11 arguments under torch.compile: run eagerly (a graph break) until
+    the custom ops take those arguments (docs/semantics.md)."""
+    from attnhub.api import _plan
+
+    plan = _plan(q, k, v, mask, sync, scale, layout, return_lse, backend, extras)
+    return plan.execute(q, k, v, mask, extras)
+
+
 @torch._dynamo.assume_constant_result
 def _decide(
     qm: tuple, km: tuple, vm: tuple, mask: Any, sync: Any, scale: Any, layout: Any, return_lse: Any,
@@ -89,6 +99,8 @@ def _decide(
             if isinstance(m, str) and m.startswith("local:"):
                 m = decode_rule(m)
             req, _ = build_request(q, k, v, m, sync, scale, layout, return_lse)
+            if req.bias is not None:  # a float mask: the ops pass it in the legacy form
+                req = req.legacy_additive()
         check_backend_arg(backend)
         chosen = DISPATCHER.choose(req, backend)
         if needs_grad and getattr(chosen, "backward_by_autograd", False):
@@ -219,6 +231,8 @@ def _op_plan(
     )  # fmt: skip
     arg = mask if rule == "mask" else decode_rule(rule)
     req, _ = build_request(*views, arg, sync, scale, "bhsd", return_lse)
+    if req.bias is not None:  # a float mask: the op passes it as ``mask`` (the legacy form)
+        req = req.legacy_additive()
     mask_grad = mask_grad and isinstance(req.rule, ExplicitMask) and req.rule.kind == "additive"
     req = dataclasses.replace(req, needs_grad=needs_grad, mask_needs_grad=mask_grad)
     plan = (req, DISPATCHER.choose(req, backend))
@@ -305,7 +319,7 @@ def _attention_backward_op(
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dmask
     token = INSIDE.set(True)
     try:
-        dq, dk, dv, dmask = call_backward(be, req, q, k, v, out, lse, dout, mask, req.mask_needs_grad)
+        dq, dk, dv, dmask, _ = call_backward(be, req, q, k, v, out, lse, dout, mask, req.mask_needs_grad)
     finally:
         INSIDE.reset(token)
     if dmask is None or not req.mask_needs_grad:

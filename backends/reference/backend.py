@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import numpy as np
 
 from attnhub.backend import Backend
 from attnhub.frameworks import adapter_for
+from attnhub.operands import Operands
 from attnhub.request import Request
+from attnhub.rules import ExplicitMask, Full
 from attnhub_backends.reference import kernel
 
 
@@ -20,8 +23,12 @@ class ReferenceBackend(Backend):
     frameworks: ClassVar[tuple[str, ...]] = ("numpy", "torch", "tensorflow", "jax")
     device_types: ClassVar[tuple[str, ...]] = ("cpu",)
     features: ClassVar[frozenset[str]] = frozenset(
-        {"1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward", "deterministic"}
-    )
+        {
+            "1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward",
+            "deterministic", "bias", "dbias", "softcap", "sinks", "lengths", "varlen", "paged", "offsets",
+        }
+    )  # fmt: skip
+    reads_additive_mask: ClassVar[bool] = True
 
     def version(self) -> str:
         return f"numpy {np.__version__}"
@@ -32,15 +39,27 @@ class ReferenceBackend(Backend):
                 "needs concrete arrays; the inputs are traced (jax.jit / tf.function): "
                 f"use the {'jax' if req.framework == 'jax' else 'tf'} backend"
             ]
+        if req.framework == "jax" and (req.bias_grad or req.sinks_grad):
+            return [
+                "needs concrete arrays; jax.grad traces the bias/sinks it differentiates: use the jax backend"
+            ]
         return []
 
-    def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
+    def forward(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
+    ) -> tuple[Any, Any]:
         ad = adapter_for(q)
         arrays = [ad.to_numpy(x) for x in (q, k, v)]
         m = None if mask is None else adapter_for(mask).to_numpy(mask)
-        out, lse = kernel.forward(*arrays, req, m)
+        out, lse = kernel.forward(*arrays, req, m, _numpy_ops(operands))
         lse_dtype = "float64" if req.dtype == "float64" else "float32"
         return ad.from_numpy(out, req.dtype, q), ad.from_numpy(lse, lse_dtype, q)
+
+    def forward_for_grad(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
+    ) -> tuple[Any, Any, Any]:
+        out, lse = self.forward(q, k, v, req, mask, operands)
+        return out, lse, out
 
     def backward(
         self,
@@ -53,10 +72,38 @@ class ReferenceBackend(Backend):
         req: Request,
         mask: Any = None,
         dlse: Any = None,
-    ) -> tuple[Any, Any, Any]:
+        operands: Any = None,
+    ) -> tuple[Any, ...]:
         ad = adapter_for(q)
+        legacy = isinstance(req.rule, ExplicitMask) and req.rule.kind == "additive"
+        if legacy and req.mask_needs_grad:  # the legacy form of a bias that requires grad
+            req = dataclasses.replace(
+                req, rule=Full(), bias=req.rule.shape, bias_grad=True, mask_needs_grad=False
+            )
+            operands, mask = Operands(bias=mask), None
         arrays = [ad.to_numpy(x) for x in (q, k, v, dout)]
         m = None if mask is None else adapter_for(mask).to_numpy(mask)
         dl = None if dlse is None else adapter_for(dlse).to_numpy(dlse)
-        grads = kernel.backward(*arrays, req, m, dl)
-        return tuple(ad.from_numpy(g, req.dtype, q) for g in grads)  # type: ignore[return-value]
+        ops = _numpy_ops(operands)
+        grads = kernel.backward(*arrays, req, m, dl, ops)
+        result = [ad.from_numpy(g, req.dtype, q) for g in grads[:3]]
+        if operands is None:
+            return tuple(result)
+        dbias = dsinks = None
+        if req.bias_grad and grads[3] is not None:
+            dbias = _like(grads[3], operands.bias)
+        if req.sinks_grad and grads[4] is not None:
+            dsinks = _like(grads[4], operands.sinks)
+        if legacy:
+            return (*result, dbias)
+        return (*result, dbias, dsinks)
+
+
+def _numpy_ops(operands: Any) -> Any:
+    return kernel.backend_ops(operands, lambda x: adapter_for(x, "operand").to_numpy(x))
+
+
+def _like(g: np.ndarray, x: Any) -> Any:
+    """``g`` as an array of ``x``'s framework, dtype and device."""
+    ad = adapter_for(x, "operand")
+    return ad.from_numpy(g, ad.dtype_name(x), x)

@@ -1,18 +1,24 @@
 """Blockwise float64 attention and its analytic backward in NumPy: the oracle of every backend.
 
 Queries are processed in blocks so that memory is O(block x Nk), never O(Nq x Nk); within a block
-only the key columns between the first and last attended key are touched.
+only the key columns between the first and last attended key are touched. SPEC §9 modifiers
+(softcap, bias, sinks) and §11 offsets are applied per block; §10 ragged requests (lengths,
+packed sequences, paged caches) are split into one dense problem per batch entry or sequence
+(:mod:`segments`), each exactly the request SPEC §10 says it is.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
 from attnhub.positions import grid_positions, rule_mask
 from attnhub.request import Request
 from attnhub.rules import ExplicitMask, Full
+from attnhub_backends.reference import segments
 
 #: Bytes of float64 logits one query block may hold (per temporary).
 BLOCK_BYTES = 1 << 25
@@ -24,7 +30,7 @@ def _query_blocks(req: Request) -> int:
 
 
 class _Block:
-    """One block of queries: its rows, the key columns it touches and the logits there."""
+    """One block of queries: its rows, the key columns it touches and the rule's mask there."""
 
     def __init__(self, rows: slice, lo: int, hi: int, keep: np.ndarray) -> None:
         self.rows, self.lo, self.hi, self.keep = rows, lo, hi, keep
@@ -32,6 +38,9 @@ class _Block:
 
 def _blocks(req: Request) -> Iterator[_Block]:
     pq, pk, fq, fk = grid_positions(req.seq_q, req.seq_k, req.sync)
+    if req.q_offset or req.k_offset:  # SPEC §11 (1-d: the flat index is the position)
+        pq, fq = [pq[0] + req.q_offset], fq + req.q_offset
+        pk, fk = [pk[0] + req.k_offset], fk + req.k_offset
     rule = Full() if isinstance(req.rule, ExplicitMask) else req.rule
     bq = _query_blocks(req)
     for start in range(0, req.nq, bq):
@@ -45,34 +54,64 @@ def _blocks(req: Request) -> Iterator[_Block]:
         yield _Block(rows, lo, hi, keep[:, lo:hi])
 
 
-def _mask_block(mask: np.ndarray, req: Request, blk: _Block) -> np.ndarray:
-    """The explicit mask restricted to a block, shaped (b, Hkv|1, G|1, rows, cols) for broadcasting."""
-    mb, mh, mq, mk = mask.shape
-    m = mask[:, :, blk.rows if mq > 1 else slice(None), blk.lo : blk.hi if mk > 1 else None]
+def _restrict(a: np.ndarray, req: Request, blk: _Block) -> np.ndarray:
+    """A rank-4 broadcastable array (mask or bias) restricted to a block, shaped
+    (b, Hkv|1, G|1, rows, cols) for broadcasting against the grouped logits."""
+    mb, mh, mq, mk = a.shape
+    m = a[:, :, blk.rows if mq > 1 else slice(None), blk.lo : blk.hi if mk > 1 else None]
     if mh > 1:
         return m.reshape(mb, req.heads_kv, req.group, m.shape[2], m.shape[3])
     return m.reshape(mb, 1, 1, m.shape[2], m.shape[3])
 
 
-def _logits(qg, k64, req: Request, blk: _Block, mask):
-    """Masked float64 logits of a block, shape (B, Hkv, G, rows, cols)."""
+@dataclasses.dataclass
+class _Mods:
+    """The float64 NumPy modifiers of one dense problem."""
+
+    mask: np.ndarray | None = None  # bool (or legacy additive) rank 4
+    bias: np.ndarray | None = None  # float64 rank 4
+    sinks: np.ndarray | None = None  # float64 (Hq,)
+
+
+def _logits(qg, k64, req: Request, blk: _Block, mods: _Mods):
+    """Masked float64 logits of a block, shape (B, Hkv, G, rows, cols), and the softcap's
+    derivative factor ``1 - tanh²`` (None without softcap)."""
     s = (qg[:, :, :, blk.rows, :] @ np.swapaxes(k64[:, :, :, blk.lo : blk.hi, :], -1, -2)) * req.scale
+    dcap = None
+    if req.softcap is not None:
+        th = np.tanh(s / req.softcap)
+        s, dcap = req.softcap * th, 1.0 - th * th
     keep = blk.keep
-    if mask is not None:
-        part = _mask_block(mask, req, blk)
-        if req.rule.kind == "bool":
+    if mods.mask is not None:
+        part = _restrict(mods.mask, req, blk)
+        if part.dtype == bool:
             keep = keep & part
-        else:
+        else:  # the legacy form of a bias (rule ExplicitMask "additive")
             s = s + part.astype(np.float64)
-    return np.where(keep, s, -np.inf)
+    if mods.bias is not None:
+        s = s + _restrict(mods.bias, req, blk)
+    return np.where(keep, s, -np.inf), dcap
 
 
-def _softmax_parts(s):
-    """Unnormalised probabilities, row sums and row maxima, safe for fully masked rows."""
-    m = s.max(axis=-1, keepdims=True)
+def _sink_logits(req: Request, mods: _Mods) -> np.ndarray | None:
+    """Sinks shaped (1, Hkv, G, 1, 1) to join every row's softmax, or None."""
+    if mods.sinks is None:
+        return None
+    return mods.sinks.reshape(1, req.heads_kv, req.group, 1, 1)
+
+
+def _softmax_parts(s, sink):
+    """Unnormalised probabilities, row sums (the sink's share included) and row maxima, safe for
+    fully masked rows."""
+    m = s.max(axis=-1, keepdims=True) if s.shape[-1] else np.full(s.shape[:-1] + (1,), -np.inf)
+    if sink is not None:
+        m = np.maximum(m, sink)
     m_safe = np.where(m == -np.inf, 0.0, m)
     p = np.exp(s - m_safe)
-    return p, p.sum(axis=-1, keepdims=True), m_safe
+    l = p.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        l = l + np.exp(sink - m_safe)
+    return p, l, m_safe
 
 
 def _grouped(q: np.ndarray, req: Request) -> np.ndarray:
@@ -83,41 +122,79 @@ def _kv(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float64)[:, :, None]
 
 
-def forward(q, k, v, req: Request, mask=None) -> tuple[np.ndarray, np.ndarray]:
-    """(out, lse) in float64 for canonical NumPy inputs (see attnhub.backend)."""
+def _mods(req: Request, mask, ops) -> _Mods:
+    bias = None if ops is None else ops.bias
+    if req.bias is not None and bias is None and mask is not None:
+        bias, mask = mask, None  # a caller passing the bias as ``mask`` (as before SPEC §9)
+    sinks = None if ops is None else ops.sinks
+    return _Mods(
+        mask=None if mask is None else np.asarray(mask),
+        bias=None if bias is None else np.asarray(bias, dtype=np.float64),
+        sinks=None if sinks is None else np.asarray(sinks, dtype=np.float64),
+    )
+
+
+def forward(q, k, v, req: Request, mask=None, ops=None) -> tuple[np.ndarray, np.ndarray]:
+    """(out, lse) in float64 for canonical NumPy inputs (see attnhub.backend); ``ops`` holds the
+    §9-§11 arrays as NumPy (an :class:`attnhub.operands.Operands`)."""
+    mods = _mods(req, mask, ops)
+    if req.ragged:
+        return segments.forward(_dense_forward, q, k, v, req, mods, ops)
+    return _dense_forward(q, k, v, req, mods)
+
+
+def _dense_forward(q, k, v, req: Request, mods: _Mods) -> tuple[np.ndarray, np.ndarray]:
     qg, k64, v64 = _grouped(q, req), _kv(k), _kv(v)
+    sink = _sink_logits(req, mods)
     out = np.zeros((req.batch, req.heads_kv, req.group, req.nq, req.dim_v))
     lse = np.full((req.batch, req.heads_kv, req.group, req.nq), -np.inf)
+    if sink is not None:
+        lse[...] = sink[..., 0]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         for blk in _blocks(req):
             if blk.hi == blk.lo:
                 continue
-            s = _logits(qg, k64, req, blk, mask)
-            p, l, m = _softmax_parts(s)
+            s, _ = _logits(qg, k64, req, blk, mods)
+            p, l, m = _softmax_parts(s, sink)
             pv = p @ v64[:, :, :, blk.lo : blk.hi, :]
             out[:, :, :, blk.rows, :] = np.where(l == 0, 0.0, pv / l)
-            lse[:, :, :, blk.rows] = (m + np.log(l))[..., 0]
+            lse[:, :, :, blk.rows] = np.where(l == 0, -np.inf, m + np.log(l))[..., 0]
     shape = (req.batch, req.heads_q, req.nq)
     return out.reshape(*shape, req.dim_v), lse.reshape(shape)
 
 
-def backward(q, k, v, dout, req: Request, mask=None, dlse=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(dq, dk, dv) in float64; the forward is recomputed exactly in float64 per block.
+def backward(q, k, v, dout, req: Request, mask=None, dlse=None, ops=None) -> tuple:
+    """(dq, dk, dv) in float64, or (dq, dk, dv, dbias, dsinks) when ``ops`` is given (None for
+    a gradient the request does not have); the forward is recomputed exactly per block.
 
     ``dlse`` (B, Hq, Nq), when given, is the upstream gradient of lse: dS = P * (dP - rowsum(dO·O) + dlse).
     """
+    mods = _mods(req, mask, ops)
+    if req.ragged:
+        grads = segments.backward(_dense_backward, q, k, v, dout, req, mods, ops, dlse)
+    else:
+        grads = _dense_backward(q, k, v, dout, req, mods, dlse)
+    return grads if ops is not None else grads[:3]
+
+
+def _dense_backward(q, k, v, dout, req: Request, mods: _Mods, dlse=None) -> tuple:
     qg, k64, v64 = _grouped(q, req), _kv(k), _kv(v)
     dog = _grouped(dout, req)
     dlg = None if dlse is None else _grouped(np.asarray(dlse)[..., None], req)
+    sink = _sink_logits(req, mods)
     dq = np.zeros_like(qg)
     dk = np.zeros((req.batch, req.heads_kv, req.nk, req.dim_qk))
     dv = np.zeros((req.batch, req.heads_kv, req.nk, req.dim_v))
+    dbias = None if mods.bias is None else np.zeros(mods.bias.shape)
+    dsinks = None if sink is None else np.zeros((req.batch, req.heads_kv, req.group))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        covered = np.zeros(req.nq, dtype=bool)
         for blk in _blocks(req):
             if blk.hi == blk.lo:
                 continue
-            s = _logits(qg, k64, req, blk, mask)
-            p, l, _ = _softmax_parts(s)
+            covered[blk.rows] = True
+            s, dcap = _logits(qg, k64, req, blk, mods)
+            p, l, m = _softmax_parts(s, sink)
             p = np.where(l == 0, 0.0, p / l)
             vb = v64[:, :, :, blk.lo : blk.hi, :]
             kb = k64[:, :, :, blk.lo : blk.hi, :]
@@ -127,8 +204,43 @@ def backward(q, k, v, dout, req: Request, mask=None, dlse=None) -> tuple[np.ndar
             delta = (do * o).sum(axis=-1, keepdims=True)
             if dlg is not None:
                 delta = delta - dlg[:, :, :, blk.rows, :]
-            ds = p * (dp - delta) * req.scale
-            dq[:, :, :, blk.rows, :] = ds @ kb
-            dk[:, :, blk.lo : blk.hi, :] += (np.swapaxes(ds, -1, -2) @ qg[:, :, :, blk.rows, :]).sum(axis=2)
+            ds = p * (dp - delta)  # dL/ds: the gradient of the biased logits
+            if sink is not None:
+                p_sink = np.where(l == 0, 0.0, np.exp(sink - m) / l)
+                dsinks += (-(p_sink * delta)[..., 0]).sum(axis=-1)
+            if dbias is not None:
+                _accumulate_bias(dbias, ds, req, blk)
+            dt = ds if dcap is None else ds * dcap
+            dt = dt * req.scale
+            dq[:, :, :, blk.rows, :] = dt @ kb
+            dk[:, :, blk.lo : blk.hi, :] += (np.swapaxes(dt, -1, -2) @ qg[:, :, :, blk.rows, :]).sum(axis=2)
             dv[:, :, blk.lo : blk.hi, :] += (np.swapaxes(p, -1, -2) @ do).sum(axis=2)
-    return dq.reshape(req.batch, req.heads_q, req.nq, req.dim_qk), dk, dv
+        if sink is not None and dlg is not None and not covered.all():
+            # Rows no key reaches (lse = sink): d lse / d sink = 1.
+            dsinks += dlg[:, :, :, ~covered, 0].sum(axis=-1)
+    dsinks_hq = None if dsinks is None else dsinks.reshape(req.batch, req.heads_q).sum(axis=0)
+    return dq.reshape(req.batch, req.heads_q, req.nq, req.dim_qk), dk, dv, dbias, dsinks_hq
+
+
+def _accumulate_bias(dbias: np.ndarray, ds: np.ndarray, req: Request, blk: _Block) -> None:
+    """Add a block's dL/ds (B, Hkv, G, rows, cols) into ``dbias`` (the bias's rank-4 shape),
+    summed over the bias's broadcast dimensions."""
+    g = ds.reshape(req.batch, req.heads_q, ds.shape[3], ds.shape[4])
+    mb, mh, mq, mk = dbias.shape
+    axes = tuple(a for a, n in enumerate((mb, mh, mq, mk)) if n == 1 and g.shape[a] != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    rows = blk.rows if mq > 1 else slice(None)
+    cols = slice(blk.lo, blk.hi) if mk > 1 else slice(None)
+    dbias[:, :, rows, cols] += g
+
+
+def backend_ops(ops: Any, to_numpy) -> Any:
+    """``ops`` (an :class:`attnhub.operands.Operands` of framework arrays) as NumPy."""
+    if ops is None:
+        return None
+    conv = {f.name: getattr(ops, f.name) for f in dataclasses.fields(ops)}
+    for name, x in conv.items():
+        if x is not None and not isinstance(x, (int, np.ndarray)):
+            conv[name] = to_numpy(x)
+    return type(ops)(**conv)

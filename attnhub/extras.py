@@ -1,0 +1,295 @@
+"""SPEC §9-§12: the arguments beyond q, k, v and mask, validated into request fields and operands.
+
+:func:`parse` turns the caller's ``bias``, ``softcap``, ``sinks``, ``q_lengths``, ``k_lengths``,
+``padding_side``, ``q_offset`` and ``k_offset`` into the hashable request fields (what dispatch
+depends on) and an :class:`attnhub.operands.Operands` builder (the arrays, canonical and on the
+inputs' device). Values that live in arrays (lengths, cu_seqlens, block tables) are checked on every
+call where they can be read without stopping a trace or a CUDA graph capture (docs/semantics.md).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from attnhub.errors import SpecError
+from attnhub.frameworks import FLOAT_DTYPES, Adapter, adapter_for
+from attnhub.operands import Operands
+
+PADDING_SIDES = ("right", "left")
+
+
+@dataclass(frozen=True)
+class Extras:
+    """The caller's §9-§11 arguments of one ``attention`` call, as given."""
+
+    bias: Any = None
+    softcap: Any = None
+    sinks: Any = None
+    q_lengths: Any = None
+    k_lengths: Any = None
+    padding_side: Any = "right"
+    q_offset: Any = 0
+    k_offset: Any = 0
+    # attention_varlen / attention_kvcache only (see attnhub.ragged)
+    cu_seqlens_q: Any = None
+    cu_seqlens_k: Any = None
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+    block_table: Any = None
+    paged: int = 0
+
+    @property
+    def given(self) -> bool:
+        return not (
+            self.bias is None and self.softcap is None and self.sinks is None and self.q_lengths is None
+            and self.k_lengths is None and self.padding_side == "right" and _zero(self.q_offset)
+            and _zero(self.k_offset)
+        )  # fmt: skip
+
+    def key(self, ad: Adapter) -> tuple:
+        """A hashable key of everything the request depends on (never the lengths' values)."""
+        return (
+            _array_key(self.bias), self.softcap, type(self.softcap), _array_key(self.sinks),
+            _lengths_key(self.q_lengths), _lengths_key(self.k_lengths), self.padding_side,
+            self.q_offset, type(self.q_offset), self.k_offset, type(self.k_offset),
+            _lengths_key(self.cu_seqlens_q), _lengths_key(self.cu_seqlens_k), self.paged,
+            _lengths_key(self.block_table),
+        )  # fmt: skip
+
+
+NONE = Extras()
+
+
+def _zero(x: Any) -> bool:
+    return type(x) is int and x == 0
+
+
+def _array_key(x: Any) -> Any:
+    if x is None:
+        return None
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        ad = adapter_for(x, "bias")
+        return (ad.mask_key(x), ad.mask_needs_grad(x))
+    raise TypeError  # not an array: validated (and rejected) without the cache
+
+
+def _lengths_key(x: Any) -> Any:
+    if x is None:
+        return None
+    if isinstance(x, (list, tuple)):
+        return (type(x), len(x))
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return (type(x), tuple(x.shape), str(x.dtype), str(getattr(x, "device", "")))
+    raise TypeError
+
+
+def int_arg(name: str, x: Any) -> int:
+    """``x`` as a Python int; SpecError for a bool, a float or a non-number (SPEC §12)."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+        raise SpecError(name, "an int (not a bool or float)", x)
+    return int(x)
+
+
+def softcap_float(x: Any) -> float | None:
+    """``softcap`` as a finite float > 0, or None."""
+    if x is None:
+        return None
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
+        raise SpecError("softcap", "None or a finite float > 0", x)
+    value = float(x)
+    if not math.isfinite(value) or value <= 0:
+        raise SpecError("softcap", "None or a finite float > 0", x)
+    return value
+
+
+@dataclass(frozen=True)
+class Fields:
+    """The request fields of :class:`Extras`, plus how to build the operands."""
+
+    bias: tuple[int, int, int, int] | None
+    bias_grad: bool
+    softcap: float | None
+    sinks: bool
+    sinks_grad: bool
+    q_lengths: bool
+    k_lengths: bool
+    padding_side: str
+    q_offset: int
+    k_offset: int
+    varlen: bool
+    paged: int
+
+    def as_dict(self) -> dict:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+def parse(
+    ex: Extras, ad: Adapter, q: Any, batch: int, hq: int, nq: int, nk: int, ndim: int, sync: str,
+    device: str, dtype: str, from_mask: bool = False,
+) -> Fields:  # fmt: skip
+    """Validate ``ex`` against the call (SPEC §9-§12) and return its request fields."""
+    softcap = softcap_float(ex.softcap)
+    q_offset = int_arg("q_offset", ex.q_offset)
+    k_offset = int_arg("k_offset", ex.k_offset)
+    if not isinstance(ex.padding_side, str) or ex.padding_side not in PADDING_SIDES:
+        raise SpecError("padding_side", '"right" or "left"', ex.padding_side)
+    ragged = ex.q_lengths is not None or ex.k_lengths is not None
+    if ndim != 1:
+        for name, used in (
+            ("q_lengths", ex.q_lengths is not None), ("k_lengths", ex.k_lengths is not None),
+            ("q_offset", q_offset != 0), ("k_offset", k_offset != 0),
+        ):  # fmt: skip
+            if used:
+                raise SpecError(name, "only with 1-d sequences (SPEC §10-§11)", "a 2-d sequence")
+    if (q_offset or k_offset) and sync != "none_front":
+        raise SpecError("sync", "none_front with q_offset/k_offset (SPEC §11)", sync)
+    bias_shape, bias_grad = None, False
+    if ex.bias is not None:
+        name = "mask" if from_mask else "bias"
+        bias_shape = check_float_array(name, ex.bias, ad, device, dtype, (batch, hq, nq, nk), from_mask)
+        bias_grad = adapter_for(ex.bias, "bias").mask_needs_grad(ex.bias)
+    sinks_grad = False
+    if ex.sinks is not None:
+        shape = check_float_array("sinks", ex.sinks, ad, device, dtype, None)
+        if shape != (hq,):
+            raise SpecError("sinks.shape", f"({hq},) (one logit per query head)", shape)
+        sinks_grad = adapter_for(ex.sinks, "sinks").mask_needs_grad(ex.sinks)
+    for name, x in (("q_lengths", ex.q_lengths), ("k_lengths", ex.k_lengths)):
+        if x is not None:
+            check_int_array(name, x, ad, (batch,))
+    varlen = ex.cu_seqlens_q is not None
+    return Fields(
+        bias=bias_shape, bias_grad=bias_grad, softcap=softcap, sinks=ex.sinks is not None,
+        sinks_grad=sinks_grad, q_lengths=ex.q_lengths is not None, k_lengths=ex.k_lengths is not None,
+        padding_side=ex.padding_side if ragged else "right", q_offset=q_offset, k_offset=k_offset,
+        varlen=varlen, paged=ex.paged,
+    )  # fmt: skip
+
+
+def check_float_array(
+    name: str,
+    x: Any,
+    ad: Adapter,
+    device: str,
+    dtype: str,
+    target: tuple[int, ...] | None,
+    any_float: bool = False,
+) -> tuple[int, ...]:
+    """A float array of q's framework and device, float32 or q's dtype (any float dtype with
+    ``any_float``: a float ``mask`` keeps its meaning); with ``target`` it must broadcast to it and
+    its rank-4 (left-padded) shape is returned, else its shape."""
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise SpecError(name, f"a {ad.name} array", x)
+    xad = adapter_for(x, name)
+    if xad.name != ad.name:
+        raise SpecError(name, f"a {ad.name} array like q", f"a {xad.name} array")
+    why = xad.dense_problem(x)
+    if why is not None:
+        raise SpecError(name, f"a dense {ad.name} array", why)
+    if xad.is_concrete(x) and xad.device(x) != device:
+        raise SpecError(f"{name}.device", device, xad.device(x))
+    dt = xad.dtype_name(x)
+    if dt not in FLOAT_DTYPES or not (any_float or dt in ("float32", dtype)):
+        raise SpecError(f"{name}.dtype", f"float32 or {dtype} (the dtype of q)", dt)
+    shape = tuple(int(d) for d in xad.shape(x))
+    if target is None:
+        return shape
+    if len(shape) > 4:
+        raise SpecError(f"{name}.shape", f"broadcastable to (B, Hq, Nq, Nk) = {target}", shape)
+    full = (1,) * (4 - len(shape)) + shape
+    for have, want in zip(full, target, strict=True):
+        if have not in (1, want):
+            raise SpecError(f"{name}.shape", f"broadcastable to (B, Hq, Nq, Nk) = {target}", shape)
+    return full  # type: ignore[return-value]
+
+
+def check_int_array(name: str, x: Any, ad: Adapter, shape: tuple[int, ...] | None) -> None:
+    """An integer array (any framework, or a Python sequence of ints) of ``shape``."""
+    if isinstance(x, (list, tuple)):
+        if any(isinstance(i, (bool, np.bool_)) or not isinstance(i, numbers.Integral) for i in x):
+            raise SpecError(name, "a sequence of ints", x)
+        found: tuple[int, ...] = (len(x),)
+    elif hasattr(x, "shape") and hasattr(x, "dtype"):
+        dt = str(x.dtype).removeprefix("torch.").removeprefix("<dtype: '").removesuffix("'>")
+        if not any(dt.startswith(p) for p in ("int", "uint")):
+            raise SpecError(f"{name}.dtype", "an integer dtype", dt)
+        found = tuple(int(d) for d in x.shape)
+    else:
+        raise SpecError(name, "an integer array or a sequence of ints", x)
+    if shape is not None and found != shape:
+        raise SpecError(f"{name}.shape", str(shape), found)
+
+
+def host_values(x: Any) -> np.ndarray | None:
+    """The integer values of ``x`` as NumPy, or None when reading them would stop a trace or a
+    CUDA graph capture (then kernels clamp instead, docs/semantics.md)."""
+    if isinstance(x, (list, tuple)):
+        return np.asarray(x, dtype=np.int64)
+    mod = type(x).__module__.split(".", 1)[0]
+    if mod == "torch":
+        torch = sys.modules["torch"]
+        if torch.compiler.is_compiling():
+            return None
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return None
+        return x.detach().cpu().numpy().astype(np.int64)
+    ad = adapter_for(x, "lengths")
+    if not ad.is_concrete(x):
+        return None
+    return np.asarray(ad.to_numpy(x)).astype(np.int64)
+
+
+def check_range(name: str, x: Any, hi: int) -> None:
+    """``0 <= x <= hi`` elementwise (where the values can be read)."""
+    vals = host_values(x)
+    if vals is not None and vals.size and (vals.min() < 0 or vals.max() > hi):
+        raise SpecError(name, f"values in [0, {hi}]", f"values in [{vals.min()}, {vals.max()}]")
+
+
+def int32_like(x: Any, like: Any) -> Any:
+    """``x`` (ints of any framework or a Python sequence) as an int32 array on ``like``'s device
+    in ``like``'s framework; no copy when it already is one."""
+    mod = type(like).__module__.split(".", 1)[0]
+    if mod == "torch":
+        torch = sys.modules["torch"]
+        if isinstance(x, torch.Tensor) and x.dtype == torch.int32 and x.device == like.device:
+            return x
+        return torch.as_tensor(np.asarray(x) if isinstance(x, (list, tuple)) else x).to(
+            device=like.device, dtype=torch.int32
+        )
+    if mod == "tensorflow":
+        tf = sys.modules["tensorflow"]
+        return tf.cast(x if tf.is_tensor(x) else tf.convert_to_tensor(np.asarray(x)), tf.int32)
+    if mod in ("jax", "jaxlib"):
+        jnp = sys.modules["jax.numpy"]
+        return jnp.asarray(x, dtype=jnp.int32)
+    return np.asarray(x if not hasattr(x, "numpy") else x.numpy(), dtype=np.int32)
+
+
+def operands_for(ex: Extras, ad: Adapter, q: Any, req: Any) -> Operands:
+    """The canonical operands of one call (lengths checked against the request's sizes)."""
+    bias = None
+    if ex.bias is not None:
+        bias = adapter_for(ex.bias, "bias").reshape(ex.bias, req.bias)
+    ql = kl = None
+    if ex.q_lengths is not None:
+        check_range("q_lengths", ex.q_lengths, req.nq)
+        ql = int32_like(ex.q_lengths, q)
+    if ex.k_lengths is not None:
+        check_range("k_lengths", ex.k_lengths, req.nk)
+        kl = int32_like(ex.k_lengths, q)
+    cq = ck = table = None
+    if ex.cu_seqlens_q is not None:
+        cq, ck = int32_like(ex.cu_seqlens_q, q), int32_like(ex.cu_seqlens_k, q)
+    if ex.block_table is not None:
+        table = int32_like(ex.block_table, q)
+    return Operands(
+        bias=bias, sinks=ex.sinks, q_lengths=ql, k_lengths=kl, cu_seqlens_q=cq, cu_seqlens_k=ck,
+        max_seqlen_q=ex.max_seqlen_q, max_seqlen_k=ex.max_seqlen_k, block_table=table,
+    )  # fmt: skip

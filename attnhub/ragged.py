@@ -1,0 +1,213 @@
+"""SPEC §10 entry points: ``attention_varlen`` (packed sequences) and ``attention_kvcache``.
+
+Both reduce to the core's request and plan: packed sequences are the "thd" arrays viewed as a
+batch of one in layout "bshd" with ``cu_seqlens`` as operands; a contiguous KV cache is exactly
+``attention(..., sync="none_end", k_lengths=...)``; a paged cache reaches backends declaring
+"paged" raw, with the block table as an operand.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+import numpy as np
+
+from attnhub.dispatch import CACHE, DISPATCHER, override_state
+from attnhub.errors import SpecError
+from attnhub.extras import Extras, check_int_array, host_values, int_arg
+from attnhub.frameworks import adapter_for
+from attnhub.request import build_request_ex, check_backend_arg
+
+
+def _int32_array(name: str, x: Any, ndim: int) -> tuple[int, ...]:
+    """``x`` must be an int32 array (any framework) of rank ``ndim``; returns its shape."""
+    if isinstance(x, (list, tuple)) or not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise SpecError(name, "an int32 array", type(x).__name__)
+    dt = str(x.dtype).removeprefix("torch.").removeprefix("<dtype: '").removesuffix("'>")
+    if dt != "int32":
+        raise SpecError(f"{name}.dtype", "int32", dt)
+    shape = tuple(int(d) for d in x.shape)
+    if len(shape) != ndim:
+        raise SpecError(f"{name}.shape", f"rank {ndim}", shape)
+    return shape
+
+
+def _check_cu_seqlens(name: str, cu: Any, total: int) -> int:
+    """SPEC §12: from 0, non-decreasing, ending at ``total``; returns the longest sequence (or
+    ``total`` where the values cannot be read)."""
+    (n,) = _int32_array(name, cu, 1)
+    if n < 1:
+        raise SpecError(f"{name}.shape", "(N + 1,) with N >= 0", (n,))
+    vals = host_values(cu)
+    if vals is None:
+        return total
+    if vals[0] != 0:
+        raise SpecError(name, "starting at 0", int(vals[0]))
+    if np.any(np.diff(vals) < 0):
+        raise SpecError(name, "non-decreasing", vals.tolist())
+    if vals[-1] != total:
+        raise SpecError(name, f"ending at the total length {total}", int(vals[-1]))
+    return int(np.diff(vals).max()) if n > 1 else 0
+
+
+def attention_varlen(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    *,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    mask: Any = None,
+    sync: str = "none_front",
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: Any = None,
+    backend: str = "auto",
+    return_lse: bool = False,
+) -> Any:
+    """Attention over packed sequences (SPEC §10, layout "thd", as flash-attn's varlen functions).
+
+    q (Tq, Hq, Dqk), k (Tk, Hkv, Dqk), v (Tk, Hkv, Dv); sequence n is rows
+    ``cu_seqlens_q[n]:cu_seqlens_q[n+1]`` of q against rows ``cu_seqlens_k[n]:cu_seqlens_k[n+1]``
+    of k and v, each an independent problem with ``mask`` (a rule) and ``sync``. Returns out
+    (Tq, Hq, Dv), and lse (Hq, Tq) with ``return_lse``.
+    """
+    ad = adapter_for(q, "q")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "shape") or len(x.shape) != 3:
+            raise SpecError(f"{name}.ndim", "3: (T, H, D) in layout thd", getattr(x, "shape", x))
+    if mask is not None and not isinstance(mask, str) and hasattr(mask, "shape"):
+        raise SpecError(
+            "mask", "a rule (None, 'full', 'causal', Local(...)) with attention_varlen", "an array"
+        )
+    tq, tk = int(q.shape[0]), int(k.shape[0])
+    longest_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, tq)
+    longest_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, tk)
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise SpecError(
+            "cu_seqlens_k.shape", f"{tuple(cu_seqlens_q.shape)} like cu_seqlens_q", tuple(cu_seqlens_k.shape)
+        )
+    mq = longest_q if max_seqlen_q is None else int_arg("max_seqlen_q", max_seqlen_q)
+    mk = longest_k if max_seqlen_k is None else int_arg("max_seqlen_k", max_seqlen_k)
+    if mq < longest_q or mk < longest_k:
+        raise SpecError(
+            "max_seqlen_q/max_seqlen_k", f">= the longest sequences ({longest_q}, {longest_k})", (mq, mk)
+        )
+    extras = Extras(
+        softcap=softcap, sinks=sinks, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=mq, max_seqlen_k=mk,
+    )  # fmt: skip
+    q4, k4, v4 = (ad.reshape(x, (1, *(int(d) for d in x.shape))) for x in (q, k, v))
+    from attnhub.api import _plan
+
+    plan = _plan(q4, k4, v4, mask, sync, scale, "bshd", return_lse, backend, extras)
+    result = plan.execute(q4, k4, v4, mask, extras)
+    if return_lse:
+        out, lse = result
+        return ad.reshape(out, tuple(int(d) for d in out.shape[1:])), ad.reshape(lse, tuple(lse.shape[1:]))
+    return ad.reshape(result, tuple(int(d) for d in result.shape[1:]))
+
+
+def attention_kvcache(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    k_lengths: Any,
+    *,
+    block_table: Any = None,
+    mask: Any = "causal",
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: Any = None,
+    backend: str = "auto",
+    return_lse: bool = False,
+) -> Any:
+    """Attention of new tokens q (B, Hq, Lq, Dqk) against a KV cache (SPEC §10).
+
+    Without ``block_table``, k_cache/v_cache are (B, Hkv, Lmax, D) and batch b's keys are its
+    first ``k_lengths[b]`` rows; with ``block_table`` (B, max_blocks) int32, they are (num_blocks,
+    block_size, Hkv, D) and key j of batch b is row ``j % block_size`` of block
+    ``block_table[b, j // block_size]``. Queries sit at the end of each sequence (sync none_end).
+    """
+    from attnhub.api import attention
+
+    if k_lengths is None:
+        raise SpecError("k_lengths", "the number of valid keys per batch entry, (B,) ints", None)
+    if block_table is None:
+        return attention(
+            q, k_cache, v_cache, mask=mask, sync="none_end", scale=scale, softcap=softcap, sinks=sinks,
+            k_lengths=k_lengths, backend=backend, return_lse=return_lse,
+        )  # fmt: skip
+    return _paged(
+        q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, sinks, backend, return_lse
+    )
+
+
+def _stand_in(x: Any, shape: tuple[int, ...]) -> Any:
+    """An array with ``x``'s framework, dtype, device and grad flag but ``shape``, holding no data
+    of its own where the framework allows: what the request is validated on for a paged cache."""
+    mod = type(x).__module__.split(".", 1)[0]
+    if mod == "torch":
+        torch = sys.modules["torch"]
+        t = torch.empty_strided(shape, (0,) * len(shape), dtype=x.dtype, device=x.device)
+        return t.requires_grad_(x.requires_grad)
+    if mod == "numpy":
+        return np.lib.stride_tricks.as_strided(np.zeros(1, dtype=x.dtype), shape, (0,) * len(shape))
+    ad = adapter_for(x, "k_cache")
+    first = ad.reshape(x, (-1,))[:1] if hasattr(x, "__getitem__") else x
+    if mod == "tensorflow":
+        return sys.modules["tensorflow"].broadcast_to(ad.reshape(first, (1,) * len(shape)), shape)
+    return sys.modules["jax.numpy"].broadcast_to(ad.reshape(first, (1,) * len(shape)), shape)
+
+
+def _paged(q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, sinks, backend, return_lse):
+    from attnhub.api import _mask_key, _Plan
+
+    ad = adapter_for(q, "q")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not hasattr(x, "shape") or len(x.shape) != 4:
+            raise SpecError(
+                f"{name}.ndim", "4: (num_blocks, block_size, Hkv, D) with block_table", getattr(x, "shape", x)
+            )
+    nb, bs, hkv, d = (int(s) for s in k_cache.shape)
+    if tuple(v_cache.shape[:3]) != (nb, bs, hkv):
+        raise SpecError("v_cache.shape", f"({nb}, {bs}, {hkv}, Dv) like k_cache", tuple(v_cache.shape))
+    if not hasattr(q, "shape") or len(q.shape) != 4:
+        raise SpecError("q.ndim", "4: (B, Hq, Lq, Dqk)", getattr(q, "shape", q))
+    b = int(q.shape[0])
+    tb = _int32_array("block_table", block_table, 2)
+    if tb[0] != b:
+        raise SpecError("block_table.shape", f"({b}, max_blocks)", tb)
+    check_int_array("k_lengths", k_lengths, ad, (b,))
+    lk = tb[1] * bs
+    vals, lens = host_values(block_table), host_values(k_lengths)
+    if vals is not None and lens is not None and lens.size:
+        used = np.arange(tb[1])[None, :] < -(-np.clip(lens, 0, lk) // bs)[:, None]
+        if used.any() and (vals[used].min() < 0 or vals[used].max() >= nb):
+            raise SpecError(
+                "block_table", f"block indices in [0, {nb}) for the blocks in use", vals[used].tolist()
+            )
+    extras = Extras(softcap=softcap, sinks=sinks, k_lengths=k_lengths, block_table=block_table, paged=bs)
+    key = (
+        "paged", ad.call_key(q, k_cache, v_cache), _mask_key(mask), scale, type(scale), return_lse, backend,
+        override_state(), extras.key(ad),
+    )  # fmt: skip
+    plan = CACHE.get(key)
+    if plan is None:
+        dv = int(v_cache.shape[3])
+        ks, vs = _stand_in(k_cache, (b, hkv, lk, d)), _stand_in(v_cache, (b, hkv, lk, dv))
+        req, ad, _ = build_request_ex(q, ks, vs, mask, "none_end", scale, "bhsd", return_lse, extras)
+        req = dataclasses.replace(
+            req, needs_grad=req.needs_grad or any(ad.requires_grad(x) for x in (k_cache, v_cache))
+        )
+        check_backend_arg(backend)
+        plan = _Plan(req, ad, DISPATCHER.choose(req, backend))
+        CACHE.put(key, plan)
+    return plan.execute(q, k_cache, v_cache, mask, extras)
+
+
+__all__ = ["attention_varlen", "attention_kvcache"]
