@@ -722,3 +722,141 @@ def test_float32_lengths_bias_sinks_softcap_large_logits():
     assert got[2][3].dtype == np.float32 and got[2][4].dtype == np.float32
     want = dense(q, k, v, keep=keep, q_valid=qv, bias=bias, sinks=sinks, softcap=20.0, dout=dout, dlse=dlse)
     _check(got, want, "float32")
+
+
+# ---------------------------------------------------------------- through attnhub.attention
+
+
+def _loss_grads(call, inputs, watch, dout, dlse, graph):
+    """(out, lse, gradients of sum(out·dout) + sum(lse·dlse) for ``inputs[i]``, i in ``watch``)."""
+
+    def step(*xs):
+        with tf.GradientTape() as tape:
+            for i in watch:
+                tape.watch(xs[i])
+            out, lse = call(*xs)
+            finite = tf.math.is_finite(lse)
+            loss = tf.reduce_sum(out * dout) + tf.reduce_sum(tf.where(finite, lse * dlse, tf.zeros_like(lse)))
+        return out, lse, tape.gradient(loss, [xs[i] for i in watch])
+
+    if graph:
+        step = tf.function(step)
+    out, lse, grads = step(*inputs)
+    return out.numpy(), lse.numpy(), [g.numpy() for g in grads]
+
+
+def _against_reference(call, inputs, watch, dout, dlse, names):
+    want = _loss_grads(lambda *xs: call(*xs, backend="reference"), inputs, watch, dout, dlse, False)
+    for graph in (False, True):
+        got = _loss_grads(lambda *xs: call(*xs, backend="tf"), inputs, watch, dout, dlse, graph)
+        _check(got, want, names=names)
+
+
+API_CASES = [
+    # (rule, sync, bias shape, softcap, sinks, lengths, side, offsets)
+    (Causal(), "none_end", (2, 4, 13, 18), None, False, None, "right", (0, 0)),
+    (Full(), "none_front", (1, 1, 1, 18), 4.0, True, None, "right", (0, 0)),
+    (Local(3, causal=True), "scale_end", (2, 1, 13, 1), 2.5, True, None, "right", (0, 0)),
+    (Causal(), "none_end", (2, 4, 13, 18), 3.0, True, ([13, 6], [18, 4]), "left", (0, 0)),
+    (Local(4), "scale_front", None, None, True, ([7, 13], [18, 0]), "right", (0, 0)),
+    (Causal(), "none_front", (2, 1, 13, 18), None, True, ([9, 13], [11, 18]), "right", (5, 2)),
+    (Local(2, 1, True), "none_front", None, 6.0, False, None, "right", (10, 3)),
+]
+
+
+@pytest.mark.parametrize("case", API_CASES, ids=[str(i) for i in range(len(API_CASES))])
+def test_attention_api_against_reference(case):
+    import attnhub
+
+    rule, sync, bshape, softcap, with_sinks, lengths, side, (qo, ko) = case
+    rng = np.random.default_rng(20 + API_CASES.index(case))
+    q, k, v = _inputs(rng, 2, 4, 2, 13, 18, big=True)
+    dout, dlse = _upstream(rng, 2, 4, 13, 6)
+    inputs = [tf.constant(x) for x in (q, k, v)]
+    names = ["dq", "dk", "dv"]
+    if bshape is not None:
+        inputs.append(tf.constant(rng.standard_normal(bshape)))
+        names.append("dbias")
+    if with_sinks:
+        inputs.append(tf.constant(rng.standard_normal(4)))
+        names.append("dsinks")
+    watch = range(len(inputs))
+    if lengths is not None:  # graph inputs in the tf.function run: symbolic there
+        inputs += [tf.constant(x, tf.int32) for x in lengths]
+
+    def call(q, k, v, *more, backend):
+        more = list(more)
+        bias = more.pop(0) if bshape is not None else None
+        sinks = more.pop(0) if with_sinks else None
+        ql, kl = more if lengths is not None else (None, None)
+        return attnhub.attention(
+            q, k, v, mask=rule, sync=sync, bias=bias, softcap=softcap, sinks=sinks, q_lengths=ql,
+            k_lengths=kl, padding_side=side, q_offset=qo, k_offset=ko, backend=backend, return_lse=True,
+        )  # fmt: skip
+
+    _against_reference(call, inputs, watch, tf.constant(dout), tf.constant(dlse), names)
+
+
+@pytest.mark.parametrize("sync", ["none_front", "scale_end", "none_end"])
+def test_attention_varlen_api_against_reference(sync):
+    import attnhub
+
+    rng = np.random.default_rng(40)
+    cu_q, cu_k = [0, 6, 6, 15, 19], [0, 4, 11, 22, 30]
+    q = rng.standard_normal((19, 4, 8))
+    k, v = rng.standard_normal((30, 2, 8)), rng.standard_normal((30, 2, 6))
+    dout, dlse = rng.standard_normal((19, 4, 6)), rng.standard_normal((4, 19))
+    inputs = [tf.constant(x) for x in (q, k, v, rng.standard_normal(4))]
+    inputs += [tf.constant(cu_q, tf.int32), tf.constant(cu_k, tf.int32)]
+
+    def call(q, k, v, sinks, cq, ck, backend):
+        return attnhub.attention_varlen(
+            q, k, v, cq, ck, mask=Local(3, causal=True), sync=sync,
+            softcap=5.0, sinks=sinks, backend=backend, return_lse=True,
+        )  # fmt: skip
+
+    names = ["dq", "dk", "dv", "dsinks"]
+    _against_reference(call, inputs, range(4), tf.constant(dout), tf.constant(dlse), names)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_attention_kvcache_api_against_reference(paged):
+    import attnhub
+
+    rng = np.random.default_rng(41 + paged)
+    b, hq, hkv, lq = 3, 4, 2, 3
+    kl = [12, 5, 3]
+    q = rng.standard_normal((b, hq, lq, 8))
+    if paged:
+        table = tf.constant([[4, 0, 2], [0, 3, 0], [1, 0, 0]], tf.int32)
+        k, v = rng.standard_normal((5, 4, hkv, 8)), rng.standard_normal((5, 4, hkv, 6))
+    else:
+        table = None
+        k, v = rng.standard_normal((b, hkv, 12, 8)), rng.standard_normal((b, hkv, 12, 6))
+    dout, dlse = _upstream(rng, b, hq, lq, 6)
+    inputs = [tf.constant(x) for x in (q, k, v, rng.standard_normal(hq))] + [tf.constant(kl, tf.int32)]
+
+    def call(q, k, v, sinks, lengths, backend):
+        return attnhub.attention_kvcache(
+            q, k, v, lengths, block_table=table, softcap=7.0, sinks=sinks, backend=backend, return_lse=True
+        )
+
+    names = ["dq", "dk", "dv", "dsinks"]
+    _against_reference(call, inputs, range(4), tf.constant(dout), tf.constant(dlse), names)
+
+
+def test_float_mask_gradient_through_attention():
+    """mask=<float array> is bias= with the rule Full: its gradient reaches the caller."""
+    import attnhub
+
+    rng = np.random.default_rng(30)
+    q, k, v = _inputs(rng, 2, 2, 1, 9, 12)
+    dout, dlse = _upstream(rng, 2, 2, 9, 6)
+    inputs = [tf.constant(x) for x in (q, k, v, rng.standard_normal((2, 1, 9, 12)))]
+
+    def call(q, k, v, m, backend):
+        return attnhub.attention(q, k, v, mask=m, backend=backend, return_lse=True)
+
+    _against_reference(
+        call, inputs, range(4), tf.constant(dout), tf.constant(dlse), ["dq", "dk", "dv", "dbias"]
+    )
