@@ -84,7 +84,7 @@ class TFBackend(Backend):
         from attnhub_backends.tf import kernel
         from attnhub_backends.tf.tiles import plan_for
 
-        legacy = isinstance(req.rule, ExplicitMask) and req.rule.kind == "additive"
+        legacy = _is_legacy(req)
         req, mask, operands = _bias_from_mask(req, mask, operands)
         kd, vd, dreq = _unpaged(k, v, req, operands)
         grads = kernel.backward(q, kd, vd, out, lse, dout, dreq, plan_for(dreq), mask, dlse, operands)
@@ -94,15 +94,22 @@ class TFBackend(Backend):
             dk = paged.scatter(grads[1], k, operands.block_table)
             dv = paged.scatter(grads[2], v, operands.block_table)
             grads = (grads[0], dk, dv, *grads[3:])
-        return grads[:3] if legacy else grads
+        if legacy:  # the pre-§9 convention: (dq, dk, dv) plus dmask when the mask requires grad
+            return grads[:4] if req.bias_grad else grads[:3]
+        return grads
+
+
+def _is_legacy(req: Request) -> bool:
+    return isinstance(req.rule, ExplicitMask) and req.rule.kind == "additive"
 
 
 def _bias_from_mask(req: Request, mask: Any, operands: Any) -> tuple[Request, Any, Any]:
-    """A float mask handed the pre-§9 way (an additive ExplicitMask) read as ``bias`` with Full."""
-    rule = req.rule
-    if not (isinstance(rule, ExplicitMask) and rule.kind == "additive"):
+    """A float mask handed the pre-§9 way (an additive ExplicitMask, as :meth:`Request.legacy_additive`
+    describes; the core no longer does so for this backend) read as ``bias`` with the rule Full."""
+    if not _is_legacy(req):
         return req, mask, operands
-    req = replace(req, rule=Full(), bias=rule.shape, bias_grad=False, mask_needs_grad=False)
+    rule = req.rule
+    req = replace(req, rule=Full(), bias=rule.shape, bias_grad=req.mask_needs_grad, mask_needs_grad=False)
     return req, None, replace(operands or Operands(), bias=mask)
 
 
