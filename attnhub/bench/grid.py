@@ -14,7 +14,7 @@ from attnhub.rules import Causal, Full, Local, Rule
 class Case:
     """One shape and rule, timed forward or backward."""
 
-    family: str  # "dense", "local", "decode"
+    family: str  # "dense", "local", "decode", or one of attnhub.bench.workloads.FAMILIES
     batch: int
     heads_q: int
     heads_kv: int
@@ -25,6 +25,8 @@ class Case:
     sync: str = "none_front"
     dtype: str = "bfloat16"
     direction: str = "fwd"
+    #: A family's variant (e.g. "block=16" for paged caches); empty for most cases.
+    variant: str = ""
 
     @property
     def causal(self) -> bool:
@@ -34,6 +36,7 @@ class Case:
         return (
             f"{self.family} {self.direction} {self.dtype} B={self.batch} Hq={self.heads_q} Hkv={self.heads_kv} "
             f"Lq={self.len_q} Lk={self.len_k} D={self.dim} {self.rule.describe()} sync={self.sync}"
+            + (f" {self.variant}" if self.variant else "")
         )
 
     def to_json(self) -> dict:
@@ -68,8 +71,13 @@ def flops(case: Case) -> float:
     """FlashAttention's count: forward 4·B·H·Lq·Lk·D, halved for causal; backward 2.5x forward
     (direction "fwdbwd", forward and backward together: 3.5x).
 
-    Local rules count the attended pairs instead of Lq·Lk.
+    Local rules count the attended pairs instead of Lq·Lk; the real-model families
+    (:mod:`attnhub.bench.workloads`) count valid pairs only.
     """
+    from attnhub.bench import workloads
+
+    if case.family in workloads.FAMILIES:
+        return workloads.work(case)[0]
     pairs: float
     if isinstance(case.rule, Local):
         pairs = attended_pairs(case.rule, case.len_q, case.len_k, case.sync)

@@ -28,12 +28,17 @@ def table_text(results: list[Result], backends: list[str], peers: list[str]) -> 
     for case, row in _by_case(results).items():
         short = (
             f"{case.family[:5]} {case.direction} B{case.batch} H{case.heads_q}/{case.heads_kv} "
-            f"L{case.len_q}/{case.len_k} D{case.dim} {case.rule.describe()}"
+            f"L{case.len_q}/{case.len_k} D{case.dim} {case.rule.describe()} {case.variant}"
         )
         cells = []
         for n in names:
             r = row.get(n)
-            cells.append(f"{'n/a' if r is None or r.ms is None else f'{r.ms:.3f}ms {r.tflops:.0f}T':>17}")
+            if r is None or r.ms is None:
+                cells.append(f"{'n/a':>17}")
+            elif r.tbps:
+                cells.append(f"{f'{r.ms * 1e3:.1f}us {r.tbps:.2f}TB/s':>17}")
+            else:
+                cells.append(f"{f'{r.ms:.3f}ms {r.tflops:.0f}T':>17}")
         ratios = []
         for b, p in ratio_cols:
             rb, rp = row.get(b), row.get(p)

@@ -8,7 +8,7 @@ from typing import Any
 from attnhub.bench.grid import Case
 from attnhub.rules import Causal, Full, Local
 
-PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex")
+PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex", "varlen_attn")
 #: Peers run only when named: torch's unfused SDPA (the float32 baseline; it holds L x L scores).
 EXTRA_PEERS = ("sdpa-math",)
 
@@ -128,6 +128,14 @@ def _flex(case: Case) -> Callable[[Any, Any, Any], Any]:
 
 def runner(name: str, case: Case) -> Callable[[Any, Any, Any], Any]:
     """A forward callable for an attnhub backend name or a peer name."""
+    from attnhub.bench import workloads
+
+    if case.family in workloads.FAMILIES:
+        if name in PEERS + EXTRA_PEERS:
+            return workloads.peer_runner(name, case)
+        return workloads.attnhub_runner(name, case)
+    if name == "varlen_attn":
+        raise Unsupported("varlen_attn takes packed sequences only")
     if name.startswith("sdpa-"):
         return _sdpa(name, case)
     if name == "flex":

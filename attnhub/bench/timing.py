@@ -19,6 +19,8 @@ class Result:
     ms: float | None = None
     tflops: float | None = None
     error: str | None = None
+    #: Decode families: TB/s of the valid K and V rows read.
+    tbps: float | None = None
 
     def to_json(self) -> dict:
         return {
@@ -26,6 +28,7 @@ class Result:
             **self.case.to_json(),
             "ms": self.ms,
             "tflops": self.tflops,
+            "tbps": self.tbps,
             "error": self.error,
         }
 
@@ -57,6 +60,7 @@ def time_case(
     and backward together) on fresh random inputs, on ``device`` ("cuda" or "cpu")."""
     import torch
 
+    from attnhub.bench import workloads
     from attnhub.bench.runners import Unsupported, make_inputs
 
     if device == "cpu":
@@ -65,7 +69,8 @@ def time_case(
         from triton.testing import do_bench
     try:
         fn = make(name, case)
-        q, k, v, do = make_inputs(case, device)
+        inputs = workloads.make_inputs if case.family in workloads.FAMILIES else make_inputs
+        q, k, v, do = inputs(case, device)
         if case.direction == "fwdbwd":
             fn(q, k, v).backward(do)  # compile / tune outside the timed region
 
@@ -97,7 +102,11 @@ def time_case(
     finally:
         if device != "cpu":
             torch.cuda.empty_cache()
-    return Result(name, case, ms=float(ms), tflops=flops(case) / (ms * 1e-3) / 1e12)
+    nbytes = workloads.work(case)[1] if case.family in workloads.FAMILIES else 0.0
+    return Result(
+        name, case, ms=float(ms), tflops=flops(case) / (ms * 1e-3) / 1e12,
+        tbps=nbytes / (ms * 1e-3) / 1e12 if nbytes else None,
+    )  # fmt: skip
 
 
 def _median(device: str) -> dict:

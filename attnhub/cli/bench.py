@@ -14,6 +14,7 @@ from attnhub.bench.grid import default_grid
 from attnhub.bench.report import table_text, write_json, write_plot
 from attnhub.bench.runners import EXTRA_PEERS, PEERS, runner
 from attnhub.bench.timing import Result, time_case
+from attnhub.bench.workloads import FAMILIES, model_grid
 
 
 def _split(value: str) -> list[str]:
@@ -32,8 +33,15 @@ def _split(value: str) -> list[str]:
 @click.option(
     "--dtype", default="bfloat16", show_default=True, type=click.Choice(["bfloat16", "float16", "float32"])
 )
-@click.option("--family", default="dense,local,decode", show_default=True, help="Case families to run.")
-@click.option("--direction", default="fwd,bwd", show_default=True, help="fwd, bwd or both.")
+@click.option(
+    "--family",
+    default="dense,local,decode",
+    show_default=True,
+    help="Case families to run: dense, local, decode, and the real-model ones: " + ", ".join(FAMILIES) + ".",
+)
+@click.option(
+    "--direction", default="fwd,bwd,fwdbwd", show_default=True, help="fwd, bwd, fwdbwd (forward+backward)."
+)
 @click.option("--lengths", default="", help="Keep only cases with these query lengths, comma-separated.")
 @click.option("--out", "out_dir", default="bench-results", show_default=True, type=click.Path())
 @click.option("--warmup", default=25, show_default=True, help="do_bench warm-up (ms).")
@@ -72,7 +80,7 @@ def bench(
         raise click.ClickException("attnhub bench needs a CUDA GPU (torch.cuda.is_available() is False)")
     cases = [
         c
-        for c in default_grid(quick, dtype)
+        for c in default_grid(quick, dtype) + model_grid(quick, dtype)
         if c.family in fams and c.direction in dirs and (not lens or c.len_q in lens)
     ]
     out = Path(out_dir)

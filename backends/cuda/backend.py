@@ -9,11 +9,14 @@ from typing import Any, ClassVar
 
 from attnhub.backend import Backend
 from attnhub.errors import AttnhubError
+from attnhub.operands import Operands
 from attnhub.request import Request
+from attnhub.rules import ExplicitMask
 from attnhub_backends.cuda import compiler, launch
 from attnhub_backends.cuda.choice import HALF, smem_reasons, use_f16x3, use_mma
 from attnhub_backends.cuda.device import smem_limit
 from attnhub_backends.cuda.grid import grid_ok
+from attnhub_backends.cuda.mask import offset_reasons
 
 
 class CudaBackend(Backend):
@@ -27,6 +30,7 @@ class CudaBackend(Backend):
     dtypes: ClassVar[tuple[str, ...]] = ("float16", "bfloat16", "float32", "float64")
     features: ClassVar[frozenset[str]] = frozenset(
         {"1d", "2d", "full", "causal", "local", "gqa", "lse", "backward"}
+        | {"softcap", "bias", "dbias", "offsets"}
     )
     max_head_dim: ClassVar[int | None] = 128
     requires: ClassVar[tuple[str, ...]] = ("torch", "cuda-core", "nvidia-cuda-nvrtc")
@@ -53,6 +57,8 @@ class CudaBackend(Backend):
         reasons = grid_ok(req, tiles_on_z=use_mma(req) or use_f16x3(req))
         if req.symbolic:
             reasons.append("needs concrete torch tensors")
+        reasons.extend(offset_reasons(req))
+        reasons.extend(unserved_reasons(req))
         if req.device_type == "cuda":
             import torch
 
@@ -66,24 +72,46 @@ class CudaBackend(Backend):
         return reasons
 
     def forward_for_grad(
-        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Operands | None = None
     ) -> tuple[Any, Any, Any]:
         """Half inputs: the forward kernel writes a float32 output, which the backward's
         rowsum(dO·O) reads; the caller gets it rounded to the input dtype."""
         if req.dtype not in HALF:
-            return super().forward_for_grad(q, k, v, req, mask)
+            out, lse = self.forward(q, k, v, req, mask, operands=operands)
+            return out, lse, out
         import torch
 
-        out32, lse = launch.forward(q, k, v, req, torch.float32)
+        out32, lse = launch.forward(q, k, v, req, torch.float32, operands)
         return out32.to(q.dtype), lse, out32
 
-    def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
-        return launch.forward(q, k, v, req, q.dtype)
+    def forward(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Operands | None = None
+    ) -> tuple[Any, Any]:
+        return launch.forward(q, k, v, req, q.dtype, operands)
 
     def backward(
-        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
-    ) -> tuple[Any, Any, Any]:
-        return launch.backward(q, k, v, out, lse, dout, req)
+        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None,
+        operands: Operands | None = None,
+    ) -> tuple[Any, ...]:  # fmt: skip
+        """(dq, dk, dv), or (dq, dk, dv, dbias, None) for a request with a bias (SPEC §9)."""
+        return launch.backward(q, k, v, out, lse, dout, req, operands)
+
+
+#: What to use instead for the SPEC §9-§11 arguments the cuda kernels do not take.
+_ELSEWHERE = "use backend='triton' (or backend='auto', which picks a backend that takes it)"
+
+
+def unserved_reasons(req: Request) -> list[str]:
+    """Where to go for what the cuda backend declines beyond its declared features: sinks, lengths,
+    packed and paged sequences and boolean masks (the base check already names the missing feature)."""
+    uses = {
+        "attention sinks": req.sinks,
+        "q_lengths/k_lengths": req.q_lengths or req.k_lengths,
+        "packed sequences (attention_varlen)": req.varlen,
+        "paged KV caches": bool(req.paged),
+        "boolean mask arrays": isinstance(req.rule, ExplicitMask),
+    }
+    return [f"the cuda kernels do not take {what}: {_ELSEWHERE}" for what, used in uses.items() if used]
 
 
 def _driver_reason() -> str | None:

@@ -74,6 +74,12 @@ class BackwardKernel:
     warpgroups: int = 0
 
 
+def modified(req: Request) -> bool:
+    """True when ``req`` has score modifiers (softcap, bias: SPEC §9). Only the wgmma (half types,
+    sm_90) and SIMT kernels are built with them: such a request runs on those."""
+    return req.softcap is not None or req.bias is not None
+
+
 def use_mma(req: Request) -> bool:
     """True when a tensor-core kernel serves the half-type ``req`` (head dims 64/128)."""
     return req.dtype in HALF and req.dim_qk in MMA_DIMS and req.dim_v in MMA_DIMS
@@ -132,6 +138,8 @@ def forward_kernel(req: Request, arch: str, limit: int) -> ForwardKernel:
         family = "mma"
     else:
         family = f32_kernel(req) or "simt"
+    if modified(req):
+        family = "simt"
     if family == "simt":
         return ForwardKernel("simt", None, simt_fwd_smem_bytes(req.dtype, dqk, dv))
     config, _, smem = FORWARD_TILES[family]
@@ -162,12 +170,15 @@ def backward_kernel(req: Request, arch: str, limit: int) -> BackwardKernel:
     fused mma.sync kernel where :func:`bwd_fused` and its shared memory allow, else the split ones;
     SIMT for everything else and under ``ATTNHUB_CUDA_BWD=simt``."""
     dqk, dv = req.dim_qk, req.dim_v
+    simt = BackwardKernel("simt", simt_bwd_smem_bytes(req.dtype, dqk, dv), 32, 256)
     if not use_mma(req) or simt_backward_forced():
-        return BackwardKernel("simt", simt_bwd_smem_bytes(req.dtype, dqk, dv), 32, 256)
+        return simt
     nwg = bwd_wgmma_warpgroups(dqk, dv)
     smem = bwd_wgmma_smem_bytes(dqk, dv, nwg)
     if use_wgmma_backward(arch) and smem <= limit:
         return BackwardKernel("wgmma", smem, 64 * nwg, 128 * nwg, warpgroups=nwg)
+    if modified(req):
+        return simt
     smem_kv, smem_q = bwd_mma_smem_bytes(dqk, dv)
     block_keys = bwd_block_keys(dqk, dv)
     threads = 32 * bwd_warps(dqk, dv)
@@ -180,7 +191,12 @@ def backward_kernel(req: Request, arch: str, limit: int) -> BackwardKernel:
 def smem_reasons(req: Request, limit: int) -> list[str]:
     """Requests whose kernels need more shared memory than ``limit``, the GPU's per-block maximum."""
     need = []
-    if use_mma(req):
+    if modified(req):
+        # the SIMT kernels serve what the wgmma ones (where they fit) do not
+        need.append(("forward", simt_fwd_smem_bytes(req.dtype, req.dim_qk, req.dim_v)))
+        if req.needs_grad or req.bias_grad:
+            need.append(("backward", simt_bwd_smem_bytes(req.dtype, req.dim_qk, req.dim_v)))
+    elif use_mma(req):
         if tile_for("mma", req, limit) is None:
             need.append(("forward", mma_smem_bytes(req.dim_qk, req.dim_v, MMA_FALLBACKS[-1])))
         if req.needs_grad and not simt_backward_forced():
@@ -194,7 +210,7 @@ def smem_reasons(req: Request, limit: int) -> list[str]:
             need.append(("forward", f16x3_smem_bytes(req.dim_qk, req.dim_v, F16X3_FALLBACKS[-1])))
     else:
         need.append(("forward", simt_fwd_smem_bytes(req.dtype, req.dim_qk, req.dim_v)))
-    if req.needs_grad and (not use_mma(req) or simt_backward_forced()):
+    if req.needs_grad and not modified(req) and (not use_mma(req) or simt_backward_forced()):
         need.append(("backward", simt_bwd_smem_bytes(req.dtype, req.dim_qk, req.dim_v)))
     return [
         f"the {what} kernel needs {n} bytes of shared memory per block, {req.device} allows {limit} "

@@ -185,14 +185,21 @@ def _compile_job(job: tuple[Variant, str]) -> tuple[str, str, int]:
 
 
 def precompile(archs: tuple[str, ...], workers: int | None = None) -> list[tuple[str, str, int]]:
-    """Compile every variant for ``archs`` into the disk cache, in parallel processes."""
+    """Compile every variant for ``archs`` (score-modifier ones included) into the disk cache, in
+    parallel processes."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from attnhub_backends.cuda.variants import WGMMA_ARCH, all_variants, wgmma_variants
+    from attnhub_backends.cuda.variants import (
+        WGMMA_ARCH,
+        all_variants,
+        mod_variants,
+        wgmma_mod_variants,
+        wgmma_variants,
+    )
 
-    jobs = [(v, a) for v in all_variants() for a in archs]
+    jobs = [(v, a) for v in all_variants() + mod_variants() for a in archs]
     if "sm_90" in archs:
-        jobs += [(v, WGMMA_ARCH) for v in wgmma_variants()]
+        jobs += [(v, WGMMA_ARCH) for v in wgmma_variants() + wgmma_mod_variants()]
     workers = workers or min(len(jobs), os.cpu_count() or 1)
     if workers <= 1:
         return [_compile_job(j) for j in jobs]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from attnhub.operands import Operands
 from attnhub.request import Request
 from attnhub_backends.cuda import compiler, variants
 from attnhub_backends.cuda.choice import HALF, BackwardKernel, ForwardKernel, backward_kernel, forward_kernel
@@ -33,6 +34,7 @@ from attnhub_backends.cuda.grid import (
     wgmma_forward_grid,
 )
 from attnhub_backends.cuda.mask import mask_args
+from attnhub_backends.cuda.mods import ScoreMods
 from attnhub_backends.cuda.tiles import ceil_div
 
 #: Rows per block of attn_absmax / attn_split (fwd_f16x3.cu's SPLIT_ROWS).
@@ -42,8 +44,11 @@ _SPLIT_ROWS = 32
 # --------------------------------------------------------------------------------------- forward
 
 
-def forward(q: Any, k: Any, v: Any, req: Request, out_dtype: Any) -> tuple[Any, Any]:
-    """(out, lse) through the kernel that serves ``req``; ``out`` written in ``out_dtype``."""
+def forward(
+    q: Any, k: Any, v: Any, req: Request, out_dtype: Any, operands: Operands | None = None
+) -> tuple[Any, Any]:
+    """(out, lse) through the kernel that serves ``req``; ``out`` written in ``out_dtype``; the bias
+    of a request with one in ``operands``."""
     import torch
 
     dev = q.device
@@ -53,7 +58,8 @@ def forward(q: Any, k: Any, v: Any, req: Request, out_dtype: Any) -> tuple[Any, 
         lse = torch.empty((req.batch, req.heads_q, req.nq), dtype=lse_dtype, device=dev)
         arch = arch_of(dev)
         kernel = forward_kernel(req, arch, smem_limit(dev))
-        _FORWARDS[kernel.family](q, k, v, out, lse, req, kernel, device_index(dev), arch)
+        mods = ScoreMods.of(req, operands, lse_dtype)
+        _FORWARDS[kernel.family](q, k, v, out, lse, req, kernel, device_index(dev), arch, mods)
     return out, lse
 
 
@@ -68,7 +74,9 @@ def _tiled_forward_args(q: Any, k: Any, v: Any, out: Any, lse: Any, req: Request
     )  # fmt: skip
 
 
-def forward_mma(q, k, v, out, lse, req: Request, kernel: ForwardKernel, idx: int, arch: str) -> None:
+def forward_mma(
+    q, k, v, out, lse, req: Request, kernel: ForwardKernel, idx: int, arch: str, mods: ScoreMods | None = None
+) -> None:
     """mma.sync forward for float16 / bfloat16 (fwd_mma.cu)."""
     q, k, v = (strided(x, 8) for x in (q, k, v))
     cfg = kernel.tile
@@ -88,12 +96,15 @@ def forward_mma(q, k, v, out, lse, req: Request, kernel: ForwardKernel, idx: int
     )
 
 
-def forward_wgmma(q, k, v, out, lse, req: Request, kernel: ForwardKernel, idx: int, arch: str) -> None:
+def forward_wgmma(
+    q, k, v, out, lse, req: Request, kernel: ForwardKernel, idx: int, arch: str, mods: ScoreMods | None = None
+) -> None:
     """Warpgroup (wgmma, sm_90a) forward for float16 / bfloat16 (fwd_wgmma.cu)."""
     q, k, v = (strided(x, 8) for x in (q, k, v))
     cfg = kernel.tile
+    bits = mods.bits if mods else 0
     var = variants.wgmma_variant(
-        req.dtype, req.dim_qk, req.dim_v, cfg, o_f32=out.dtype != q.dtype, scale_pos=req.scale > 0
+        req.dtype, req.dim_qk, req.dim_v, cfg, o_f32=out.dtype != q.dtype, scale_pos=req.scale > 0, mods=bits
     )
     kern = compiler.load_kernel(var, "attn_fwd_wgmma", idx, variants.WGMMA_ARCH, kernel.smem)
     grid, major = wgmma_forward_grid(req, cfg[0])
@@ -106,10 +117,13 @@ def forward_wgmma(q, k, v, out, lse, req: Request, kernel: ForwardKernel, idx: i
         *_tiled_forward_args(q, k, v, out, lse, req),
         i32(major),
         *mask_args(req),
+        *(mods.args if mods else ()),
     )
 
 
-def forward_tf32(q, k, v, out, lse, req: Request, kernel: ForwardKernel, idx: int, arch: str) -> None:
+def forward_tf32(
+    q, k, v, out, lse, req: Request, kernel: ForwardKernel, idx: int, arch: str, mods: ScoreMods | None = None
+) -> None:
     """3xTF32 float32 forward (fwd_tf32.cu)."""
     q, k, v = (strided(x, 4) for x in (q, k, v))  # 16-byte rows for cp.async
     cfg = kernel.tile
@@ -126,7 +140,9 @@ def forward_tf32(q, k, v, out, lse, req: Request, kernel: ForwardKernel, idx: in
     )
 
 
-def forward_f16x3(q, k, v, out, lse, req: Request, kernel: ForwardKernel, idx: int, arch: str) -> None:
+def forward_f16x3(
+    q, k, v, out, lse, req: Request, kernel: ForwardKernel, idx: int, arch: str, mods: ScoreMods | None = None
+) -> None:
     """3xFP16: q, k and v split into scaled float16 hi / lo arrays (attn_absmax, then attn_split, one
     launch each for the three; 4 bytes per element in all), then attn_fwd_f16x3 on them."""
     import numpy as np
@@ -180,10 +196,12 @@ def forward_f16x3(q, k, v, out, lse, req: Request, kernel: ForwardKernel, idx: i
     )  # fmt: skip
 
 
-def forward_simt(q, k, v, out, lse, req: Request, kernel: ForwardKernel, idx: int, arch: str) -> None:
+def forward_simt(
+    q, k, v, out, lse, req: Request, kernel: ForwardKernel, idx: int, arch: str, mods: ScoreMods | None = None
+) -> None:
     """SIMT forward for every dtype and head dims up to 128 (fwd_simt.cu)."""
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    var = variants.simt_variant(req.dtype, o_f32=out.dtype != q.dtype)
+    var = variants.simt_variant(req.dtype, o_f32=out.dtype != q.dtype, mods=mods.bits if mods else 0)
     kern = compiler.load_kernel(var, "attn_fwd_simt", idx, arch, kernel.smem)
     launch(
         kern,
@@ -196,6 +214,7 @@ def forward_simt(q, k, v, out, lse, req: Request, kernel: ForwardKernel, idx: in
         i32(req.heads_q), i32(req.group), i32(req.nq), i32(req.nk), i32(req.dim_qk), i32(req.dim_v),
         f64(req.scale),
         *mask_args(req),
+        *(mods.args if mods else ()),
     )  # fmt: skip
 
 
@@ -211,8 +230,11 @@ _FORWARDS = {
 # -------------------------------------------------------------------------------------- backward
 
 
-def backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request) -> tuple[Any, Any, Any]:
-    """(dq, dk, dv) through the backward kernel that serves ``req``."""
+def backward(
+    q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, operands: Operands | None = None
+) -> tuple[Any, ...]:
+    """(dq, dk, dv) through the backward kernel that serves ``req``; for a request with a bias
+    (dq, dk, dv, dbias, None), dbias (the bias's shape and dtype) when ``req.bias_grad`` else None."""
     import torch
 
     dev = q.device
@@ -221,7 +243,12 @@ def backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request
         arch = arch_of(dev)
         kernel = backward_kernel(req, arch, smem_limit(dev))
         run = backward_simt if kernel.family == "simt" else backward_mma
-        return run(q, k, v, out, lse, dout, req, kernel, device_index(dev), arch)
+        acc = torch.float64 if req.dtype == "float64" else torch.float32
+        mods = ScoreMods.of(req, operands, acc, grad=True)
+        grads = run(q, k, v, out, lse, dout, req, kernel, device_index(dev), arch, mods)
+        if req.bias is None and not req.sinks:
+            return grads
+        return (*grads, mods.dbias(operands.bias) if mods and req.bias_grad else None, None)
 
 
 def _delta(delta: Any, out: Any, dout: Any, req: Request, o_f32: bool, idx: int, arch: str, per_block: int):
@@ -235,8 +262,9 @@ def _delta(delta: Any, out: Any, dout: Any, req: Request, o_f32: bool, idx: int,
 
 
 def backward_simt(
-    q, k, v, out, lse, dout, req: Request, kernel: BackwardKernel, idx: int, arch: str
-) -> tuple[Any, Any, Any]:
+    q, k, v, out, lse, dout, req: Request, kernel: BackwardKernel, idx: int, arch: str,
+    mods: ScoreMods | None = None,
+) -> tuple[Any, Any, Any]:  # fmt: skip
     """SIMT backward for every dtype and head dims up to 128 (bwd_simt.cu): delta, then one kernel per
     32-key tile adding dQ into a float32 (float64) buffer."""
     import torch
@@ -250,7 +278,7 @@ def backward_simt(
     dv = torch.empty_like(v)
     per_block = 8 if req.dtype in HALF else 256  # warp per row / thread per row
     _delta(delta, out, dout, req, out.dtype != q.dtype, idx, arch, per_block)
-    var = variants.bwd_variant(req.dtype, o_f32=out.dtype != q.dtype)
+    var = variants.bwd_variant(req.dtype, o_f32=out.dtype != q.dtype, mods=mods.bits if mods else 0)
     kern = compiler.load_kernel(var, "attn_bwd_simt", idx, arch, kernel.smem)
     launch(
         kern,
@@ -262,13 +290,15 @@ def backward_simt(
         i32(req.heads_q), i32(req.heads_kv), i32(req.nq), i32(req.nk), i32(req.dim_qk), i32(req.dim_v),
         f64(req.scale),
         *mask_args(req),
+        *(mods.args if mods else ()),
     )  # fmt: skip
     return dq.to(q.dtype), dk, dv
 
 
 def backward_mma(
-    q, k, v, out, lse, dout, req: Request, kernel: BackwardKernel, idx: int, arch: str
-) -> tuple[Any, Any, Any]:
+    q, k, v, out, lse, dout, req: Request, kernel: BackwardKernel, idx: int, arch: str,
+    mods: ScoreMods | None = None,
+) -> tuple[Any, Any, Any]:  # fmt: skip
     """Tensor-core backward (half types, head dims 64/128): delta, then the wgmma kernel, the fused
     mma.sync kernel or the split dK/dV and dQ kernels."""
     import numpy as np
@@ -285,12 +315,14 @@ def backward_mma(
     common = (ptr(q), ptr(k), ptr(v), ptr(dout), ptr(lse), ptr(delta))
     if kernel.family == "wgmma":
         # Hopper: one wgmma kernel over the (key tile, query tile) pairs.
-        var = variants.bwd_wgmma_variant(req.dtype, req.dim_qk, req.dim_v, kernel.warpgroups)
+        bits = mods.bits if mods else 0
+        var = variants.bwd_wgmma_variant(req.dtype, req.dim_qk, req.dim_v, kernel.warpgroups, mods=bits)
         grid, major = key_tile_grid(req, kernel.block_keys, WGMMA_BWD_ORDER)
         fused = compiler.load_kernel(var, "attn_bwd_fused_wgmma", idx, variants.WGMMA_ARCH, kernel.smem)
         convert = compiler.load_kernel(var, "attn_bwd_dq_convert", idx, variants.WGMMA_ARCH)
-        _backward_fused(fused, convert, grid, major, kernel, common, dq, dk, dv, scales, req)
+        _backward_fused(fused, convert, grid, major, kernel, common, dq, dk, dv, scales, req, mods)
         return dq, dk, dv
+    assert mods is None, "score modifiers run on the wgmma or SIMT backward (choice.backward_kernel)"
     var = variants.bwd_mma_variant(req.dtype, req.dim_qk, req.dim_v)
     if kernel.family == "fused":
         # One pass over the (key tile, query tile) pairs.
@@ -318,6 +350,7 @@ def backward_mma(
 def _backward_fused(
     fused: Any, convert: Any, grid: tuple[int, int, int], major: bool, kernel: BackwardKernel,
     common: tuple[Any, ...], dq: Any, dk: Any, dv: Any, scales: tuple[Any, Any], req: Request,
+    mods: ScoreMods | None = None,
 ) -> None:  # fmt: skip
     """A fused backward kernel (wgmma or mma.sync) writing dK, dV and adding dQ's shares into a zeroed
     float32 buffer, then attn_bwd_dq_convert scaling and rounding that buffer into ``dq``."""
@@ -328,6 +361,7 @@ def _backward_fused(
     launch(
         fused, dev, grid, kernel.threads, kernel.smem, *common, ptr(dk), ptr(dv), ptr(dqacc),
         i32(req.heads_q), i32(req.heads_kv), i32(req.nq), i32(req.nk), *scales, i32(major), *mask_args(req),
+        *(mods.args if mods else ()),
     )  # fmt: skip
     n = dqacc.numel()
     launch(convert, dev, (ceil_div(n, 4 * 256),), 256, 0, ptr(dqacc), ptr(dq), i64(n), scales[0])

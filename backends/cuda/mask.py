@@ -14,7 +14,8 @@ _WINDOW_CAP = 1 << 30
 
 
 def mask_args(req: Request) -> list[np.int32]:
-    """The 16 integers of the kernels' ``Mask`` struct for ``req`` (1-d requests as 2-d with Y = 1)."""
+    """The 16 integers of the kernels' ``Mask`` struct for ``req`` (1-d requests as 2-d with Y = 1;
+    q_offset / k_offset move the x positions)."""
     seq_q, seq_k = req.seq_q, req.seq_k
     if len(seq_q) == 1:
         seq_q, seq_k = (1, *seq_q), (1, *seq_k)
@@ -22,6 +23,12 @@ def mask_args(req: Request) -> list[np.int32]:
     aqy, bqy, aky, bky = axis_affine(lqy, lky, req.sync)
     aqx, bqx, akx, bkx = axis_affine(lqx, lkx, req.sync)
     mx = max(lqx, lkx)
+    if req.q_offset or req.k_offset:
+        # SPEC §11 (1-d, none_front): rules depend on P - R only, so the offsets shift the side that
+        # is ahead and positions stay non-negative; mx bounds them (it scales no y position in 1-d).
+        shift = req.q_offset - req.k_offset
+        bqx, bkx = bqx + max(shift, 0), bkx + max(-shift, 0)
+        mx = max(lqx + bqx, lkx + bkx)
     rule = req.rule
     wy = wx = 1
     log2s = lcausal = 0
@@ -39,3 +46,14 @@ def mask_args(req: Request) -> list[np.int32]:
         raise TypeError(f"the cuda backend cannot evaluate {rule!r}")
     vals = [lqx, lkx, aqy, bqy, aqx, bqx, aky, bky, akx, bkx, mx, code, wy, wx, log2s, lcausal]
     return [np.int32(x) for x in vals]
+
+
+def offset_reasons(req: Request) -> list[str]:
+    """Offsets the kernels' 32-bit positions cannot hold (SPEC §11)."""
+    span = abs(req.q_offset - req.k_offset) + max(req.nq, req.nk)
+    if (req.q_offset or req.k_offset) and span >= _WINDOW_CAP:
+        return [
+            f"|q_offset - k_offset| + the sequence length must stay below 2**30 (32-bit positions), got "
+            f"{span}: use backend='triton' or 'reference'"
+        ]
+    return []

@@ -26,6 +26,10 @@ from attnhub_backends.cuda.tiles import (
 )
 
 DTYPE_CODES = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3}
+#: Bits of the MODS define (common.cuh): softcap, additive bias, dS recorded per pair (dbias).
+MOD_SOFTCAP, MOD_BIAS, MOD_DBIAS = 1, 2, 4
+#: Every MODS value a kernel is built with (dbias needs a bias).
+MOD_SETS = (1, 2, 3, 6, 7)
 #: The architecture the wgmma kernels are built for (sm_90a code runs on compute capability 9.0 only).
 WGMMA_ARCH = "sm_90a"
 _MMA_HEADERS = ("common.cuh", "mma.cuh", "frag.cuh")
@@ -62,17 +66,19 @@ def wgmma_variant(
     config: tuple[int, int] | None = None,
     o_f32: bool = False,
     scale_pos: bool = True,
+    mods: int = 0,
 ) -> Variant:
-    """The Hopper forward (wgmma, sm_90a) for half types; arguments as :func:`mma_variant`."""
+    """The Hopper forward (wgmma, sm_90a) for half types; arguments as :func:`mma_variant`; ``mods``
+    the score modifiers compiled in (:data:`MOD_SOFTCAP` | :data:`MOD_BIAS`; 0: the dense kernel)."""
     nwg, bn = config or wgmma_config(dqk, dv)
     defines = (("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv), ("NWG", nwg), ("BN", bn))
     if wgmma_pipelined(dqk, dv):
         defines += (("PIPE", 1),)
     if o_f32:
         defines += (("O_F32", 1),)
-    if scale_pos:
+    if scale_pos and not mods:
         defines += (("SCALE_POS", 1),)
-    return Variant("fwd_wgmma.cu", defines, ("attn_fwd_wgmma",), _WGMMA_HEADERS)
+    return Variant("fwd_wgmma.cu", _with_mods(defines, mods), ("attn_fwd_wgmma",), _WGMMA_HEADERS)
 
 
 def tf32_variant(dqk: int, dv: int, config: tuple[int, int, int] | None = None) -> Variant:
@@ -107,12 +113,13 @@ def f16x3_variant(
     return Variant("fwd_f16x3.cu", defines, ("attn_absmax", "attn_split", "attn_fwd_f16x3"), _MMA_HEADERS)
 
 
-def simt_variant(dtype: str, o_f32: bool = False) -> Variant:
-    """SIMT forward; ``o_f32``: a half-type forward writes a float32 output (kept for a backward)."""
+def simt_variant(dtype: str, o_f32: bool = False, mods: int = 0) -> Variant:
+    """SIMT forward; ``o_f32``: a half-type forward writes a float32 output (kept for a backward);
+    ``mods`` as in :func:`wgmma_variant`."""
     defines: tuple[tuple[str, int], ...] = (("ATT_DTYPE", DTYPE_CODES[dtype]),)
     if o_f32:
         defines += (("O_F32", 1),)
-    return Variant("fwd_simt.cu", defines, ("attn_fwd_simt",))
+    return Variant("fwd_simt.cu", _with_mods(defines, mods), ("attn_fwd_simt",))
 
 
 def bwd_mma_variant(dtype: str, dqk: int, dv: int) -> Variant:
@@ -129,8 +136,9 @@ def bwd_mma_variant(dtype: str, dqk: int, dv: int) -> Variant:
     return Variant("bwd_mma.cu", defines, names, _MMA_BWD_HEADERS)
 
 
-def bwd_wgmma_variant(dtype: str, dqk: int, dv: int, nwg: int | None = None) -> Variant:
-    """The Hopper backward (wgmma, sm_90a, dQ by reductions into float32) and its dQ conversion."""
+def bwd_wgmma_variant(dtype: str, dqk: int, dv: int, nwg: int | None = None, mods: int = 0) -> Variant:
+    """The Hopper backward (wgmma, sm_90a, dQ by reductions into float32) and its dQ conversion;
+    ``mods``: score modifiers, with :data:`MOD_DBIAS` dS recorded per pair."""
     nwg = nwg or bwd_wgmma_warpgroups(dqk, dv)
     defines = (("ATT_DTYPE", DTYPE_CODES[dtype]), ("DQK", dqk), ("DV", dv), ("NWG", nwg))
     minb, overlap = settings.value("ATTNHUB_CUDA_BWD_MINB"), settings.value("ATTNHUB_CUDA_BWD_OVERLAP")
@@ -142,16 +150,53 @@ def bwd_wgmma_variant(dtype: str, dqk: int, dv: int, nwg: int | None = None) -> 
     if overlap is not None:
         defines += (("BWD_OVERLAP", int(overlap)),)
     return Variant(
-        "bwd_wgmma.cu", defines, ("attn_bwd_fused_wgmma", "attn_bwd_dq_convert"), _WGMMA_BWD_HEADERS
+        "bwd_wgmma.cu",
+        _with_mods(defines, mods),
+        ("attn_bwd_fused_wgmma", "attn_bwd_dq_convert"),
+        _WGMMA_BWD_HEADERS,
     )
 
 
-def bwd_variant(dtype: str, o_f32: bool = False) -> Variant:
-    """SIMT backward and the delta kernel; ``o_f32``: delta reads a float32 output."""
+def bwd_variant(dtype: str, o_f32: bool = False, mods: int = 0) -> Variant:
+    """SIMT backward and the delta kernel; ``o_f32``: delta reads a float32 output; ``mods`` as in
+    :func:`bwd_wgmma_variant`."""
     defines: tuple[tuple[str, int], ...] = (("ATT_DTYPE", DTYPE_CODES[dtype]),)
     if o_f32:
         defines += (("O_F32", 1),)
-    return Variant("bwd_simt.cu", defines, ("attn_bwd_pre", "attn_bwd_simt"))
+    return Variant("bwd_simt.cu", _with_mods(defines, mods), ("attn_bwd_pre", "attn_bwd_simt"))
+
+
+def _with_mods(defines: tuple[tuple[str, int], ...], mods: int) -> tuple[tuple[str, int], ...]:
+    """``defines`` plus MODS when score modifiers are compiled in (the dense kernel has none)."""
+    return (*defines, ("MODS", mods)) if mods else defines
+
+
+def mod_variants() -> list[Variant]:
+    """The SIMT kernels with score modifiers, every dtype and modifier set (sm_80+)."""
+    return [
+        f(dt, o_f32=o32, mods=mods)
+        for f in (simt_variant, bwd_variant)
+        for dt in DTYPE_CODES
+        for o32 in ((False, True) if dt in ("float16", "bfloat16") else (False,))
+        for mods in MOD_SETS
+        if not (f is simt_variant and mods & MOD_DBIAS)
+    ]
+
+
+def wgmma_mod_variants() -> list[Variant]:
+    """The wgmma kernels with score modifiers (sm_90a): forwards (both outputs) and backwards."""
+    out = []
+    for dt in ("float16", "bfloat16"):
+        for a in MMA_DIMS:
+            for b in MMA_DIMS:
+                for mods in MOD_SETS:
+                    if not mods & MOD_DBIAS:
+                        out += [
+                            wgmma_variant(dt, a, b, WGMMA_CONFIGS[(a, b)], o_f32=o, mods=mods)
+                            for o in (False, True)
+                        ]
+                    out.append(bwd_wgmma_variant(dt, a, b, BWD_WGMMA_WARPGROUPS[(a, b)], mods=mods))
+    return out
 
 
 def all_variants() -> list[Variant]:

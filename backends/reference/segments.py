@@ -49,13 +49,19 @@ def _slice4(a: np.ndarray | None, seg: Segment) -> np.ndarray | None:
     """A rank-4 broadcastable array restricted to the segment (broadcast dims kept)."""
     if a is None:
         return None
-    mb, _, mq, mk = a.shape
-    return a[
-        seg.b : seg.b + 1 if mb > 1 else None,
-        :,
-        seg.qs : seg.qs + seg.ql if mq > 1 else None,
-        seg.ks : seg.ks + seg.kl if mk > 1 else None,
-    ]
+    return a[_index4(a.shape, seg)]
+
+
+def _index4(shape: tuple[int, ...], seg: Segment) -> tuple[slice, ...]:
+    """The segment's slices of a rank-4 broadcastable shape (a broadcast dim is kept whole)."""
+    mb, _, mq, mk = shape
+    whole = slice(None)
+    return (
+        slice(seg.b, seg.b + 1) if mb > 1 else whole,
+        whole,
+        slice(seg.qs, seg.qs + seg.ql) if mq > 1 else whole,
+        slice(seg.ks, seg.ks + seg.kl) if mk > 1 else whole,
+    )
 
 
 def _keys(k: np.ndarray, req: Request, ops: Any, seg: Segment) -> tuple[np.ndarray, np.ndarray | None]:
@@ -126,11 +132,7 @@ def backward(dense: Callable, q, k, v, dout, req: Request, mods: Any, ops: Any, 
             np.add.at(dk, (where[0], where[1]), np.transpose(g[1][0], (1, 0, 2)))
             np.add.at(dv, (where[0], where[1]), np.transpose(g[2][0], (1, 0, 2)))
         if dbias is not None:
-            mb, _, mq, mk = dbias.shape
-            dbias[
-                seg.b : seg.b + 1 if mb > 1 else None, :,
-                rows if mq > 1 else slice(None), slice(seg.ks, seg.ks + seg.kl) if mk > 1 else slice(None),
-            ] += g[3]  # fmt: skip
+            dbias[_index4(dbias.shape, seg)] += g[3]
         if dsinks is not None:
             dsinks += g[4]
     return dq, dk, dv, dbias, dsinks

@@ -36,7 +36,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_simt(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     const T* __restrict__ dout, const ACC* __restrict__ lse, const ACC* __restrict__ delta,
     ACC* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv, int Hq, int Hkv, int Nq, int Nk,
-    int Dqk, int Dv, double scale_d, MASK_PARAMS) {
+    int Dqk, int Dv, double scale_d, MASK_PARAMS MOD_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int ldq = Dqk + 1, ldv = Dv + 1;
   ACC* sK = reinterpret_cast<ACC*>(smem_raw);  // BB x ldq
@@ -82,6 +82,9 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_simt(
   for (int gi = 0; gi < group; ++gi) {
     const int h = hk * group + gi;
     const i64 qbase = ((i64)b * Hq + h) * Nq;
+#if MODS
+    const Mods<ACC> md(MOD_ARGS, b, h, Hq, Nq, Nk, (ACC)1);
+#endif
     for (int t = 0; t < nqt; ++t) {
       const int q0 = t * BB, q1 = min(q0 + BB, Nq) - 1;
       const int cls = m.tile(q0, q1, k0, k1);
@@ -121,12 +124,20 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_simt(
             const ACC* kr = sK + lane * ldq;
             ACC s = 0;
             for (int d = 0; d < Dqk; ++d) s += qr[d] * kr[d];
+#if MODS
+            ACC th;
+            p = acc_exp(md.apply(s * scale, qn, kn, th) - l);
+#else
             p = acc_exp(s * scale - l);
+#endif
             const ACC* orow = sO + i * ldv;
             const ACC* vr = sV + lane * ldv;
             ACC dp = 0;
             for (int d = 0; d < Dv; ++d) dp += orow[d] * vr[d];
             ds = p * (dp - sD[i]);
+#if MODS
+            ds = md.grad(ds, th, qn, kn);
+#endif
           }
         }
         sP[i * (BB + 1) + lane] = p;

@@ -27,7 +27,7 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) attn_bwd_fused_wgmma(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
     const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
     T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dqacc, int Hq, int Hkv, int Nq, int Nk,
-    float scale, float scale_log2, int tile_major, MASK_PARAMS) {
+    float scale, float scale_log2, int tile_major, MASK_PARAMS MOD_PARAMS) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // 1024-byte aligned panels (the host allocates 1 KB of slack): K, V, 2 x Q, 2 x dO, dS^T, then
   // lse (log2 domain) and delta for the two query buffers.
@@ -117,7 +117,12 @@ extern "C" __global__ void __launch_bounds__(NT, MINB) attn_bwd_fused_wgmma(
     wg_hold<KB_Q / 2>(&st[0][0]);
     wg_hold<KB_Q / 2>(&dpt[0][0]);
 
+#if MODS
+    const Mods<float> md(MOD_ARGS, b, hk * group + it / nqt, Hq, Nq, Nk, 1.4426950408889634f);
+    bwd_p_ds<KB_Q / 8>(m, classes, cls, kr0, q0, Nq, Nk, t4, sLb, sDb, st, dpt, scale_log2, md);
+#else
     bwd_p_ds<KB_Q / 8>(m, classes, cls, kr0, q0, Nq, Nk, t4, sLb, sDb, st, dpt, scale_log2);
+#endif
 
     // dS^T rows (this warp's keys) into sS: 128-byte rows of 64 queries, chunk nt at nt ^ (row & 7);
     // keys past Nk hold 0.

@@ -273,3 +273,67 @@ __device__ __forceinline__ T store_t(ACC x) {
   return from_f<T>(x);
 #endif
 }
+
+// Score modifiers (SPEC §9), compiled in only when the host defines MODS (bit 1: softcap, bit 2: an
+// additive bias, bit 4: the backward records dS per pair for dbias). Without MODS, MOD_PARAMS is
+// empty and no kernel changes: the dense variants compile to the same code.
+#ifndef MODS
+#define MODS 0
+#endif
+#if MODS
+__device__ __forceinline__ float acc_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double acc_tanh(double x) { return tanh(x); }
+
+// Kernel arguments: the bias (A, rank 4, (batch, head, query, key) strides, 0 on broadcast axes),
+// the softcap (0 without) and the dS buffer (A, (B, Hq, Nq, Nk) contiguous, zeroed; null without).
+#define MOD_PARAMS                                                                                     \
+  , const void* __restrict__ mod_bias, i64 mod_sb, i64 mod_sh, i64 mod_sq, i64 mod_sk, double mod_cap, \
+      void* __restrict__ mod_ds
+#define MOD_ARGS mod_bias, mod_sb, mod_sh, mod_sq, mod_sk, mod_cap, mod_ds
+
+// One (batch, head)'s modifiers in the kernel's logit domain: dom = 1 (natural logits, SIMT kernels)
+// or log2(e) (the tensor-core kernels' exp2 domain); softcap and bias are scaled by it.
+template <typename A>
+struct Mods {
+  const A* bias;
+  i64 sq, sk;
+  A cap;
+  A dom;
+  A* ds;
+  int Nk;
+  __device__ __forceinline__ Mods(const void* bias_p, i64 sb, i64 sh, i64 sq_, i64 sk_, double cap_d, void* ds_p,
+                                  int b, int h, int Hq, int Nq, int Nk_, A dom_)
+      : bias(bias_p ? reinterpret_cast<const A*>(bias_p) + b * sb + h * sh : nullptr),
+        sq(sq_),
+        sk(sk_),
+        cap((A)cap_d * dom_),
+        dom(dom_),
+        ds(ds_p ? reinterpret_cast<A*>(ds_p) + ((i64)b * Hq + h) * Nq * Nk_ : nullptr),
+        Nk(Nk_) {}
+  // The modified logit of pair (qi, kj) from its scaled logit u; th = tanh(u / cap) for grad().
+  __device__ __forceinline__ A apply(A u, int qi, int kj, A& th) const {
+#if MODS & 1
+    th = acc_tanh(u / cap);
+    u = cap * th;
+#else
+    th = 0;
+#endif
+#if MODS & 2
+    u += bias[qi * sq + kj * sk] * dom;
+#endif
+    return u;
+  }
+  // dS of the scaled logit from dS of the modified one (recorded for dbias).
+  __device__ __forceinline__ A grad(A d, A th, int qi, int kj) const {
+#if MODS & 4
+    ds[(i64)qi * Nk + kj] = d;
+#endif
+#if MODS & 1
+    d *= (A)1 - th * th;
+#endif
+    return d;
+  }
+};
+#else
+#define MOD_PARAMS
+#endif

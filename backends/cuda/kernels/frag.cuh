@@ -107,6 +107,25 @@ __device__ __forceinline__ void fwd_softmax_step(const Mask& m, float (*s)[4], i
   }
 }
 
+#if MODS
+// Score modifiers on one warp's fragment (rows row0, row0 + 8; keys from k0): the raw products
+// become scale q.k in the log2 domain, softcapped and biased (SPEC §9); fwd_softmax_step then runs
+// with scale 1. Rows past Nq read row Nq - 1's bias (never stored); keys past Nk none (masked).
+template <int NB>
+__device__ __forceinline__ void fwd_mods(const Mods<float>& md, float (*s)[4], int row0, int k0, int Nq, int Nk,
+                                         int t4, float scale_log2) {
+#pragma unroll
+  for (int nt = 0; nt < NB; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int kn = k0 + nt * 8 + 2 * t4 + (e & 1);
+      float u = s[nt][e] * scale_log2, th;
+      if (kn < Nk) u = md.apply(u, min(row0 + 8 * (e >> 1), Nq - 1), kn, th);
+      s[nt][e] = u;
+    }
+}
+#endif
+
 // Forward start: NRB row blocks of two rows each (mrow / lrow index 2 rb + r) with no key seen yet
 // (m = -inf, l = 0) and their NB 8-column output accumulators zeroed.
 template <int NRB, int NB>
@@ -162,7 +181,11 @@ __device__ __forceinline__ void fwd_store_rows(const float (*acc)[4], const floa
 template <int NB>
 __device__ __forceinline__ void bwd_p_ds(const Mask& m, const TileClasses<false>& classes, int cls, int kr0,
                                          int q0, int Nq, int Nk, int t4, const float* sL, const float* sD,
-                                         float (*st)[4], float (*dpt)[4], float scale_log2) {
+                                         float (*st)[4], float (*dpt)[4], float scale_log2
+#if MODS
+                                         , const Mods<float>& md
+#endif
+) {
   // Rule mask: bit (2 nt + e) of keep[r] says key row r attends query q0 + 8 nt + 2 t4 + e.
   const int kr1 = kr0 + 8;
   u32 keep0 = 0xffffffffu, keep1 = 0xffffffffu;
@@ -205,8 +228,19 @@ __device__ __forceinline__ void bwd_p_ds(const Mask& m, const TileClasses<false>
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const u32 kp = r ? keep1 : keep0;
+#if MODS
+        // Modified logits (SPEC §9); dS of the scaled logit, dS of the modified one recorded for dbias.
+        const int key = kr0 + 8 * r, qn = q0 + col;
+        const bool in = key < Nk && qn < Nq;
+        float p = 0.f, th = 0.f;
+        if (in && ((kp >> (2 * nt + e)) & 1u)) p = fast_exp2(md.apply(st[nt][2 * r + e] * scale_log2, qn, key, th) - lq);
+        float d = p * (dpt[nt][2 * r + e] - dl);
+        if (in) d = md.grad(d, th, qn, key);
+        dpt[nt][2 * r + e] = d;
+#else
         const float p = ((kp >> (2 * nt + e)) & 1u) ? fast_exp2(st[nt][2 * r + e] * scale_log2 - lq) : 0.f;
         dpt[nt][2 * r + e] = p * (dpt[nt][2 * r + e] - dl);
+#endif
         st[nt][2 * r + e] = p;
       }
     }

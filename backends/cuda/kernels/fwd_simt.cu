@@ -12,7 +12,7 @@
 extern "C" __global__ void __launch_bounds__(256) attn_fwd_simt(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, OT* __restrict__ o,
     ACC* __restrict__ lse, i64 qsb, i64 qsh, i64 qsn, i64 ksb, i64 ksh, i64 ksn, i64 vsb, i64 vsh,
-    i64 vsn, int Hq, int group, int Nq, int Nk, int Dqk, int Dv, double scale_d, MASK_PARAMS) {
+    i64 vsn, int Hq, int group, int Nq, int Nk, int Dqk, int Dv, double scale_d, MASK_PARAMS MOD_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int ldk = Dqk + 1;
   const int nch = (Dv + 31) / 32;
@@ -33,6 +33,9 @@ extern "C" __global__ void __launch_bounds__(256) attn_fwd_simt(
   const i64 bh = (i64)b * Hq + h;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int q0 = qt * SB_M, q1 = min(q0 + SB_M, Nq) - 1;
+#if MODS
+  const Mods<ACC> md(MOD_ARGS, b, h, Hq, Nq, Nk, (ACC)1);
+#endif
 
   for (int e = tid; e < SB_M * Dqk; e += 256) {
     int r = e / Dqk, d = e - r * Dqk;
@@ -118,6 +121,12 @@ extern "C" __global__ void __launch_bounds__(256) attn_fwd_simt(
 #pragma unroll
     for (int i = 0; i < SB_R; ++i) {
       ACC sv = dot[i] * scale;
+#if MODS
+      if (kin) {
+        ACC th;
+        sv = md.apply(sv, min(q0 + warp * SB_R + i, Nq - 1), kn, th);
+      }
+#endif
       bool ok = kin && (cls == 2 || m.attend(qy[i], qx[i], fq[i], ky, kx, fk));
       if (!ok) sv = NEG;
       ACC mx_ = sv;

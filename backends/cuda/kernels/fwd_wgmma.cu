@@ -18,7 +18,7 @@ static_assert(DQK % 64 == 0 && DV % 64 == 0 && BN % 64 == 0, "wgmma forward: dim
 extern "C" __global__ void __launch_bounds__(NT) attn_fwd_wgmma(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, OT* __restrict__ o,
     float* __restrict__ lse, i64 qsb, i64 qsh, i64 qsn, i64 ksb, i64 ksh, i64 ksn, i64 vsb, i64 vsh,
-    i64 vsn, int Hq, int group, int Nq, int Nk, float scale_log2, int tile_major, MASK_PARAMS) {
+    i64 vsn, int Hq, int group, int Nq, int Nk, float scale_log2, int tile_major, MASK_PARAMS MOD_PARAMS) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // Panels need 1024-byte alignment (the host allocates 1 KB of slack).
   const u32 sQa = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -43,6 +43,9 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_wgmma(
   const int q0 = qt * BM, q1 = min(q0 + BM, Nq) - 1;
   const int nkt = (Nk + BN - 1) / BN;
   const KeyTiles<BN> tiles(m, q0, q1, Nq, Nk);
+#if MODS
+  const Mods<float> md(MOD_ARGS, b, h, Hq, Nq, Nk, 1.4426950408889634f);
+#endif
 
   load_panels<BM, DQK, NT>(sQa, qp, qsn, q0, Nq, tid);
   int j = tiles.live(0);
@@ -92,7 +95,13 @@ extern "C" __global__ void __launch_bounds__(NT) attn_fwd_wgmma(
   auto softmax = [&](float (*sp)[4], int jt, float* alpha) {
     const int k0 = jt * BN;
     const bool masked = tiles.cls(jt) != 2 || k0 + BN > Nk;
+#if MODS
+    static_assert(!SCALE_POS, "modified logits are scaled before the row max");
+    fwd_mods<BN / 8>(md, sp, q0 + warp * 16 + g, k0, Nq, Nk, t4, scale_log2);
+    fwd_softmax_step<BN / 8>(m, sp, q0 + warp * 16 + g, k0, Nq, Nk, t4, masked, mrow, lrow, alpha, 1.f);
+#else
     fwd_softmax_step<BN / 8>(m, sp, q0 + warp * 16 + g, k0, Nq, Nk, t4, masked, mrow, lrow, alpha, scale_log2);
+#endif
   };
   auto rescale = [&](const float* alpha) {
 #pragma unroll
