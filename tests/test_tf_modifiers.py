@@ -33,8 +33,8 @@ def small_tiles(monkeypatch):
 
 SYNCS = ("none_front", "scale_front", "scale_end", "none_end")
 RULES = (Full(), Causal(), Local(3), Local(2, 1, True))
-FWD_TOL = {"float64": 1e-10, "float32": 2e-5}
-GRAD_TOL = {"float64": 1e-9, "float32": 1e-4}
+FWD_TOL = {"float64": 1e-10, "float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+GRAD_TOL = {"float64": 1e-9, "float32": 1e-4, "float16": 8e-3, "bfloat16": 4e-2}
 
 
 # ---------------------------------------------------------------- the float64 dense formula
@@ -154,8 +154,11 @@ def _run(req, q, k, v, ops, dout, dlse, mask=None, dtype="float64", fn=None):
 
     if fn is not None:
         call = fn(call)
-    t = [tf.constant(np.asarray(x).astype(dtype)) for x in (q, k, v)]
-    out, lse, grads = call(*t, ops, tf.constant(dout.astype(dtype)), tf.constant(dlse.astype(dtype)))
+    t = [tf.cast(tf.constant(np.asarray(x, np.float32)), dtype) for x in (q, k, v)]
+    lse_dtype = "float64" if dtype == "float64" else "float32"
+    out, lse, grads = call(
+        *t, ops, tf.cast(tf.constant(dout, tf.float32), dtype), tf.constant(dlse.astype(lse_dtype))
+    )
     return out.numpy(), lse.numpy(), [None if x is None else x.numpy() for x in grads]
 
 
@@ -876,3 +879,31 @@ def test_legacy_additive_mask_form_still_computed_with_its_gradient():
     got = _run(req, q, k, v, None, dout, dlse, mask=tf.constant(m))
     assert len(got[2]) == 4
     _check(got, dense(q, k, v, keep=np.ones((1, 1, 9, 11), bool), bias=m, dout=dout, dlse=dlse))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_bias_sinks_lengths_softcap(dtype):
+    """Half inputs (rounded, the oracle runs on the rounded values); float32 bias and sinks."""
+    rng = np.random.default_rng(51)
+    tdt = tf.as_dtype(dtype)
+    rnd = lambda x: tf.cast(tf.cast(x, tdt), tf.float64).numpy()  # noqa: E731
+    q, k, v = (rnd(x) for x in _inputs(rng, 2, 4, 2, 20, 26, big=True))
+    bias = rng.standard_normal((1, 4, 20, 26)).astype(np.float32)
+    sinks = rng.standard_normal(4).astype(np.float32)
+    dout, dlse = _upstream(rng, 2, 4, 20, 6)
+    dout = rnd(dout)
+    ql, kl = [20, 13], [26, 9]
+    keep, qv = padded_keep(Local(5, causal=True), "none_end", 2, 20, 26, ql, kl, "left")
+    req = _request(
+        q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), Local(5, causal=True), "none_end",
+        q_lengths=True, k_lengths=True, padding_side="left", bias=bias.shape, bias_grad=True, sinks=True,
+        sinks_grad=True, softcap=10.0,
+    )  # fmt: skip
+    req = replace(req, dtype=dtype)
+    ops = Operands(
+        bias=tf.constant(bias), sinks=tf.constant(sinks),
+        q_lengths=tf.constant(ql, tf.int32), k_lengths=tf.constant(kl, tf.int32),
+    )  # fmt: skip
+    got = _run(req, q, k, v, ops, dout, dlse, dtype=dtype)
+    want = dense(q, k, v, keep=keep, q_valid=qv, bias=bias, sinks=sinks, softcap=10.0, dout=dout, dlse=dlse)
+    _check(got, want, dtype)
