@@ -43,6 +43,13 @@ class TFBackend(Backend):
 
         return f"tensorflow {tf.__version__}"
 
+    def note(self, req: Request) -> str | None:
+        if req.paged:
+            return "paged cache gathered per entry; ragged tiles masked per element, empty ones skipped at run time"
+        if req.ragged:
+            return "ragged: every computed tile masked per element, tiles without a valid pair skipped at run time"
+        return None
+
     def forward(
         self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
     ) -> tuple[Any, Any]:
