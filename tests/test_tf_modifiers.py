@@ -907,3 +907,33 @@ def test_half_precision_bias_sinks_lengths_softcap(dtype):
     got = _run(req, q, k, v, ops, dout, dlse, dtype=dtype)
     want = dense(q, k, v, keep=keep, q_valid=qv, bias=bias, sinks=sinks, softcap=10.0, dout=dout, dlse=dlse)
     _check(got, want, dtype)
+
+
+def test_modifiers_are_deterministic():
+    """The backend declares "deterministic": the paged (shared block), ragged and sinks paths too."""
+    from attnhub_backends.tf.backend import TFBackend
+
+    rng = np.random.default_rng(52)
+    table = np.array([[1, 0], [1, 2]], np.int32)  # block 1 shared: its gradient is a sum
+    kc, vc = rng.standard_normal((3, 4, 1, 8)), rng.standard_normal((3, 4, 1, 6))
+    q = rng.standard_normal((2, 2, 5, 8))
+    sinks = rng.standard_normal(2)
+    dout, dlse = _upstream(rng, 2, 2, 5, 6)
+    req = _request(
+        q, np.zeros((2, 1, 8, 8)), np.zeros((2, 1, 8, 6)), Causal(), "none_end", k_lengths=True, paged=4,
+        sinks=True, sinks_grad=True,
+    )  # fmt: skip
+    ops = Operands(
+        sinks=tf.constant(sinks), k_lengths=tf.constant([7, 8], tf.int32), block_table=tf.constant(table)
+    )
+    be = TFBackend()
+    runs = []
+    for _ in range(2):
+        out, lse, saved = be.forward_for_grad(*(tf.constant(x) for x in (q, kc, vc)), req, None, operands=ops)
+        grads = be.backward(
+            *(tf.constant(x) for x in (q, kc, vc)), saved, lse, tf.constant(dout), req, None,
+            dlse=tf.constant(dlse), operands=ops,
+        )  # fmt: skip
+        runs.append([out.numpy(), lse.numpy(), *(g.numpy() for g in grads if g is not None)])
+    for a, b in zip(*runs, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -36,7 +36,11 @@ def gather(cache: tf.Tensor, block_table: Any) -> tf.Tensor:
 
 
 def scatter(grad: tf.Tensor, cache: tf.Tensor, block_table: Any) -> tf.Tensor:
-    """The gradient of ``cache`` from that of its gathered form (the inverse of :func:`gather`)."""
+    """The gradient of ``cache`` from that of its gathered form (the inverse of :func:`gather`).
+
+    ``unsorted_segment_sum`` keeps the backend deterministic: TensorFlow's GPU segment reductions
+    use a sorted, atomics-free kernel unless ``TF_USE_ATOMIC_SEGMENT_REDUCTIONS=1`` is set.
+    """
     bs, h, d = (int(x) for x in cache.shape[1:])
     table = _table(cache, block_table)
     parts = tf.reshape(tf.transpose(grad, (0, 2, 1, 3)), (-1, bs, h, d))  # (B·max_blocks, bs, H, D)
