@@ -154,10 +154,12 @@ def _run(req, q, k, v, ops, dout, dlse, mask=None, dtype="float64", fn=None):
 
     if fn is not None:
         call = fn(call)
-    t = [tf.cast(tf.constant(np.asarray(x, np.float32)), dtype) for x in (q, k, v)]
+    # half types go through float32 (NumPy has no bfloat16); the values are already rounded
+    via = np.float64 if dtype == "float64" else np.float32
+    t = [tf.cast(tf.constant(np.asarray(x, via)), dtype) for x in (q, k, v)]
     lse_dtype = "float64" if dtype == "float64" else "float32"
     out, lse, grads = call(
-        *t, ops, tf.cast(tf.constant(dout, tf.float32), dtype), tf.constant(dlse.astype(lse_dtype))
+        *t, ops, tf.cast(tf.constant(np.asarray(dout, via)), dtype), tf.constant(dlse.astype(lse_dtype))
     )
     return out.numpy(), lse.numpy(), [None if x is None else x.numpy() for x in grads]
 
