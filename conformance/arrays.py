@@ -124,6 +124,18 @@ class Ops:
             return self.jax.device_put(self.jnp.asarray(m), self.jax_device)
         return self.array(m, dtype)
 
+    def int_array(self, a: np.ndarray) -> Any:
+        """An integer array (lengths, cu_seqlens, a block table) in the framework, on the device."""
+        a = np.array(a, copy=True)
+        if self.framework == "numpy":
+            return a
+        if self.framework == "torch":
+            return self.torch.from_numpy(a).to(self.torch_device)
+        if self.framework == "tensorflow":
+            with self.tf.device(self.tf_device):
+                return self.tf.constant(a)
+        return self.jax.device_put(self.jnp.asarray(a), self.jax_device)
+
     # -- reading --------------------------------------------------------------------------------
     def to_numpy(self, x: Any) -> np.ndarray:
         """A NumPy copy in the array's own dtype (bfloat16 through ml_dtypes)."""

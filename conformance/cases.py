@@ -53,6 +53,26 @@ FEATURE_ROWS = (
     "peaked rows",
     "fully masked rows",
     "non-contiguous",
+    # SPEC §9-§11 (see modifier_cases.py)
+    "bias",
+    "bias broadcast",
+    "bias float32",
+    "bias -inf",
+    "dbias",
+    "bool mask padding",
+    "bool mask block-sparse",
+    "softcap",
+    "sinks",
+    "dsinks",
+    "q_lengths",
+    "k_lengths",
+    "padding left",
+    "zero lengths",
+    "varlen",
+    "kvcache contiguous",
+    "kvcache paged",
+    "offsets",
+    "modifiers combined",
     "randomised",
     "inputs unchanged",
     "framework numpy",
@@ -69,7 +89,12 @@ CHECK_FEATURES = {
     "backward": "backward",
     "deterministic": "deterministic",
     "inputs unchanged": "inputs",
+    "dbias": "dbias",
+    "dsinks": "dsinks",
 }
+
+#: Bias shapes over (B, Hq, Nq, Nk): per head (ALiBi-like), per key (padding-like), full.
+BIAS_SHAPES = ("1hqk", "b11k", "full")
 
 #: Head-dim classes (kernels pick tiles by them: <= 32, 64, 128, 256): large logits are tested at each.
 HEAD_DIM_CLASSES = (32, 64, 128, 256)
@@ -102,6 +127,8 @@ class Case:
     #: Run twice and require bitwise equal results (for backends declaring ``deterministic``).
     repeat: bool = False
     #: Explicit masks: "bcast" (1, 1, Nq, Nk) or "full" (B, Hq, Nq, Nk); with fully masked rows or not.
+    #: Bool masks also "padding" (B, 1, Nq, Nk: each entry's valid queries x valid keys, fully padded
+    #: query rows included) and "block<T>" (1, 1, Nq, Nk: whole T x T tiles on or off).
     mask_shape: str = "full"
     mask_empty_rows: bool = False
     #: Set for hypothesis-drawn cases: their id is ``random-<n>``.
@@ -109,6 +136,31 @@ class Case:
     #: The inputs' framework; "" is the run's main one (``--framework``, or the backend's first).
     #: Cases of the other declared frameworks carry it, and their id ends with it.
     framework: str = ""
+    # -- SPEC §9: score modifiers -----------------------------------------------------------------
+    #: "" (none) or one of :data:`BIAS_SHAPES`; its dtype is the input dtype or "float32".
+    bias: str = ""
+    bias_dtype: str = ""
+    #: With ``grad``: the caller differentiates the bias too (dbias is checked).
+    bias_grad: bool = False
+    #: About 20 % of the bias is -inf (those pairs are excluded).
+    bias_neginf: bool = False
+    softcap: float | None = None
+    #: A (Hq,) sinks array; with ``grad`` it is differentiated (dsinks is checked).
+    sinks: bool = False
+    # -- SPEC §10-§11: ragged sequences and offsets (1-d only) ------------------------------------
+    q_lengths: tuple[int, ...] | None = None
+    k_lengths: tuple[int, ...] | None = None
+    padding_side: str = "right"
+    q_offset: int = 0
+    k_offset: int = 0
+    #: Which entry point: "attention", "varlen" (``attention_varlen``; ``seq_q``/``seq_k`` are the
+    #: totals and ``seqlens_q``/``seqlens_k`` the packed sequences) or "kvcache"
+    #: (``attention_kvcache``: ``seq_k`` is the cache capacity, ``k_lengths`` the valid keys).
+    entry: str = "attention"
+    seqlens_q: tuple[int, ...] = ()
+    seqlens_k: tuple[int, ...] = ()
+    #: kvcache: the block size of a paged cache (its block table shuffled), 0 for a contiguous one.
+    paged: int = 0
 
     @cached_property
     def id(self) -> str:
@@ -121,6 +173,11 @@ class Case:
         """The grid-style id of the case's content (a random case's id is only ``random-<n>``)."""
         dims = lambda s: "x".join(map(str, s))  # noqa: E731
         parts = [SHORT[self.dtype], f"{len(self.seq_q)}d", f"q{dims(self.seq_q)}", f"k{dims(self.seq_k)}"]
+        if self.entry == "varlen":
+            seqs = lambda s: ".".join(map(str, s))  # noqa: E731
+            parts.append(f"varlen{seqs(self.seqlens_q)}_{seqs(self.seqlens_k)}")
+        elif self.entry == "kvcache":
+            parts.append(f"kvcache{f'-paged{self.paged}' if self.paged else ''}")
         parts.append(rule_token(self.rule))
         if isinstance(self.rule, str):
             parts.append(self.mask_shape + ("-emptyrows" if self.mask_empty_rows else ""))
@@ -137,11 +194,26 @@ class Case:
             (self.peaked, "peaked"),
             (bool(self.noncontig), self.noncontig),
             (self.repeat, "repeat"),
+            *self._modifier_tokens(),
             (bool(self.framework), self.framework),
         ):
             if flag:
                 parts.append(token)
         return "-".join(parts)
+
+    def _modifier_tokens(self) -> list[tuple[bool, str]]:
+        """Id tokens of the §9-§11 fields (none for a case without them: old ids stay as they were)."""
+        lens = lambda s: ".".join(map(str, s))  # noqa: E731
+        return [
+            (bool(self.bias), f"bias{self.bias}" + ("f32" if self.bias_dtype else "")
+             + ("ninf" if self.bias_neginf else "") + ("g" if self.bias_grad else "")),
+            (self.softcap is not None, f"softcap{self.softcap:g}" if self.softcap else ""),
+            (self.sinks, "sinks"),
+            (self.q_lengths is not None and self.entry == "attention", f"ql{lens(self.q_lengths or ())}"),
+            (self.k_lengths is not None, f"kl{lens(self.k_lengths or ())}"),
+            (self.padding_side != "right", f"pad{self.padding_side}"),
+            (bool(self.q_offset or self.k_offset), f"off{self.q_offset}.{self.k_offset}"),
+        ]  # fmt: skip
 
     def describe(self) -> str:
         """Every field in words (what a failed randomised case prints; its id says none of it)."""
@@ -163,7 +235,21 @@ class Case:
                             (bool(self.framework), f"framework {self.framework}")):  # fmt: skip
             if flag:
                 parts.append(token)
+        if self.modified:
+            parts.append("modifiers " + " ".join(t for f, t in self._modifier_tokens() if f))
+            if self.entry != "attention":
+                parts.append(f"entry {self.entry} {self.seqlens_q or ''} {self.seqlens_k or ''}"
+                             + (f" block size {self.paged}" if self.paged else ""))  # fmt: skip
         return ", ".join(parts)
+
+    @property
+    def modified(self) -> bool:
+        """True when the case uses SPEC §9-§11 (it then runs through :mod:`modifier_runner`)."""
+        return bool(
+            self.bias or self.softcap is not None or self.sinks or self.q_lengths is not None
+            or self.k_lengths is not None or self.q_offset or self.k_offset or self.entry != "attention"
+            or self.mask_shape == "padding" or self.mask_shape.startswith("block")
+        )  # fmt: skip
 
     @property
     def ndim(self) -> int:
@@ -183,6 +269,10 @@ class Case:
         return None if isinstance(self.rule, Full) else self.rule
 
     def rule_has_empty_rows(self) -> bool:
+        if self.modified:
+            from attnhub_conformance.oracle import case_has_empty_rows
+
+            return case_has_empty_rows(self)
         if isinstance(self.rule, str):
             return self.mask_empty_rows
         keep = dense_rule_mask(self.rule, self.seq_q, self.seq_k, self.sync)
@@ -237,12 +327,57 @@ class Case:
             f.append("fully masked rows")
         if self.noncontig:
             f.append("non-contiguous")
+        f += self._modifier_features()
         if self.random_index is not None:
             f.append("randomised")
         f.append("inputs unchanged")
         if self.framework:
             f.append(f"framework {self.framework}")
         return tuple(f)
+
+    def _modifier_features(self) -> list[str]:
+        f = []
+        if self.bias:
+            f.append("bias")
+            if self.bias != "full":
+                f.append("bias broadcast")
+            if self.bias_dtype:
+                f.append("bias float32")
+            if self.bias_neginf:
+                f.append("bias -inf")
+            if self.bias_grad and self.grad:
+                f.append("dbias")
+        if self.mask_shape == "padding":
+            f.append("bool mask padding")
+        elif self.mask_shape.startswith("block"):
+            f.append("bool mask block-sparse")
+        if self.softcap is not None:
+            f.append("softcap")
+        if self.sinks:
+            f.append("sinks")
+            if self.grad:
+                f.append("dsinks")
+        if self.q_lengths is not None and self.entry == "attention":
+            f.append("q_lengths")
+        if self.k_lengths is not None:
+            f.append("k_lengths")
+        if self.padding_side == "left":
+            f.append("padding left")
+        if 0 in (*(self.q_lengths or ()), *(self.k_lengths or ()), *self.seqlens_q, *self.seqlens_k):
+            f.append("zero lengths")
+        if self.entry == "varlen":
+            f.append("varlen")
+        elif self.entry == "kvcache":
+            f.append("kvcache paged" if self.paged else "kvcache contiguous")
+        if self.q_offset or self.k_offset:
+            f.append("offsets")
+        used = [bool(self.bias), self.softcap is not None, self.sinks,
+                self.entry == "attention" and (self.q_lengths is not None or self.k_lengths is not None),
+                bool(self.q_offset or self.k_offset), self.entry != "attention",
+                isinstance(self.rule, str)]  # fmt: skip
+        if sum(used) >= 2:
+            f.append("modifiers combined")
+        return f
 
 
 def rule_token(rule: Full | Causal | Local | str) -> str:
@@ -349,6 +484,9 @@ def quick_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
         add(Case(dt, (4,), (4,), Full(), heads_q=4, heads_kv=4, dim_qk=16, dim_v=16, layout="bshd", lse=True))
         if dt in ("float16", "bfloat16"):
             add(Case(dt, (9,), (44,), Full(), grad=True, dim_qk=16, dim_v=16, peaked=True))
+    from attnhub_conformance.modifier_cases import quick_grid_part
+
+    c += quick_grid_part(dtypes, main)
     return _dedupe(c)
 
 
@@ -371,6 +509,9 @@ def secondary_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
     for dt in dtypes:
         if dt != main:
             c.append(Case(dt, (45,), (19,), Causal(), sync="none_end", grad=True, large_logits=True))
+    from attnhub_conformance.modifier_cases import secondary_cases
+
+    c += secondary_cases(main)
     return _dedupe([dataclasses.replace(x, framework=framework) for x in c])
 
 
@@ -471,4 +612,7 @@ def full_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
             c.append(Case(dt, (23,), (31,), Full(), heads_q=4, heads_kv=2, noncontig="sliced", grad=True))
         if dt in dtypes:
             c.append(Case(dt, (27,), (27,), Causal(), grad=True, lse=True, repeat=True))
+    from attnhub_conformance.modifier_cases import full_grid_part
+
+    c += full_grid_part(dtypes, main)
     return _dedupe(c)

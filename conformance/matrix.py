@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attnhub_conformance.cases import SHORT
+from attnhub_conformance.cases import FEATURE_ROWS, SHORT
 from attnhub_conformance.report import READABLE_SCHEMAS, markdown
 
 
@@ -50,6 +50,13 @@ def overview_cell(row: dict[str, dict[str, Any]], dtypes: list[str]) -> str:
     return "; ".join(parts)
 
 
+def feature_rows(reports: list[dict[str, Any]]) -> list[str]:
+    """Every row any report has, in the suite's order (older reports lack the §9-§11 rows: "-")."""
+    have = {f for r in reports for f in r["features"]}
+    extra = [f for r in reports for f in r["features"] if f not in FEATURE_ROWS]
+    return [f for f in FEATURE_ROWS if f in have] + list(dict.fromkeys(extra))
+
+
 def overview(reports: list[dict[str, Any]]) -> list[str]:
     """The table of reports (device, date, counts) and the feature x report overview."""
     lines = [
@@ -64,7 +71,7 @@ def overview(reports: list[dict[str, Any]]) -> list[str]:
             f"{r['device']}) | {r['date']} | {s['passed']}/{s['failed']}/{s['declined']} |"
         )
     if reports:
-        features = reports[0]["features"]
+        features = feature_rows(reports)
         lines += ["", "| feature | " + " | ".join(column(r) for r in reports) + " |"]
         lines.append("|---|" + "---|" * len(reports))
         for f in features:

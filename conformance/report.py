@@ -36,7 +36,10 @@ def results_from(payload: dict[str, Any]) -> list[Result]:
 def aggregate(results: list[Result]) -> dict[str, dict[str, dict[str, Any]]]:
     """``matrix[feature][dtype]`` = {status, passed, failed, declined, reason, failing (ids)}."""
     cells: dict[str, dict[str, dict[str, Any]]] = {
-        f: {d: {"passed": 0, "failed": 0, "declined": 0, "reasons": Counter(), "failing": []} for d in DTYPES}
+        f: {
+            d: {"passed": 0, "failed": 0, "declined": 0, "reasons": Counter(), "first": {}, "failing": []}
+            for d in DTYPES
+        }
         for f in FEATURE_ROWS
     }
     for r in results:
@@ -55,12 +58,17 @@ def aggregate(results: list[Result]) -> dict[str, dict[str, dict[str, Any]]]:
                 c["passed"] += 1
             else:
                 c["declined"] += 1
-                c["reasons"][r.reasons[0] if r.reasons else "declined"] += 1
+                # every reason of the case counts: the cell shows the one most of its declined
+                # cases share (a sinks row says "does not take attention sinks", not the bias
+                # reason that a bias + sinks case happens to give first)
+                for pos, why in enumerate(dict.fromkeys(r.reasons or ["declined"])):
+                    c["reasons"][why] += 1
+                    c["first"][why] = min(pos, c["first"].get(why, pos))
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for f, row in cells.items():
         out[f] = {}
         for d, c in row.items():
-            reason = c["reasons"].most_common(1)[0][0] if c["reasons"] else ""
+            reason = _shown_reason(c["reasons"], c["first"])
             if c["failed"]:
                 status = "FAIL"
             elif c["passed"]:
@@ -78,6 +86,14 @@ def aggregate(results: list[Result]) -> dict[str, dict[str, dict[str, Any]]]:
                 "failing": c["failing"][:5],
             }
     return out
+
+
+def _shown_reason(counts: Counter, first: dict[str, int]) -> str:
+    """The reason a declined cell shows: the one most of its cases give; ties by the earliest place
+    a case gives it, then by text (so that a sharded --jobs run, merged in another order, agrees)."""
+    if not counts:
+        return ""
+    return min(counts.items(), key=lambda kv: (-kv[1], first[kv[0]], kv[0]))[0]
 
 
 def _score(accepted: list[Result], f: str) -> dict[str, Any] | None:

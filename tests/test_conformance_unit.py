@@ -43,7 +43,7 @@ def test_grids_have_unique_ids_and_cover_every_row():
             f for f in FEATURE_ROWS if f.startswith("framework")
         }
     quick = quick_grid(ALL, "numpy")
-    assert len(quick) <= 70  # --quick must stay small for the slow backends
+    assert len(quick) <= 85  # --quick must stay small for the slow backends (§9-§11: 17 tiny cases)
     # every dtype has a column even when declined, and frameworks without strides skip views
     assert {c.dtype for c in quick_grid(("float32",), "numpy")} == set(DTYPES)
     assert not any(c.noncontig for c in quick_grid(ALL, "jax"))

@@ -62,12 +62,11 @@ def test_cpu_declined_without_interpreter(monkeypatch) -> None:
         attnhub.attention(q, q, q, backend="triton")
 
 
-def test_explicit_mask_and_float64_declined(interp) -> None:
+def test_float64_declined(interp) -> None:
+    """(Boolean masks are served since SPEC §9: tests/test_triton_modifiers.py.)"""
     import attnhub
 
     q = torch.randn(1, 1, 8, 16)
-    with pytest.raises(attnhub.BackendUnsupported, match="explicit mask"):
-        attnhub.attention(q, q, q, mask=torch.ones(8, 8, dtype=torch.bool), backend="triton")
     with pytest.raises(attnhub.BackendUnsupported, match="float64"):
         attnhub.attention(q.double(), q.double(), q.double(), backend="triton")
 

@@ -19,7 +19,26 @@ class TritonBackend(Backend):
     frameworks: ClassVar[tuple[str, ...]] = ("torch",)
     dtypes: ClassVar[tuple[str, ...]] = ("float16", "bfloat16", "float32")
     features: ClassVar[frozenset[str]] = frozenset(
-        {"1d", "2d", "full", "causal", "local", "gqa", "lse", "backward", "deterministic"}
+        {
+            "1d",
+            "2d",
+            "full",
+            "causal",
+            "local",
+            "gqa",
+            "lse",
+            "backward",
+            "deterministic",
+            "explicit_mask",
+            "bias",
+            "dbias",
+            "softcap",
+            "sinks",
+            "offsets",
+            "lengths",  # SPEC §10: ragged_launch
+            "varlen",
+            "paged",
+        }  # fmt: skip
     )
     max_head_dim: ClassVar[int | None] = 256
     requires: ClassVar[tuple[str, ...]] = ("torch", "triton")
@@ -72,30 +91,64 @@ class TritonBackend(Backend):
                 reasons.append(f"bfloat16 needs compute capability 8.0 or newer, the GPU has {major}.{minor}")
         if req.nq >= (1 << 31) or req.nk >= (1 << 31):
             reasons.append("sequence lengths must stay under 2**31 (int32 positions)")
+        if req.ragged:
+            from attnhub_backends.triton.ragged_checks import reasons as ragged_reasons
+
+            reasons.extend(ragged_reasons(req))
+        else:
+            from attnhub_backends.triton import modifiers
+
+            reasons.extend(modifiers.reasons(req))
         return reasons
 
-    def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
-        from attnhub_backends.triton import launch
+    def forward(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
+    ) -> tuple[Any, Any]:
+        if req.ragged:
+            from attnhub_backends.triton import ragged_launch
 
-        return launch.forward(q, k, v, req)
+            return ragged_launch.forward(q, k, v, req, operands)
+        from attnhub_backends.triton import launch, modifiers
+
+        return launch.forward(q, k, v, req, mods=modifiers.from_call(req, mask, operands))
 
     def forward_for_grad(
-        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
     ) -> tuple[Any, Any, Any]:
         """Half-precision inputs: the kernel writes a float32 output; the backward's rowsum(dO·O)
         reads it, the caller gets it rounded to the input dtype (the same rounding as forward)."""
-        if q.element_size() >= 4:
-            return super().forward_for_grad(q, k, v, req, mask)
+        if req.ragged:
+            from attnhub_backends.triton import ragged_launch
+
+            return ragged_launch.forward_for_grad(q, k, v, req, operands)
         import torch
 
-        from attnhub_backends.triton import launch
+        from attnhub_backends.triton import launch, modifiers
 
-        out32, lse = launch.forward(q, k, v, req, out_dtype=torch.float32)
+        mods = modifiers.from_call(req, mask, operands)
+        if q.element_size() >= 4:
+            out, lse = launch.forward(q, k, v, req, mods=mods)
+            return out, lse, out
+        out32, lse = launch.forward(q, k, v, req, out_dtype=torch.float32, mods=mods)
         return out32.to(q.dtype), lse, out32
 
     def backward(
-        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
-    ) -> tuple[Any, Any, Any]:
-        from attnhub_backends.triton import launch
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        out: Any,
+        lse: Any,
+        dout: Any,
+        req: Request,
+        mask: Any = None,
+        operands: Any = None,
+    ) -> tuple[Any, ...]:
+        """(dq, dk, dv), or (dq, dk, dv, dbias, dsinks) for a request with a bias or sinks."""
+        if req.ragged:
+            from attnhub_backends.triton import ragged_launch
 
-        return launch.backward(q, k, v, out, lse, dout, req)
+            return ragged_launch.backward(q, k, v, out, lse, dout, req, operands)
+        from attnhub_backends.triton import launch, modifiers
+
+        return launch.backward(q, k, v, out, lse, dout, req, mods=modifiers.from_call(req, mask, operands))

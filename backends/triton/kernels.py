@@ -21,10 +21,13 @@ multiplies (see ``_dot``).
 This module is executed once per mode (compiled or ``TRITON_INTERPRET=1``) by ``loader.py``.
 """
 
+import os
+
 import triton
 import triton.language as tl
 
 LN2 = tl.constexpr(0.6931471805599453)
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -92,6 +95,46 @@ def _keep(
     return keep
 
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+
+    @triton.jit
+    def _tanh(x):
+        """tanh(x) = 1 - 2 / (exp(2x) + 1): exact at both ends (exp overflows to inf, or is 0)."""
+        return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)
+
+else:
+
+    @triton.jit
+    def _tanh(x):
+        """tanh as above, with the hardware's approximate reciprocal (1 ulp; no division
+        sequence): with softcap the forward is bound by these per-element special functions."""
+        e = tl.math.exp2(x * 2.8853900817779268) + 1.0
+        r = tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=r,r", [e], dtype=tl.float32, is_pure=True, pack=1
+        )
+        return 1.0 - 2.0 * r
+
+
+@triton.jit
+def _modify(qk, qk_scale, bias_ptrs, ld, softcap2, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """SPEC §9 scores of a tile in the log2 domain: ``softcap·tanh(scale·qk / softcap) + bias``
+    (``softcap2`` is the softcap times log2(e)), and the tanh (for the backward's derivative)."""
+    s = qk * qk_scale
+    th = s
+    if SOFTCAP:
+        th = _tanh(s * (1.0 / softcap2))
+        s = softcap2 * th
+    if HAS_BIAS:
+        s = s + tl.load(bias_ptrs, mask=ld, other=0.0).to(tl.float32) * LOG2E
+    return s, th
+
+
+@triton.jit
+def _mask_keep(mask_ptrs, ld):
+    """The boolean mask tile (True = attend; stored as bytes), False outside ``ld``."""
+    return tl.load(mask_ptrs, mask=ld, other=0) != 0
+
+
 # --- forward --------------------------------------------------------------------------------------
 
 
@@ -140,14 +183,17 @@ def _accumulate(m_i, m_use, l_i, acc, p, v, DOT_PRECISION: tl.constexpr):
 @triton.jit
 def _fwd_step(
     q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc,
-    qk_scale, skn, svn, Nk, rule,
+    qk_scale, skn, svn, Nk, rule, mod, row_ok,
     DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BN: tl.constexpr,
     MASKED: tl.constexpr, NEG: tl.constexpr, TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
     NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
 ):  # fmt: skip
-    """One key tile of the index-list walk: the rule is evaluated only where ``MASKED``.
+    """One key tile of the index-list walk: the rule (and a boolean mask) evaluated only where
+    ``MASKED``.
 
-    ``NEG``: a negative scale, so the row max is taken after scaling.
+    ``NEG``: a negative scale, so the row max is taken after scaling. ``mod``: the §9 modifiers'
+    pointers (see ``fwd_kernel``), used where ``SOFTCAP``, ``HAS_BIAS`` or ``HAS_MASK``.
     """
     cols = start_n + offs_n
     kt, v = _load_kv(
@@ -155,8 +201,26 @@ def _fwd_step(
         DQK, DV, BDQK, BDV, BN, MASKED, TMA,
     )  # fmt: skip
     qk = _dot(q, kt, DOT_PRECISION)
-    if MASKED:
+    if SOFTCAP or HAS_BIAS:
+        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
+        ld = row_ok[:, None] & (cols < Nk)[None, :]
+        qk, _ = _modify(
+            qk, qk_scale, bias_ptr + brow[:, None] + (cols * sbn)[None, :], ld, softcap2, SOFTCAP, HAS_BIAS
+        )
+        if MASKED:
+            keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
+            if HAS_MASK:
+                keep = keep & _mask_keep(mask_ptr + mrow[:, None] + (cols * smn)[None, :], ld)
+            qk = tl.where(keep, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_use[:, None])
+    elif MASKED:
         keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
+        if HAS_MASK:
+            bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
+            ld = row_ok[:, None] & (cols < Nk)[None, :]
+            keep = keep & _mask_keep(mask_ptr + mrow[:, None] + (cols * smn)[None, :], ld)
         qk = tl.where(keep, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -177,12 +241,14 @@ def _fwd_step(
 @triton.jit
 def _fwd_band_step(
     q, kd, vd, k_ptrs, v_ptrs, b, hk, t, full_lo, full_hi, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i,
-    acc, qk_scale, skn, svn, Nk, rule,
+    acc, qk_scale, skn, svn, Nk, rule, mod, row_ok,
     DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BN: tl.constexpr,
     EVEN_K: tl.constexpr, TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
     NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
 ):  # fmt: skip
-    """One key tile of a band walk: the rule is evaluated only on tiles outside the FULL run.
+    """One key tile of a band walk: the rule (and a boolean mask) is evaluated only on tiles outside
+    the FULL run.
 
     One loop visits every tile of the band, so the software pipeline is filled once per query
     tile (not once per run) and no tile index is loaded. Positive scales only (``NEG`` is false).
@@ -195,12 +261,31 @@ def _fwd_band_step(
         DQK, DV, BDQK, BDV, BN, not EVEN_K, TMA,
     )  # fmt: skip
     qk = _dot(q, kt, DOT_PRECISION)
-    if (t < full_lo) | (t >= full_hi):
-        keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
-        qk = tl.where(keep, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(qk * qk_scale - m_use[:, None])
+    if SOFTCAP or HAS_BIAS:
+        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
+        ld = row_ok[:, None] & (cols < Nk)[None, :]
+        qk, _ = _modify(
+            qk, qk_scale, bias_ptr + brow[:, None] + (cols * sbn)[None, :], ld, softcap2, SOFTCAP, HAS_BIAS
+        )
+        if (t < full_lo) | (t >= full_hi):
+            keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
+            if HAS_MASK:
+                keep = keep & _mask_keep(mask_ptr + mrow[:, None] + (cols * smn)[None, :], ld)
+            qk = tl.where(keep, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk - m_use[:, None])
+    else:
+        if (t < full_lo) | (t >= full_hi):
+            keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
+            if HAS_MASK:
+                bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
+                ld = row_ok[:, None] & (cols < Nk)[None, :]
+                keep = keep & _mask_keep(mask_ptr + mrow[:, None] + (cols * smn)[None, :], ld)
+            qk = tl.where(keep, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(qk * qk_scale - m_use[:, None])
     l_i, acc = _accumulate(m_i, m_use, l_i, acc, p, v, DOT_PRECISION)
     return m_new, l_i, acc
 
@@ -210,6 +295,7 @@ def fwd_kernel(
     Q, K, V, O, LSE, PLAN, plan_stride,
     sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
     H, GROUP, Nq, Nk, qk_scale,
+    BIAS, sbb, sbh, sbm, sbn, MASKP, smb, smh, smm, smn, SINKS, softcap2, plan_b, plan_h,
     q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
     row_len, window_y, window_x,
     SPLITS, o_split, l_split,
@@ -218,6 +304,8 @@ def fwd_kernel(
     NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, NEG: tl.constexpr, PACK: tl.constexpr,
     TMA: tl.constexpr = False, BAND: tl.constexpr = False, EVEN_K: tl.constexpr = False,
+    SOFTCAP: tl.constexpr = False, HAS_BIAS: tl.constexpr = False, HAS_MASK: tl.constexpr = False,
+    HAS_SINKS: tl.constexpr = False,
 ):  # fmt: skip
     """One (query tile, key split, head, batch) program: out and natural-log lse of its rows.
 
@@ -227,6 +315,12 @@ def fwd_kernel(
     With SPLITS > 1 (split-KV, for few query tiles) each program visits every SPLITS-th partial tile
     and one slice of the unmasked run, and writes float32 partial results that ``combine_kernel``
     merges; ``o_split``/``l_split`` are the element strides between the splits' partial buffers.
+
+    SPEC §9 (each behind its constexpr, so that other calls compile as before): ``SOFTCAP``
+    (``softcap2`` = softcap·log2(e)), ``HAS_BIAS`` (``BIAS`` with element strides ``sb*``, 0 where
+    broadcast), ``HAS_MASK`` (a boolean mask read as bytes on the plan's PARTIAL tiles; the plan
+    then has one row block per (mask batch, mask head): ``plan_b``/``plan_h`` rows apart) and
+    ``HAS_SINKS`` (``SINKS`` (H,) joins the softmax as a zero-value key, in split 0 only).
     """
     rule = (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
             row_len, window_y, window_x)  # fmt: skip
@@ -272,15 +366,23 @@ def fwd_kernel(
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, BDV], dtype=tl.float32)
-    row = PLAN + pid_m * plan_stride
+    hrow64 = tl.cast(hrow, tl.int64)
+    brow = b.to(tl.int64) * sbb + hrow64 * sbh + offs_m * sbm
+    mrow = b.to(tl.int64) * smb + hrow64 * smh + offs_m * smm
+    mod = (BIAS, brow, sbn, MASKP, mrow, smn, softcap2)
+    if HAS_MASK:  # no PACK: hrow is one head; rows of plan.lists or plan.band_lists
+        row = PLAN + (b * plan_b + hrow * plan_h + pid_m).to(tl.int64) * plan_stride
+    else:
+        row = PLAN + pid_m * plan_stride
     full_lo = tl.load(row)
     full_hi = tl.load(row + 1)
     if BAND:  # plan.band_lists: [full_lo, full_hi, lo, hi], every tile of lo..hi-1 visited
         for t in range(tl.load(row + 2) + split, tl.load(row + 3), SPLITS):
             m_i, l_i, acc = _fwd_band_step(
                 q, kd, vd, k_ptrs, v_ptrs, b, hk, t, full_lo, full_hi, offs_m, offs_n, offs_dq, offs_dv,
-                m_i, l_i, acc, qk_scale, skn, svn, Nk, rule,
+                m_i, l_i, acc, qk_scale, skn, svn, Nk, rule, mod, row_ok,
                 DQK, DV, BDQK, BDV, BN, EVEN_K, TMA, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
+                SOFTCAP, HAS_BIAS, HAS_MASK,
             )  # fmt: skip
     else:  # plan.rows: [full_lo, full_hi, count, masked tile indices...]
         count = tl.load(row + 2)
@@ -291,15 +393,26 @@ def fwd_kernel(
             start_n = tl.load(row + 3 + t) * BN
             m_i, l_i, acc = _fwd_step(
                 q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc,
-                qk_scale, skn, svn, Nk, rule,
+                qk_scale, skn, svn, Nk, rule, mod, row_ok,
                 DQK, DV, BDQK, BDV, BN, True, NEG, TMA, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
+                SOFTCAP, HAS_BIAS, HAS_MASK,
             )  # fmt: skip
         for start_n in range(full_lo * BN, full_hi * BN, BN):
             m_i, l_i, acc = _fwd_step(
                 q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc,
-                qk_scale, skn, svn, Nk, rule,
+                qk_scale, skn, svn, Nk, rule, mod, row_ok,
                 DQK, DV, BDQK, BDV, BN, False, NEG, TMA, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
+                SOFTCAP, HAS_BIAS, HAS_MASK,
             )  # fmt: skip
+    if HAS_SINKS:  # the sink: one more exponential in the row sum, none in the accumulator
+        sink = tl.load(SINKS + hrow + offs_m * 0, mask=row_ok, other=float("-inf")).to(tl.float32) * LOG2E
+        sink = tl.where(split == 0, sink, float("-inf"))
+        m_f = tl.maximum(m_i, sink)
+        m_fu = tl.where(m_f == float("-inf"), 0.0, m_f)
+        alpha = tl.math.exp2(m_i - m_fu)
+        l_i = l_i * alpha + tl.math.exp2(sink - m_fu)
+        acc = acc * alpha[:, None]
+        m_i = m_f
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
@@ -421,12 +534,14 @@ def bwd_prep_kernel(
 @triton.jit
 def _dkdv_step(
     k, v, dk, dv, q_ptrs, do_ptrs, lse2_base, delta_base, start_m, offs_n, offs_mb, offs_dq, offs_dv,
-    qk_scale, sqn, sdn, Nq, Nk, rule,
+    qk_scale, sqn, sdn, Nq, Nk, rule, mod,
     DQK: tl.constexpr, DV: tl.constexpr, PADQ: tl.constexpr, PADV: tl.constexpr, MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
+    SOFTCAP: tl.constexpr = False, HAS_BIAS: tl.constexpr = False, HAS_MASK: tl.constexpr = False,
 ):  # fmt: skip
-    """One query tile's contribution to a key tile's dk and dv (the rule evaluated where ``MASKED``)."""
+    """One query tile's contribution to a key tile's dk and dv (the rule, and a boolean mask,
+    evaluated where ``MASKED``); ``mod`` as in ``dkdv_kernel``."""
     rows = start_m + offs_mb
     ok = rows < Nq
     q = _load_tile(
@@ -442,13 +557,27 @@ def _dkdv_step(
         lse2 = tl.load(lse2_base + rows)
         delta = tl.load(delta_base + rows)
     qkt = _dot(k, tl.trans(q), DOT_PRECISION)  # (BN, BM)
-    pt = tl.math.exp2(qkt * qk_scale - lse2[None, :])
+    if SOFTCAP or HAS_BIAS or HAS_MASK:
+        bias_base, sbm, sbn, mask_base, smm, smn, softcap2 = mod
+        ld = (offs_n < Nk)[:, None] & ok[None, :]
+    if SOFTCAP or HAS_BIAS:
+        st, th = _modify(
+            qkt, qk_scale, bias_base + (offs_n * sbn)[:, None] + (rows * sbm)[None, :], ld, softcap2,
+            SOFTCAP, HAS_BIAS,
+        )  # fmt: skip
+        pt = tl.math.exp2(st - lse2[None, :])
+    else:
+        pt = tl.math.exp2(qkt * qk_scale - lse2[None, :])
     if MASKED:
-        keep = _keep(rows, offs_n, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
-        pt = tl.where(tl.trans(keep), pt, 0.0)
+        keep = tl.trans(_keep(rows, offs_n, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE))
+        if HAS_MASK:
+            keep = keep & _mask_keep(mask_base + (offs_n * smn)[:, None] + (rows * smm)[None, :], ld)
+        pt = tl.where(keep, pt, 0.0)
     dv = _dot(pt.to(do.dtype), do, DOT_PRECISION, dv)
     dpt = _dot(v, tl.trans(do), DOT_PRECISION)
     dst = pt * (dpt - delta[None, :])
+    if SOFTCAP:
+        dst = dst * (1.0 - th * th)
     dk = _dot(dst.to(q.dtype), q, DOT_PRECISION, dk)
     return dk, dv
 
@@ -458,14 +587,20 @@ def dkdv_kernel(
     Q, K, V, DO, LSE2, DELTA, DK, DV_, PLAN, plan_stride,
     sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdn, sdd,
     HQ, HKV, GROUP, Nq, Nk, qk_scale, sm_scale,
+    BIAS, sbb, sbh, sbm, sbn, MASKP, smb, smh, smm, smn, softcap2, plan_b, plan_h,
     q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
     row_len, window_y, window_x,
     DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr,
     NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr = False, HAS_BIAS: tl.constexpr = False, HAS_MASK: tl.constexpr = False,
 ):  # fmt: skip
-    """One (key tile, kv head, batch) program: dk and dv summed over the query heads of its group."""
+    """One (key tile, kv head, batch) program: dk and dv summed over the query heads of its group.
+
+    The §9 modifiers as in ``fwd_kernel``; with ``HAS_MASK`` the plan's rows are per (mask batch,
+    mask head, key tile), ``plan_b``/``plan_h`` rows apart.
+    """
     rule = (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
             row_len, window_y, window_x)  # fmt: skip
     pid_n = tl.program_id(0)
@@ -500,18 +635,29 @@ def dkdv_kernel(
         delta_base = DELTA + (b.to(tl.int64) * HQ + h) * Nq
         q_ptrs = q_base + offs_mb[:, None] * sqn + offs_dq[None, :] * sqd
         do_ptrs = do_base + offs_mb[:, None] * sdn + offs_dv[None, :] * sdd
+        mod = (
+            BIAS + b.to(tl.int64) * sbb + h.to(tl.int64) * sbh, sbm, sbn,
+            MASKP + b.to(tl.int64) * smb + h.to(tl.int64) * smh, smm, smn, softcap2,
+        )  # fmt: skip
+        if HAS_MASK:
+            row = PLAN + (b * plan_b + h * plan_h + pid_n).to(tl.int64) * plan_stride
+            full_lo = tl.load(row)
+            full_hi = tl.load(row + 1)
+            count = tl.load(row + 2)
         for t in range(0, count):  # query tiles the rule masks in part: plan.cols' index list
             start_m = tl.load(row + 3 + t) * BM
             dk, dv = _dkdv_step(
                 k, v, dk, dv, q_ptrs, do_ptrs, lse2_base, delta_base, start_m, offs_n, offs_mb, offs_dq,
-                offs_dv, qk_scale, sqn, sdn, Nq, Nk, rule,
+                offs_dv, qk_scale, sqn, sdn, Nq, Nk, rule, mod,
                 DQK, DV, BDQK != DQK, BDV != DV, True, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
+                SOFTCAP, HAS_BIAS, HAS_MASK,
             )  # fmt: skip
         for start_m in range(full_lo * BM, full_hi * BM, BM):  # the unmasked run
             dk, dv = _dkdv_step(
                 k, v, dk, dv, q_ptrs, do_ptrs, lse2_base, delta_base, start_m, offs_n, offs_mb, offs_dq,
-                offs_dv, qk_scale, sqn, sdn, Nq, Nk, rule,
+                offs_dv, qk_scale, sqn, sdn, Nq, Nk, rule, mod,
                 DQK, DV, BDQK != DQK, BDV != DV, False, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
+                SOFTCAP, HAS_BIAS, HAS_MASK,
             )  # fmt: skip
     dk = dk * sm_scale
     base = (b.to(tl.int64) * HKV + hk) * Nk
@@ -530,23 +676,42 @@ def dkdv_kernel(
 @triton.jit
 def _dq_step(
     q, do, dq, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_dq, offs_dv,
-    qk_scale, skn, svn, Nk, rule,
+    qk_scale, skn, svn, Nk, rule, mod, row_ok,
     DQK: tl.constexpr, DV: tl.constexpr, PADQ: tl.constexpr, PADV: tl.constexpr, MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
+    SOFTCAP: tl.constexpr = False, HAS_BIAS: tl.constexpr = False, HAS_MASK: tl.constexpr = False,
+    DBIAS: tl.constexpr = False,
 ):  # fmt: skip
-    """One key tile's contribution to a query tile's dq (the rule evaluated where ``MASKED``)."""
+    """One key tile's contribution to a query tile's dq (the rule, and a boolean mask, evaluated
+    where ``MASKED``); with ``DBIAS`` it also stores dS (natural units) in ``mod``'s
+    buffer."""
     cols = start_n + offs_n
     ok = (cols < Nk)[None, :]
     kt = _load_tile(k_ptrs + tl.cast(start_n, tl.int64) * skn, ok, (offs_dq < DQK)[:, None], MASKED, PADQ)
     vt = _load_tile(v_ptrs + tl.cast(start_n, tl.int64) * svn, ok, (offs_dv < DV)[:, None], MASKED, PADV)
     qk = _dot(q, kt, DOT_PRECISION)
-    p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+    if SOFTCAP or HAS_BIAS or HAS_MASK:
+        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, db_ptr, dbrow = mod
+        ld = row_ok[:, None] & (cols < Nk)[None, :]
+    if SOFTCAP or HAS_BIAS:
+        s, th = _modify(
+            qk, qk_scale, bias_ptr + brow[:, None] + (cols * sbn)[None, :], ld, softcap2, SOFTCAP, HAS_BIAS
+        )
+        p = tl.math.exp2(s - lse2[:, None])
+    else:
+        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
     if MASKED:
         keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
+        if HAS_MASK:
+            keep = keep & _mask_keep(mask_ptr + mrow[:, None] + (cols * smn)[None, :], ld)
         p = tl.where(keep, p, 0.0)
     dp = _dot(do, vt, DOT_PRECISION)
     ds = p * (dp - delta[:, None])
+    if DBIAS:
+        tl.store(db_ptr + dbrow[:, None] + cols[None, :], ds.to(db_ptr.dtype.element_ty), mask=ld)
+    if SOFTCAP:
+        ds = ds * (1.0 - th * th)
     dq = _dot(ds.to(kt.dtype), tl.trans(kt), DOT_PRECISION, dq)
     return dq
 
@@ -556,14 +721,18 @@ def dq_kernel(
     Q, K, V, DO, LSE2, DELTA, DQ, PLAN, plan_stride,
     sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdn, sdd,
     HQ, GROUP, Nq, Nk, qk_scale, sm_scale,
+    BIAS, sbb, sbh, sbm, sbn, MASKP, smb, smh, smm, smn, DB, softcap2, plan_b, plan_h,
     q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
     row_len, window_y, window_x,
     DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr,
     NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr = False, HAS_BIAS: tl.constexpr = False, HAS_MASK: tl.constexpr = False,
+    DBIAS: tl.constexpr = False,
 ):  # fmt: skip
-    """One (query tile, head, batch) program: dq of its rows."""
+    """One (query tile, head, batch) program: dq of its rows; with ``DBIAS`` also dS into ``DB``
+    (B, HQ, Nq, Nk), float32 or the bias's 16-bit dtype. The other §9 modifiers as in ``fwd_kernel``."""
     rule = (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
             row_len, window_y, window_x)  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -593,7 +762,16 @@ def dq_kernel(
     dq = tl.zeros([BM, BDQK], dtype=tl.float32)
     k_ptrs = k_base + offs_n[None, :] * skn + offs_dq[:, None] * skd
     v_ptrs = v_base + offs_n[None, :] * svn + offs_dv[:, None] * svd
-    row = PLAN + pid_m * plan_stride
+    b64 = b.to(tl.int64)
+    mod = (
+        BIAS, b64 * sbb + h.to(tl.int64) * sbh + offs_m * sbm, sbn,
+        MASKP, b64 * smb + h.to(tl.int64) * smh + offs_m * smm, smn, softcap2,
+        DB, (row_base + offs_m) * Nk,
+    )  # fmt: skip
+    if HAS_MASK:
+        row = PLAN + (b * plan_b + h * plan_h + pid_m).to(tl.int64) * plan_stride
+    else:
+        row = PLAN + pid_m * plan_stride
     full_lo = tl.load(row)
     full_hi = tl.load(row + 1)
     count = tl.load(row + 2)
@@ -601,14 +779,16 @@ def dq_kernel(
         start_n = tl.load(row + 3 + t) * BN
         dq = _dq_step(
             q, do, dq, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_dq, offs_dv,
-            qk_scale, skn, svn, Nk, rule,
+            qk_scale, skn, svn, Nk, rule, mod, ok,
             DQK, DV, BDQK != DQK, BDV != DV, True, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
+            SOFTCAP, HAS_BIAS, HAS_MASK, DBIAS,
         )  # fmt: skip
     for start_n in range(full_lo * BN, full_hi * BN, BN):  # the unmasked run
         dq = _dq_step(
             q, do, dq, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_dq, offs_dv,
-            qk_scale, skn, svn, Nk, rule,
+            qk_scale, skn, svn, Nk, rule, mod, ok,
             DQK, DV, BDQK != DQK, BDV != DV, False, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
+            SOFTCAP, HAS_BIAS, HAS_MASK, DBIAS,
         )  # fmt: skip
     dq = dq * sm_scale
     tl.store(

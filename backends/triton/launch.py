@@ -13,9 +13,10 @@ from attnhub import settings
 from attnhub.errors import AttnhubError
 from attnhub.positions import axis_affine
 from attnhub.request import Request
-from attnhub.rules import Causal, Full, Local
-from attnhub_backends.triton import configs, plan
+from attnhub.rules import Causal, ExplicitMask, Full, Local
+from attnhub_backends.triton import configs, mask_summary, plan
 from attnhub_backends.triton.loader import interpret_mode, kernels
+from attnhub_backends.triton.modifiers import Mods, plan_rule, runtime_args
 from attnhub_backends.triton.relaunch import Relauncher
 
 LOG2E = 1.4426950408889634
@@ -27,9 +28,10 @@ def rule_args(req: Request) -> tuple[dict[str, int], dict[str, Any]]:
     Scalars (see kernels.py): each grid's row length (2-d), the affine position maps ``scale *
     index + shift`` per axis (``positions.axis_affine``), the causal order's row length and the
     window per axis. Constexprs: ``NDIM``, ``RULE`` ("full", "causal" or "local"), ``CAUSAL`` and
-    ``LOG2_STRIDE``.
+    ``LOG2_STRIDE``. SPEC §11's offsets (1-d, none_front) add to the shifts; a boolean mask rides
+    on the rule Full (``modifiers.plan_rule``).
     """
-    rule = req.rule
+    rule = plan_rule(req)
     if req.ndim == 2:
         (yq, xq), (yk, xk) = req.seq_q, req.seq_k
         ay = axis_affine(yq, yk, req.sync)
@@ -37,6 +39,8 @@ def rule_args(req: Request) -> tuple[dict[str, int], dict[str, Any]]:
         (xq,), (xk,) = req.seq_q, req.seq_k
         ay = (1, 0, 1, 0)
     ax = axis_affine(xq, xk, req.sync)
+    if req.q_offset or req.k_offset:
+        ax = (ax[0], ax[1] + req.q_offset, ax[2], ax[3] + req.k_offset)
     wy = wx = 1
     log2_stride = 0
     if isinstance(rule, Local):
@@ -155,6 +159,7 @@ def _key(kernel: str, req: Request, x: torch.Tensor) -> tuple:
         type(rule).__name__, getattr(rule, "causal", False), req.ndim, configs.bucket(req.nq),
         configs.bucket(req.nk), interpret_mode(), _window_key(rule, req.ndim),
         settings.raw("ATTNHUB_TRITON_TMA"), settings.raw(configs.CFG_SETTING[kernel]),
+        req.softcap is not None, req.bias is not None, req.sinks, req.bias_grad,
     )  # fmt: skip
 
 
@@ -192,10 +197,21 @@ _FWD_LAUNCHES: OrderedDict[tuple, _FwdLaunch] = OrderedDict()
 _FWD_LAUNCHES_SIZE = 256
 
 
+def _offsets(req: Request) -> tuple[int, int]:
+    return (req.q_offset, req.k_offset)
+
+
 def forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, req: Request, out_dtype: torch.dtype | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    req: Request,
+    out_dtype: torch.dtype | None = None,
+    mods: Mods | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) for canonical torch tensors (any strides); ``out`` in ``out_dtype`` (default q's)."""
+    """(out, lse) for canonical torch tensors (any strides); ``out`` in ``out_dtype`` (default q's);
+    ``mods``: the §9 modifiers and a boolean mask (``modifiers.from_call``)."""
+    mods = mods or Mods()
     b, hq, nq, dqk = q.shape
     dv = v.shape[3]
     out = torch.empty((b, hq, nq, dv), dtype=out_dtype or q.dtype, device=q.device)
@@ -209,11 +225,11 @@ def forward(
     )  # fmt: skip
     fl = _FWD_LAUNCHES.get(sig)
     if fl is None:
-        fl = _prepare_forward(q, k, v, out, lse, req)
+        fl = _prepare_forward(q, k, v, out, lse, req, mods)
         _FWD_LAUNCHES[sig] = fl
         if len(_FWD_LAUNCHES) > _FWD_LAUNCHES_SIZE:
             _FWD_LAUNCHES.popitem(last=False)
-    _launch_forward(fl, q, k, v, out, lse)
+    _launch_forward(fl, q, k, v, out, lse, mods, req)
     return out, lse
 
 
@@ -225,16 +241,21 @@ def _make_launch(
     hkv, dv = k.shape[1], v.shape[3]
     scalars, consts = rule_args(req)
     group = hq // hkv
-    # GQA packing: with few queries, one tile holds every (query head of a group, query) row.
-    pack = group > 1 and nq * group <= 64
+    has_mask = isinstance(req.rule, ExplicitMask)
+    # GQA packing: with few queries, one tile holds every (query head of a group, query) row
+    # (not with a boolean mask: its plan rows are per head).
+    pack = group > 1 and nq * group <= 64 and not has_mask
     bm = max(16, 1 << math.ceil(math.log2(nq * group))) if pack else cfg.bm
-    pl = plan.plan(req.rule, req.seq_q, req.seq_k, req.sync, nq if pack else bm, cfg.bn, q.device)
+    pl = plan.plan(
+        plan_rule(req), req.seq_q, req.seq_k, req.sync, nq if pack else bm, cfg.bn, q.device,
+        offsets=_offsets(req),
+    )  # fmt: skip
     tiles = 1 if pack else triton_cdiv(nq, bm)
     heads = hkv if pack else hq
     splits = _splits(tiles * heads * b, pl.max_visits, q.device)
     tma = _tma_mode(q, k, v, packed=pack)
     # The band walk needs contiguous visits (pl.band) and a positive scale (its -inf masking).
-    band = cfg.band and not pack and pl.band is not None and req.scale > 0
+    band = cfg.band and not pack and pl.band is not None and req.scale > 0 and not has_mask
     # Element strides between the splits' partial buffers (contiguous, made in _launch_forward).
     o_split, l_split = (b * hq * nq * dv, b * hq * nq) if splits > 1 else (0, 0)
     kwargs = dict(
@@ -243,6 +264,11 @@ def _make_launch(
         DOT_PRECISION=_dot_precision(q), NEG=req.scale < 0, PACK=pack, TMA=tma == DESCRIPTORS, BAND=band,
         EVEN_K=band and k.shape[2] % cfg.bn == 0, num_warps=cfg.warps, num_stages=cfg.stages,
     )  # fmt: skip
+    if req.modified or has_mask:
+        kwargs.update(
+            SOFTCAP=req.softcap is not None, HAS_BIAS=req.bias is not None, HAS_MASK=has_mask,
+            HAS_SINKS=req.sinks,
+        )  # fmt: skip
     if cfg.maxnreg:
         kwargs["maxnreg"] = cfg.maxnreg
     combine_kwargs = dict(DV=dv, BDV=_pad(dv), BM=16, BS=max(2, 1 << math.ceil(math.log2(splits))))
@@ -253,7 +279,13 @@ def _make_launch(
 
 
 def _prepare_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, req: Request
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    req: Request,
+    mods: Mods,
 ) -> _FwdLaunch:
     """Choose (tuning where it pays) and return the launch of a new call signature."""
     launches: dict[configs.Cfg, _FwdLaunch] = {}
@@ -261,14 +293,21 @@ def _prepare_forward(
     def run(cfg: configs.Cfg) -> None:
         if cfg not in launches:
             launches[cfg] = _make_launch(q, k, v, req, cfg)
-        _launch_forward(launches[cfg], q, k, v, out, lse)
+        _launch_forward(launches[cfg], q, k, v, out, lse, mods, req)
 
     cfg = configs.choose(_key("fwd", req, q), _cfgs("fwd", req, q), run, _work(req))
     return launches.get(cfg) or _make_launch(q, k, v, req, cfg)
 
 
 def _launch_forward(
-    fl: _FwdLaunch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor
+    fl: _FwdLaunch,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    mods: Mods,
+    req: Request,
 ) -> None:
     kern = kernels()
     b, hq, nq, dqk = q.shape
@@ -286,11 +325,24 @@ def _launch_forward(
 
         kk = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, fl.cfg.bn, dqk])
         vv = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, fl.cfg.bn, dv])
+    rows, plan_b, plan_h, kwargs = fl.rows, 0, 0, fl.kwargs
+    if mods.mask is not None:
+        mp = mask_summary.mask_plan(
+            mods.mask, plan_rule(req), req.seq_q, req.seq_k, req.sync, fl.kwargs["BM"], fl.cfg.bn
+        )
+        rows, plan_b, plan_h = mp.rows, mp.plan_b, mp.plan_h
+        if fl.cfg.band and mp.band is not None and req.scale > 0:  # this mask's visits are bands
+            rows = mp.band
+            kwargs = dict(kwargs, BAND=True, EVEN_K=nk % fl.cfg.bn == 0)
     args = (
-        q, kk, vv, o_buf, l_buf, fl.rows, fl.rows.stride(0), *q.stride(), *k.stride(), *v.stride(),
+        q, kk, vv, o_buf, l_buf, rows, rows.stride(0), *q.stride(), *k.stride(), *v.stride(),
         *o_strides, hq, hq // hkv, nq, nk, fl.qk_scale,
+        *runtime_args(mods, q, plan_b, plan_h, extra=mods.sinks),
     )  # fmt: skip
-    fl.fwd_launcher(kern.fwd_kernel, fl.grid, args, fl.kwargs)
+    if mods.any:  # tensors whose layouts vary per call: Triton specialises each launch
+        kern.fwd_kernel[fl.grid](*args, **kwargs)
+    else:
+        fl.fwd_launcher(kern.fwd_kernel, fl.grid, args, fl.kwargs)
     if splits > 1:
         args = (o_buf, l_buf, out, lse, splits, nq, hq, *out.stride(), o_buf.stride(0), l_buf.stride(0))
         fl.combine_launcher(kern.combine_kernel, (triton_cdiv(nq, 16), hq, b), args, fl.combine_kwargs)
@@ -308,8 +360,16 @@ def backward(
     lse: torch.Tensor,
     dout: torch.Tensor,
     req: Request,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv): FA2 backward, deterministic (no atomics; GQA summed inside the dk/dv program)."""
+    mods: Mods | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """(dq, dk, dv): FA2 backward, deterministic (no atomics; GQA summed inside the dk/dv program).
+
+    With a bias or sinks in the request, (dq, dk, dv, dbias, dsinks): ``dbias`` (the bias's shape,
+    its dtype) when ``req.bias_grad``, from the per-element dS the dq kernel stores in float32 and
+    torch sums over the broadcast dimensions; ``dsinks`` (H,) when ``req.sinks_grad``, from
+    dsinks[h] = -sum over rows of exp(sinks[h] - lse) * rowsum(dO·O).
+    """
+    mods = mods or Mods()
     kern = kernels()
     b, hq, nq, dqk = q.shape
     hkv, nk, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -327,29 +387,68 @@ def backward(
     dvv = torch.empty((b, hkv, nk, dv), dtype=q.dtype, device=q.device)
     scalars, consts = rule_args(req)
     qk_scale = req.scale * LOG2E
+    rule = plan_rule(req)
     common = dict(
         **scalars, DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), **consts, DOT_PRECISION=_dot_precision(q)
     )  # fmt: skip
+    if mods.any:
+        common.update(mods.consts())
+    dbias_full = None
+    if req.bias is not None and req.bias_grad:
+        # dS per element in the bias's dtype (16-bit biases: half the bytes to write and to sum,
+        # the sum taken in float32), float32 for a float32 bias. Every (query tile, key tile) pair
+        # the dq kernel skips holds dS = 0.
+        skips = not isinstance(rule, Full) or mods.mask is not None or req.ndim != 1
+        alloc = torch.zeros if skips else torch.empty
+        bdt = mods.bias.dtype if mods.bias is not None else torch.float32
+        bdt = bdt if bdt in (torch.float16, torch.bfloat16) else torch.float32
+        dbias_full = alloc((b, hq, nq, nk), dtype=bdt, device=q.device)
+
+    def tiles(cfg: configs.Cfg, transposed: bool) -> tuple[torch.Tensor, int, int]:
+        if mods.mask is not None:
+            mp = mask_summary.mask_plan(
+                mods.mask, rule, req.seq_q, req.seq_k, req.sync, cfg.bm, cfg.bn, transposed
+            )
+            return mp.rows, mp.plan_b, mp.plan_h
+        pl = plan.plan(
+            rule, req.seq_q, req.seq_k, req.sync, cfg.bm, cfg.bn, q.device, transposed=transposed,
+            offsets=_offsets(req),
+        )  # fmt: skip
+        return (pl.cols if transposed else pl.rows), 0, 0
 
     def run_dkdv(cfg: configs.Cfg) -> None:
-        pl = plan.plan(req.rule, req.seq_q, req.seq_k, req.sync, cfg.bm, cfg.bn, q.device, transposed=True)
+        rows, plan_b, plan_h = tiles(cfg, True)
         kern.dkdv_kernel[(triton_cdiv(nk, cfg.bn), hkv, b)](
-            q, k, v, dout, lse2, delta, dk, dvv, pl.cols, pl.cols.stride(0),
+            q, k, v, dout, lse2, delta, dk, dvv, rows, rows.stride(0),
             *q.stride(), *k.stride(), *v.stride(), *dout.stride(),
             hq, hkv, group, nq, nk, qk_scale, req.scale,
+            *runtime_args(mods, q, plan_b, plan_h, extra=False),
             BM=cfg.bm, BN=cfg.bn, num_warps=cfg.warps, num_stages=cfg.stages, **common,
         )  # fmt: skip
 
     def run_dq(cfg: configs.Cfg) -> None:
-        pl = plan.plan(req.rule, req.seq_q, req.seq_k, req.sync, cfg.bm, cfg.bn, q.device)
+        rows, plan_b, plan_h = tiles(cfg, False)
+        extra = {"DBIAS": True} if dbias_full is not None else {}
         kern.dq_kernel[(triton_cdiv(nq, cfg.bm), hq, b)](
-            q, k, v, dout, lse2, delta, dq, pl.rows, pl.rows.stride(0),
+            q, k, v, dout, lse2, delta, dq, rows, rows.stride(0),
             *q.stride(), *k.stride(), *v.stride(), *dout.stride(),
             hq, group, nq, nk, qk_scale, req.scale,
-            BM=cfg.bm, BN=cfg.bn, num_warps=cfg.warps, num_stages=cfg.stages, **common,
+            *runtime_args(mods, q, plan_b, plan_h, extra=dbias_full),
+            BM=cfg.bm, BN=cfg.bn, num_warps=cfg.warps, num_stages=cfg.stages, **common, **extra,
         )  # fmt: skip
 
     work = _work(req)
     run_dkdv(configs.choose(_key("dkdv", req, q), _cfgs("dkdv", req, q), run_dkdv, work))
     run_dq(configs.choose(_key("dq", req, q), _cfgs("dq", req, q), run_dq, work))
-    return dq, dk, dvv
+    if req.bias is None and not req.sinks:
+        return dq, dk, dvv
+    dbias = None
+    if dbias_full is not None:
+        dims = [d for d in range(4) if req.bias[d] == 1 and dbias_full.shape[d] != 1]
+        red = dbias_full.sum(dim=dims, keepdim=True, dtype=torch.float32) if dims else dbias_full
+        dbias = red.reshape(req.bias).to(mods.bias.dtype if mods.bias is not None else q.dtype)
+    dsinks = None
+    if req.sinks and req.sinks_grad and mods.sinks is not None:
+        p_sink = torch.exp(mods.sinks.float()[None, :, None] - lse)
+        dsinks = (-(p_sink * delta).sum(dim=(0, 2))).to(mods.sinks.dtype)
+    return dq, dk, dvv, dbias, dsinks

@@ -19,10 +19,26 @@ from attnhub.tiling import EMPTY, FULL, PARTIAL, Tiling
 
 
 def classify(
-    rule: Rule, seq_q: tuple[int, ...], seq_k: tuple[int, ...], sync: str, block_m: int, block_n: int
+    rule: Rule,
+    seq_q: tuple[int, ...],
+    seq_k: tuple[int, ...],
+    sync: str,
+    block_m: int,
+    block_n: int,
+    offsets: tuple[int, int] = (0, 0),
 ) -> np.ndarray:
-    """(query tiles x key tiles) int8 matrix of EMPTY / PARTIAL / FULL for ``rule``."""
+    """(query tiles x key tiles) int8 matrix of EMPTY / PARTIAL / FULL for ``rule``.
+
+    ``offsets``: SPEC §11's (q_offset, k_offset), 1-d with sync none_front only: positions (and
+    flat indices, which for one dimension are the positions) shift by them.
+    """
     tiling = Tiling(seq_q, seq_k, sync, block_m, block_n)
+    if offsets != (0, 0):
+        if len(seq_q) != 1 or sync != "none_front":
+            raise ValueError("position offsets are defined for 1-d sequences with sync none_front")
+        qo, ko = offsets
+        tiling.pq, tiling.fq = [tiling.pq[0] + qo], tiling.fq + qo
+        tiling.pk, tiling.fk = [tiling.pk[0] + ko], tiling.fk + ko
     cls = tiling.bounds(rule)  # bounds only: planning stays O(tile pairs) however long the sequences
     # FULL also needs complete tiles, so that unmasked kernel steps load without bounds checks.
     complete = (np.diff(tiling.q_edges) == block_m)[:, None] & (np.diff(tiling.k_edges) == block_n)[None, :]
@@ -99,16 +115,18 @@ def plan(
     block_n: int,
     device: Any,
     transposed: bool = False,
+    offsets: tuple[int, int] = (0, 0),
 ) -> Plan:
-    """Cached :class:`Plan` for the tile sizes; ``transposed`` also builds the per-key-tile lists."""
-    key = (rule, seq_q, seq_k, sync, block_m, block_n, str(device), transposed)
+    """Cached :class:`Plan` for the tile sizes; ``transposed`` also builds the per-key-tile lists;
+    ``offsets`` as in :func:`classify`."""
+    key = (rule, seq_q, seq_k, sync, block_m, block_n, str(device), transposed, offsets)
     hit = _CACHE.get(key)
     if hit is not None:
         _CACHE.move_to_end(key)
         return hit
     import torch
 
-    cls = classify(rule, seq_q, seq_k, sync, block_m, block_n)
+    cls = classify(rule, seq_q, seq_k, sync, block_m, block_n, offsets)
     fwd = lists(cls)
     rows = torch.from_numpy(fwd).to(device)
     cols = torch.from_numpy(lists(np.ascontiguousarray(cls.T))).to(device) if transposed else rows

@@ -1,0 +1,108 @@
+"""SPEC §9 score modifiers and boolean masks as the kernels' runtime arguments and constexprs.
+
+The kernels take the same fourteen runtime arguments after ``qk_scale`` whether or not a modifier
+is used (dense calls pass placeholders that no compiled code reads, their constexprs off): the
+bias pointer and its four element strides (0 where it broadcasts), the mask (as bytes) and its
+strides, the sinks, softcap·log2(e) and the mask plan's row strides (``mask_summary``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from attnhub.request import Request
+from attnhub.rules import ExplicitMask, Full, Rule
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class Mods:
+    """The modifier tensors of one call (None where absent), canonical and on the inputs' device."""
+
+    bias: Any = None
+    mask: Any = None  # rank-4 bool, viewed as uint8
+    sinks: Any = None
+    softcap: float | None = None
+
+    @property
+    def any(self) -> bool:
+        return (
+            self.bias is not None
+            or self.mask is not None
+            or self.sinks is not None
+            or (self.softcap is not None)
+        )
+
+    def consts(self) -> dict[str, bool]:
+        """The constexprs shared by every kernel (``HAS_SINKS`` is the forward's own)."""
+        return {
+            "SOFTCAP": self.softcap is not None,
+            "HAS_BIAS": self.bias is not None,
+            "HAS_MASK": self.mask is not None,
+        }
+
+
+def from_call(req: Request, mask: Any, operands: Any) -> Mods:
+    """The :class:`Mods` of a call: the bias and sinks from ``operands``, a bool mask from ``mask``."""
+    bias = getattr(operands, "bias", None) if req.bias is not None else None
+    sinks = getattr(operands, "sinks", None) if req.sinks else None
+    bmask = None
+    if isinstance(req.rule, ExplicitMask) and req.rule.kind == "bool":
+        bmask = mask.reshape(req.rule.shape)
+        if bmask.dtype != _bool_dtype():
+            bmask = bmask != 0
+        bmask = bmask.view(_u8())
+    if bias is not None and bias.dim() != 4:
+        bias = bias.reshape(req.bias)
+    return Mods(bias=bias, mask=bmask, sinks=sinks, softcap=req.softcap)
+
+
+def _bool_dtype() -> Any:
+    import torch
+
+    return torch.bool
+
+
+def _u8() -> Any:
+    import torch
+
+    return torch.uint8
+
+
+def plan_rule(req: Request) -> Rule:
+    """The rule whose host plan the kernels walk: a boolean mask rides on the rule Full."""
+    return Full() if isinstance(req.rule, ExplicitMask) else req.rule
+
+
+def strides4(x: Any) -> tuple[int, int, int, int]:
+    """Element strides of a rank-4 broadcastable tensor, 0 along its size-1 dimensions."""
+    return tuple(0 if n == 1 else s for n, s in zip(x.shape, x.stride(), strict=True))  # type: ignore[return-value]
+
+
+def runtime_args(mods: Mods, dummy: Any, plan_b: int = 0, plan_h: int = 0, extra: Any = None) -> tuple:
+    """``BIAS, sbb, sbh, sbm, sbn, MASKP, smb, smh, smm, smn, <extra>, softcap2, plan_b, plan_h``;
+    ``extra`` is the forward's SINKS or the dq kernel's dbias buffer (``dummy`` where absent), and
+    the dk/dv kernel takes none (pass ``extra=False``)."""
+    bias = mods.bias if mods.bias is not None else dummy
+    sb = strides4(mods.bias) if mods.bias is not None else (0, 0, 0, 0)
+    mask = mods.mask if mods.mask is not None else dummy
+    sm = strides4(mods.mask) if mods.mask is not None else (0, 0, 0, 0)
+    softcap2 = mods.softcap * LOG2E if mods.softcap is not None else 1.0
+    mid: tuple = () if extra is False else (dummy if extra is None else extra,)
+    return (bias, *sb, mask, *sm, *mid, softcap2, plan_b, plan_h)
+
+
+def reasons(req: Request) -> list[str]:
+    """What the triton kernels cannot compute of a §9-§11 request."""
+    out = []
+    rule = req.rule
+    if isinstance(rule, ExplicitMask) and rule.kind != "bool":
+        out.append("reads boolean masks only; pass a float mask as bias=")
+    if (req.q_offset or req.k_offset) and (req.ndim != 1 or req.sync != "none_front"):
+        out.append("takes q_offset/k_offset for 1-d sequences with sync none_front only")
+    if req.softcap is not None and not (math.isfinite(req.softcap) and req.softcap > 0):
+        out.append("applies a finite positive softcap only")
+    return out

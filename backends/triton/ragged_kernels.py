@@ -1,0 +1,578 @@
+"""Triton kernels for ragged sequences (SPEC §10-§11): per-entry lengths, packed sequences, paged
+KV caches and split-KV decoding, 1-d only.
+
+Every kernel reads a per-sequence table ``TAB`` (int32, 8 columns, built on the host by
+``ragged_launch.seq_table``): ``q_start, q_len, k_start, k_len, aq, bq, ak, bk``. Sequence ``s``
+is rows ``q_start .. q_start + q_len`` of batch entry ``s`` of q (``sqb = 0`` for packed
+sequences, where ``q_start`` is the cu_seqlens offset) against rows ``k_start .. k_start + k_len``
+of k and v. Within the valid segment, query ``i`` sits at position ``aq * i + bq`` and key ``j``
+at ``ak * j + bk`` (the sync mode evaluated on the segment's lengths, offsets folded in); rules
+are evaluated from those positions, and each program computes the band of tiles its rows can
+reach from them, so tiles outside a sequence or outside the rule are never visited. Programs whose
+tile lies past their sequence's length return at once: the grid is sized from the longest sequence
+and no length is read on the host.
+
+Logits are kept in the log2 domain (``log2(e)`` folded into ``qk_scale``) for ``exp2``. With
+``SOFTCAP`` the logit is ``softcap * tanh(scale * q·k / softcap)``. This module is executed once
+per mode (compiled or ``TRITON_INTERPRET=1``) by ``ragged_launch._kernels``.
+"""
+
+import triton
+import triton.language as tl
+
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _dot(a, b, DOT_PRECISION: tl.constexpr, acc=None):
+    """a @ b (+ acc): "native" tensor cores, "ieee" exact float32, "ieee_upcast" float32 operands
+    (Triton's interpreter multiplies bfloat16 operands wrongly)."""
+    if DOT_PRECISION == "ieee":
+        return tl.dot(a, b, acc, input_precision="ieee")
+    elif DOT_PRECISION == "ieee_upcast":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _load(ptrs, mask, other, CHECK: tl.constexpr):
+    """``tl.load`` with ``mask`` only where ``CHECK`` (unmasked loads vectorise and skip the test)."""
+    if CHECK:
+        return tl.load(ptrs, mask=mask, other=other)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
+def _seq(TAB, s):
+    """The eight table entries of sequence ``s``."""
+    row = TAB + s * 8
+    return (
+        tl.load(row), tl.load(row + 1), tl.load(row + 2), tl.load(row + 3),
+        tl.load(row + 4), tl.load(row + 5), tl.load(row + 6), tl.load(row + 7),
+    )  # fmt: skip
+
+
+@triton.jit
+def _count_upto(pos, a):
+    """Number of indices ``j >= 0`` with ``a * j <= pos`` (0 when pos < 0)."""
+    return tl.where(pos < 0, 0, pos // a + 1)
+
+
+@triton.jit
+def _count_below(pos, a):
+    """Number of indices ``j >= 0`` with ``a * j < pos`` (the first index at or past ``pos``)."""
+    return tl.where(pos <= 0, 0, (pos + a - 1) // a)
+
+
+@triton.jit
+def _key_band(pq_lo, pq_hi, k_len, ak, bk, window, RULE: tl.constexpr, CAUSAL: tl.constexpr,
+              LOG2_STRIDE: tl.constexpr):  # fmt: skip
+    """Keys reachable from query positions ``pq_lo..pq_hi``: ``[n_lo, n_hi)``, and ``n_full``: keys
+    below it (from n_lo) are attended by every query of that range (no mask needed)."""
+    n_lo = 0
+    n_hi = k_len
+    if CAUSAL:
+        n_hi = tl.minimum(n_hi, _count_upto(pq_hi - bk, ak))
+    if RULE == "local":
+        reach = (window - 1) << LOG2_STRIDE
+        n_lo = _count_below(pq_lo - reach - bk, ak)
+        if not CAUSAL:
+            n_hi = tl.minimum(n_hi, _count_upto(pq_hi + reach - bk, ak))
+        n_full = n_lo
+    elif CAUSAL:
+        n_full = tl.minimum(n_hi, _count_upto(pq_lo - bk, ak))
+    else:
+        n_full = n_hi
+    return n_lo, n_hi, n_full
+
+
+@triton.jit
+def _query_band(pk_lo, pk_hi, q_len, aq, bq, window, RULE: tl.constexpr, CAUSAL: tl.constexpr,
+                LOG2_STRIDE: tl.constexpr):  # fmt: skip
+    """Queries that reach key positions ``pk_lo..pk_hi``: ``[i_lo, i_hi)``, and ``i_full``: queries
+    from it on attend every key of that range (causal and full rules; local: ``i_hi``)."""
+    i_lo = 0
+    i_hi = q_len
+    if CAUSAL:
+        i_lo = _count_below(pk_lo - bq, aq)
+    if RULE == "local":
+        reach = (window - 1) << LOG2_STRIDE
+        i_hi = tl.minimum(i_hi, _count_upto(pk_hi + reach - bq, aq))
+        if not CAUSAL:
+            i_lo = _count_below(pk_lo - reach - bq, aq)
+        i_full = i_hi
+    elif CAUSAL:
+        i_full = tl.minimum(q_len, tl.maximum(i_lo, _count_below(pk_hi - bq, aq)))
+    else:
+        i_full = i_lo
+    return tl.minimum(i_lo, i_hi), i_hi, i_full
+
+
+@triton.jit
+def _keep(i, j, q_len, k_len, aq, bq, ak, bk, window, RULE: tl.constexpr, CAUSAL: tl.constexpr,
+          LOG2_STRIDE: tl.constexpr):  # fmt: skip
+    """(len(i), len(j)) booleans: valid query ``i`` attends valid key ``j`` by the rule."""
+    keep = (i < q_len)[:, None] & (j < k_len)[None, :]
+    pq = aq * i + bq
+    pk = ak * j + bk
+    if CAUSAL:
+        keep = keep & (pq[:, None] >= pk[None, :])
+    if RULE == "local":
+        d = tl.abs(pq[:, None] - pk[None, :])
+        keep = keep & ((d & ((1 << LOG2_STRIDE) - 1)) == 0) & ((d >> LOG2_STRIDE) < window)
+    return keep
+
+
+@triton.jit
+def _softcap(qk, qk_scale, cap):
+    """(log2-domain logits, tanh) of ``cap * tanh(qk * scale / cap)``; ``qk_scale`` = scale·log2(e)."""
+    x = qk * (qk_scale * 0.6931471805599453 / cap)
+    th = 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)  # 2·log2(e)
+    return th * (cap * 1.4426950408889634), th
+
+
+@triton.jit
+def _kv_rows(K, V, BT, s, hk, rows, skb, skh, skn, svb, svh, svn, sbt, k_start,
+             PAGED: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """Row pointers of keys ``rows`` (within the sequence) in K and V.
+
+    Contiguous: batch entry ``s``, rows ``k_start + rows``. ``PAGED``: key j is row ``j % BLOCK`` of
+    block ``BT[s, j // BLOCK]`` (``skb``/``svb`` are the block strides, ``skn``/``svn`` the rows').
+    """
+    if PAGED:
+        blk = tl.load(BT + s.to(tl.int64) * sbt + rows // BLOCK).to(tl.int64)
+        r = rows % BLOCK
+        k_rows = K + blk * skb + hk.to(tl.int64) * skh + r * skn
+        v_rows = V + blk * svb + hk.to(tl.int64) * svh + r * svn
+    else:
+        r = (k_start + rows).to(tl.int64)
+        k_rows = K + s.to(tl.int64) * skb + hk.to(tl.int64) * skh + r * skn
+        v_rows = V + s.to(tl.int64) * svb + hk.to(tl.int64) * svh + r * svn
+    return k_rows, v_rows
+
+
+@triton.jit
+def table_kernel(
+    QL, KL, CUQ, CUK, TAB, S, Lq, Lk, q_offset, k_offset,
+    HAS_QL: tl.constexpr, HAS_KL: tl.constexpr, VARLEN: tl.constexpr, LEFT: tl.constexpr,
+    SYNC: tl.constexpr, BS: tl.constexpr,
+):  # fmt: skip
+    """The sequence table (see the module docstring) from lengths or cu_seqlens, in one launch.
+
+    Positions follow SPEC §2 on each valid segment (``M = max(q_len, k_len)``), offsets added
+    (none_front); ``LEFT``: valid tokens at the end of the padded rows.
+    """
+    s = tl.program_id(0) * BS + tl.arange(0, BS)
+    ok = s < S
+    zero = tl.zeros([BS], dtype=tl.int32)
+    if VARLEN:
+        q_start = tl.load(CUQ + s, mask=ok, other=0)
+        q_len = tl.load(CUQ + s + 1, mask=ok, other=0) - q_start
+        k_start = tl.load(CUK + s, mask=ok, other=0)
+        k_len = tl.load(CUK + s + 1, mask=ok, other=0) - k_start
+    else:
+        q_len = zero + Lq
+        k_len = zero + Lk
+        if HAS_QL:
+            q_len = tl.load(QL + s, mask=ok, other=0).to(tl.int32)
+        if HAS_KL:
+            k_len = tl.load(KL + s, mask=ok, other=0).to(tl.int32)
+        q_start = zero
+        k_start = zero
+        if LEFT:
+            q_start = Lq - q_len
+            k_start = Lk - k_len
+    m = tl.maximum(q_len, k_len)
+    aq = zero + 1
+    ak = zero + 1
+    bq = zero + q_offset
+    bk = zero + k_offset
+    if SYNC == "none_end":
+        bq = m - q_len
+        bk = m - k_len
+    elif SYNC == "scale_front" or SYNC == "scale_end":
+        aq = m // tl.maximum(q_len, 1)
+        ak = m // tl.maximum(k_len, 1)
+        if SYNC == "scale_end":
+            bq = aq - 1
+            bk = ak - 1
+        else:
+            bq = zero
+            bk = zero
+    row = TAB + s * 8
+    tl.store(row, q_start, mask=ok)
+    tl.store(row + 1, q_len, mask=ok)
+    tl.store(row + 2, k_start, mask=ok)
+    tl.store(row + 3, k_len, mask=ok)
+    tl.store(row + 4, aq, mask=ok)
+    tl.store(row + 5, bq, mask=ok)
+    tl.store(row + 6, ak, mask=ok)
+    tl.store(row + 7, bk, mask=ok)
+
+
+# --- forward --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fwd_tile(
+    q, K, V, BT, s, hk, n0, i, m_i, l_i, acc, q_len, k_len, k_start, aq, bq, ak, bk, window,
+    skb, skh, skn, svb, svh, svn, sbt, qk_scale, cap,
+    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BN: tl.constexpr,
+    MASKED: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
+    PAGED: tl.constexpr, BLOCK: tl.constexpr, SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One key tile (keys ``n0 .. n0 + BN``) of the online softmax; the rule applied if ``MASKED``."""
+    j = n0 + tl.arange(0, BN)
+    dq_ = tl.arange(0, BDQK)
+    dv_ = tl.arange(0, BDV)
+    k_rows, v_rows = _kv_rows(K, V, BT, s, hk, j, skb, skh, skn, svb, svh, svn, sbt, k_start, PAGED, BLOCK)
+    j_ok = j < k_len
+    check = MASKED or BDQK != DQK or BDV != DV  # unmasked tiles lie below k_len
+    kt = _load(k_rows[None, :] + dq_[:, None], j_ok[None, :] & (dq_ < DQK)[:, None], 0.0, check)
+    v = _load(v_rows[:, None] + dv_[None, :], j_ok[:, None] & (dv_ < DV)[None, :], 0.0, check)
+    qk = _dot(q, kt, DOT_PRECISION)
+    if SOFTCAP:
+        qk, _ = _softcap(qk, qk_scale, cap)
+    else:
+        qk = qk * qk_scale
+    if MASKED:
+        keep = _keep(i, j, q_len, k_len, aq, bq, ak, bk, window, RULE, CAUSAL, LOG2_STRIDE)
+        qk = tl.where(keep, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(qk - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = _dot(p.to(v.dtype), v, DOT_PRECISION, acc * alpha[:, None])
+    return m_new, l_i, acc
+
+
+@triton.jit
+def fwd_kernel(
+    Q, K, V, O, LSE, TAB, BT, SINKS,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, slb, slh, sbt, o_split, l_split,
+    GROUP, MQ, CHUNK, qk_scale, cap, window,
+    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr,
+    RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
+    PACK: tl.constexpr, SPLIT: tl.constexpr, PAGED: tl.constexpr, BLOCK: tl.constexpr,
+    SOFTCAP: tl.constexpr, SINK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One (query tile or key chunk, head, sequence) program: out and lse of its rows.
+
+    ``PACK`` (few queries): axis 1 is the kv head and the tile's rows are (query head of the group,
+    query), so the keys are read once for the group; axis 0 is then the key chunk (``SPLIT``:
+    chunks of ``CHUNK`` key tiles, partial results in float32 for ``combine_kernel``, written at
+    ``split * o_split`` / ``split * l_split`` with rows counted from 0). Otherwise axis 1 is the
+    query head and axis 0 the query tile, and results go to the rows of ``O``/``LSE``.
+    """
+    s = tl.program_id(2)
+    q_start, q_len, k_start, k_len, aq, bq, ak, bk = _seq(TAB, s)
+    r = tl.arange(0, BM)
+    if PACK:
+        hk = tl.program_id(1)
+        i = r % MQ
+        h = hk * GROUP + r // MQ
+        row_ok = (i < q_len) & (r < MQ * GROUP)
+        i_first = 0
+        i_last = tl.minimum(q_len, MQ) - 1
+    else:
+        h = tl.program_id(1) + r * 0
+        hk = tl.program_id(1) // GROUP
+        tile = tl.num_programs(0) - 1 - tl.program_id(0)  # heavy (late) causal tiles first
+        i = tile * BM + r
+        row_ok = i < q_len
+        i_first = tile * BM
+        i_last = tl.minimum(q_len, i_first + BM) - 1
+    if i_first >= q_len:
+        return  # past this sequence's queries (its padded rows were written by the host)
+    n_lo, n_hi, n_full = _key_band(aq * i_first + bq, aq * i_last + bq, k_len, ak, bk, window,
+                                   RULE, CAUSAL, LOG2_STRIDE)  # fmt: skip
+    t_lo = n_lo // BN
+    t_hi = tl.cdiv(n_hi, BN)
+    t_full = tl.maximum(t_lo, n_full // BN)  # tiles t_lo .. t_full-1 need no mask
+    split = 0
+    if SPLIT:
+        split = tl.program_id(0)
+        t_lo = t_lo + split * CHUNK
+        t_hi = tl.minimum(t_hi, t_lo + CHUNK)
+        t_full = tl.maximum(t_lo, tl.minimum(t_full, t_hi))
+    dq_ = tl.arange(0, BDQK)
+    dv_ = tl.arange(0, BDV)
+    q_rows = Q + s.to(tl.int64) * sqb + h.to(tl.int64) * sqh + (q_start + i).to(tl.int64) * sqn
+    q = tl.load(q_rows[:, None] + dq_[None, :], mask=row_ok[:, None] & (dq_ < DQK)[None, :], other=0.0)
+    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    acc = tl.zeros([BM, BDV], dtype=tl.float32)
+    for t in range(t_lo, t_full):
+        m_i, l_i, acc = _fwd_tile(
+            q, K, V, BT, s, hk, t * BN, i, m_i, l_i, acc, q_len, k_len, k_start, aq, bq, ak, bk, window,
+            skb, skh, skn, svb, svh, svn, sbt, qk_scale, cap,
+            DQK, DV, BDQK, BDV, BN, False, RULE, CAUSAL, LOG2_STRIDE, PAGED, BLOCK, SOFTCAP, DOT_PRECISION,
+        )  # fmt: skip
+    for t in range(t_full, t_hi):
+        m_i, l_i, acc = _fwd_tile(
+            q, K, V, BT, s, hk, t * BN, i, m_i, l_i, acc, q_len, k_len, k_start, aq, bq, ak, bk, window,
+            skb, skh, skn, svb, svh, svn, sbt, qk_scale, cap,
+            DQK, DV, BDQK, BDV, BN, True, RULE, CAUSAL, LOG2_STRIDE, PAGED, BLOCK, SOFTCAP, DOT_PRECISION,
+        )  # fmt: skip
+    if SINK and not SPLIT:  # the sink: a virtual key of logit sinks[h] and value 0
+        sink2 = tl.load(SINKS + h, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        m_new = tl.maximum(m_i, sink2)
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.math.exp2(sink2 - m_new)
+        acc = acc * alpha[:, None]
+        m_i = m_new
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    row = i if SPLIT else q_start + i
+    o_rows = O + split * o_split + s.to(tl.int64) * sob + h.to(tl.int64) * soh + row.to(tl.int64) * son
+    tl.store(o_rows[:, None] + dv_[None, :], out.to(O.dtype.element_ty),
+             mask=row_ok[:, None] & (dv_ < DV)[None, :])  # fmt: skip
+    l_rows = LSE + split * l_split + s.to(tl.int64) * slb + h.to(tl.int64) * slh + row
+    tl.store(l_rows, lse, mask=row_ok)
+
+
+@triton.jit
+def combine_kernel(
+    OP, LP, O, LSE, TAB, SINKS, SPLITS, MQ, op_split, lp_split, sob, soh, son, slb, slh,
+    DV: tl.constexpr, BDV: tl.constexpr, BQ: tl.constexpr, BS: tl.constexpr, SINK: tl.constexpr,
+):  # fmt: skip
+    """One (head, sequence) program: merge the split-KV partials of its rows (lse = logsumexp of
+    the partial lse, out their weighted sum), the sink joined here, into O and LSE.
+
+    Partials are (SPLITS, S, H, MQ, DV) and (SPLITS, S, H, MQ), contiguous.
+    """
+    h = tl.program_id(0)
+    s = tl.program_id(1)
+    H = tl.num_programs(0)
+    q_start = tl.load(TAB + s * 8)
+    q_len = tl.load(TAB + s * 8 + 1)
+    i = tl.arange(0, BQ)
+    sp = tl.arange(0, BS)
+    d = tl.arange(0, BDV)
+    ok = i < q_len
+    base = (s.to(tl.int64) * H + h) * MQ
+    lp = tl.load(LP + sp[:, None] * lp_split + base + i[None, :], mask=(sp < SPLITS)[:, None] & ok[None, :],
+                 other=float("-inf"))  # fmt: skip
+    m = tl.max(lp, 0)
+    if SINK:
+        m = tl.maximum(m, tl.load(SINKS + h).to(tl.float32))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.sum(tl.exp(lp - m_safe[None, :]), 0)
+    if SINK:
+        total += tl.exp(tl.load(SINKS + h).to(tl.float32) - m_safe)
+    empty = total == 0.0
+    inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, total))
+    acc = tl.zeros([BQ, BDV], dtype=tl.float32)
+    for k in range(0, SPLITS):
+        ls = tl.load(LP + k * lp_split + base + i, mask=ok, other=float("-inf"))
+        w = tl.exp(ls - m_safe) * inv
+        o = tl.load(OP + k * op_split + (base + i[:, None]) * DV + d[None, :],
+                    mask=ok[:, None] & (d < DV)[None, :] & (w > 0.0)[:, None], other=0.0)  # fmt: skip
+        acc += w[:, None] * o
+    lse = tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, total)))
+    rows = (q_start + i).to(tl.int64)
+    tl.store(O + s.to(tl.int64) * sob + h.to(tl.int64) * soh + rows[:, None] * son + d[None, :],
+             acc.to(O.dtype.element_ty), mask=ok[:, None] & (d < DV)[None, :])  # fmt: skip
+    tl.store(LSE + s.to(tl.int64) * slb + h.to(tl.int64) * slh + rows, lse, mask=ok)
+
+
+# --- backward -------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _dkdv_tile(
+    k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_len, aq, bq, ak, bk, window,
+    sqb, sqh, sqn, sdb, sdh, sdn, slb, slh, qk_scale, cap,
+    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BM: tl.constexpr,
+    MASKED: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
+    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One query tile's (rows ``m0 .. m0 + BM`` of head h) contribution to a key tile's dk, dv."""
+    i = m0 + tl.arange(0, BM)
+    ok = i < q_len
+    dq_ = tl.arange(0, BDQK)
+    dv_ = tl.arange(0, BDV)
+    rows = (q_start + i).to(tl.int64)
+    check = MASKED or BDQK != DQK or BDV != DV  # unmasked tiles are whole tiles below q_len
+    q = _load(Q + s.to(tl.int64) * sqb + h.to(tl.int64) * sqh + rows[:, None] * sqn + dq_[None, :],
+              ok[:, None] & (dq_ < DQK)[None, :], 0.0, check)  # fmt: skip
+    do = _load(DO + s.to(tl.int64) * sdb + h.to(tl.int64) * sdh + rows[:, None] * sdn + dv_[None, :],
+               ok[:, None] & (dv_ < DV)[None, :], 0.0, check)  # fmt: skip
+    l_rows = s.to(tl.int64) * slb + h.to(tl.int64) * slh + rows
+    lse2 = _load(LSE2 + l_rows, ok, float("inf"), MASKED)
+    delta = _load(DELTA + l_rows, ok, 0.0, MASKED)
+    qkt = _dot(k, tl.trans(q), DOT_PRECISION)  # (BN, BM)
+    if SOFTCAP:
+        qkt, th = _softcap(qkt, qk_scale, cap)
+    else:
+        qkt = qkt * qk_scale
+    pt = tl.math.exp2(qkt - lse2[None, :])
+    if MASKED:
+        keep = _keep(i, j, q_len, k_len, aq, bq, ak, bk, window, RULE, CAUSAL, LOG2_STRIDE)
+        pt = tl.where(tl.trans(keep), pt, 0.0)
+    dv = _dot(pt.to(do.dtype), do, DOT_PRECISION, dv)
+    dpt = _dot(v, tl.trans(do), DOT_PRECISION)
+    dst = pt * (dpt - delta[None, :])
+    if SOFTCAP:
+        dst = dst * (1.0 - th * th)
+    dk = _dot(dst.to(q.dtype), q, DOT_PRECISION, dk)
+    return dk, dv
+
+
+@triton.jit
+def dkdv_kernel(
+    Q, K, V, DO, LSE2, DELTA, DK, DV_, TAB,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, slb, slh,
+    sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
+    GROUP, qk_scale, sm_scale, cap, window,
+    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr,
+    RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
+    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One (key tile, kv head, sequence) program: dk and dv summed over the group's query heads,
+    visiting only the query tiles that reach the key tile."""
+    s = tl.program_id(2)
+    hk = tl.program_id(1)
+    q_start, q_len, k_start, k_len, aq, bq, ak, bk = _seq(TAB, s)
+    n0 = tl.program_id(0) * BN
+    if n0 >= k_len:
+        return  # past this sequence's keys (their gradients were zeroed by the host)
+    j = n0 + tl.arange(0, BN)
+    j_ok = j < k_len
+    dq_ = tl.arange(0, BDQK)
+    dv_ = tl.arange(0, BDV)
+    k_rows = (k_start + j).to(tl.int64)
+    k = tl.load(K + s.to(tl.int64) * skb + hk.to(tl.int64) * skh + k_rows[:, None] * skn + dq_[None, :],
+                mask=j_ok[:, None] & (dq_ < DQK)[None, :], other=0.0)  # fmt: skip
+    v = tl.load(V + s.to(tl.int64) * svb + hk.to(tl.int64) * svh + k_rows[:, None] * svn + dv_[None, :],
+                mask=j_ok[:, None] & (dv_ < DV)[None, :], other=0.0)  # fmt: skip
+    n_last = tl.minimum(k_len, n0 + BN) - 1
+    i_lo, i_hi, i_full = _query_band(ak * n0 + bk, ak * n_last + bk, q_len, aq, bq, window,
+                                     RULE, CAUSAL, LOG2_STRIDE)  # fmt: skip
+    m_lo = (i_lo // BM) * BM
+    # Query tiles from m_full on (whole tiles below q_len) attend every key of a whole key tile.
+    m_full = tl.maximum(m_lo, tl.cdiv(i_full, BM) * BM)
+    m_full = tl.minimum(m_full, tl.maximum(m_lo, tl.cdiv(i_hi, BM) * BM))
+    if RULE == "local":
+        m_end = m_full
+    else:
+        m_end = tl.where(n0 + BN <= k_len, tl.maximum((q_len // BM) * BM, m_full), m_full)
+    dk = tl.zeros([BN, BDQK], dtype=tl.float32)
+    dv = tl.zeros([BN, BDV], dtype=tl.float32)
+    for g in range(0, GROUP):
+        h = hk * GROUP + g
+        for m0 in range(m_lo, m_full, BM):
+            dk, dv = _dkdv_tile(
+                k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_len, aq, bq, ak, bk,
+                window, sqb, sqh, sqn, sdb, sdh, sdn, slb, slh, qk_scale, cap,
+                DQK, DV, BDQK, BDV, BM, True, RULE, CAUSAL, LOG2_STRIDE, SOFTCAP, DOT_PRECISION,
+            )  # fmt: skip
+        for m0 in range(m_full, m_end, BM):
+            dk, dv = _dkdv_tile(
+                k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_len, aq, bq, ak, bk,
+                window, sqb, sqh, sqn, sdb, sdh, sdn, slb, slh, qk_scale, cap,
+                DQK, DV, BDQK, BDV, BM, False, RULE, CAUSAL, LOG2_STRIDE, SOFTCAP, DOT_PRECISION,
+            )  # fmt: skip
+        for m0 in range(m_end, tl.cdiv(i_hi, BM) * BM, BM):
+            dk, dv = _dkdv_tile(
+                k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_len, aq, bq, ak, bk,
+                window, sqb, sqh, sqn, sdb, sdh, sdn, slb, slh, qk_scale, cap,
+                DQK, DV, BDQK, BDV, BM, True, RULE, CAUSAL, LOG2_STRIDE, SOFTCAP, DOT_PRECISION,
+            )  # fmt: skip
+    dk = dk * sm_scale
+    tl.store(DK + s.to(tl.int64) * sdkb + hk.to(tl.int64) * sdkh + k_rows[:, None] * sdkn + dq_[None, :],
+             dk.to(DK.dtype.element_ty), mask=j_ok[:, None] & (dq_ < DQK)[None, :])  # fmt: skip
+    tl.store(DV_ + s.to(tl.int64) * sdvb + hk.to(tl.int64) * sdvh + k_rows[:, None] * sdvn + dv_[None, :],
+             dv.to(DV_.dtype.element_ty), mask=j_ok[:, None] & (dv_ < DV)[None, :])  # fmt: skip
+
+
+@triton.jit
+def _dq_tile(
+    q, do, dq, lse2, delta, K, V, s, hk, n0, i, q_len, k_len, k_start, aq, bq, ak, bk, window,
+    skb, skh, skn, svb, svh, svn, qk_scale, cap,
+    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BN: tl.constexpr,
+    MASKED: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
+    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One key tile's contribution to a query tile's dq."""
+    j = n0 + tl.arange(0, BN)
+    j_ok = j < k_len
+    dq_ = tl.arange(0, BDQK)
+    dv_ = tl.arange(0, BDV)
+    k_rows, v_rows = _kv_rows(K, V, K, s, hk, j, skb, skh, skn, svb, svh, svn, 0, k_start, False, 1)
+    check = MASKED or BDQK != DQK or BDV != DV  # unmasked tiles lie below k_len
+    kt = _load(k_rows[None, :] + dq_[:, None], j_ok[None, :] & (dq_ < DQK)[:, None], 0.0, check)
+    vt = _load(v_rows[None, :] + dv_[:, None], j_ok[None, :] & (dv_ < DV)[:, None], 0.0, check)
+    qk = _dot(q, kt, DOT_PRECISION)
+    if SOFTCAP:
+        qk, th = _softcap(qk, qk_scale, cap)
+    else:
+        qk = qk * qk_scale
+    p = tl.math.exp2(qk - lse2[:, None])
+    if MASKED:
+        keep = _keep(i, j, q_len, k_len, aq, bq, ak, bk, window, RULE, CAUSAL, LOG2_STRIDE)
+        p = tl.where(keep, p, 0.0)
+    dp = _dot(do, vt, DOT_PRECISION)
+    ds = p * (dp - delta[:, None])
+    if SOFTCAP:
+        ds = ds * (1.0 - th * th)
+    return _dot(ds.to(kt.dtype), tl.trans(kt), DOT_PRECISION, dq)
+
+
+@triton.jit
+def dq_kernel(
+    Q, K, V, DO, LSE2, DELTA, DQ, TAB,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, slb, slh, sdqb, sdqh, sdqn,
+    GROUP, qk_scale, sm_scale, cap, window,
+    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr,
+    RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
+    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One (query tile, head, sequence) program: dq of its rows over the key tiles they reach."""
+    s = tl.program_id(2)
+    h = tl.program_id(1)
+    hk = h // GROUP
+    q_start, q_len, k_start, k_len, aq, bq, ak, bk = _seq(TAB, s)
+    m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BM  # heavy (late) causal tiles first
+    if m0 >= q_len:
+        return
+    i = m0 + tl.arange(0, BM)
+    ok = i < q_len
+    dq_ = tl.arange(0, BDQK)
+    dv_ = tl.arange(0, BDV)
+    rows = (q_start + i).to(tl.int64)
+    q = tl.load(Q + s.to(tl.int64) * sqb + h.to(tl.int64) * sqh + rows[:, None] * sqn + dq_[None, :],
+                mask=ok[:, None] & (dq_ < DQK)[None, :], other=0.0)  # fmt: skip
+    do = tl.load(DO + s.to(tl.int64) * sdb + h.to(tl.int64) * sdh + rows[:, None] * sdn + dv_[None, :],
+                 mask=ok[:, None] & (dv_ < DV)[None, :], other=0.0)  # fmt: skip
+    l_rows = s.to(tl.int64) * slb + h.to(tl.int64) * slh + rows
+    lse2 = tl.load(LSE2 + l_rows, mask=ok, other=float("inf"))
+    delta = tl.load(DELTA + l_rows, mask=ok, other=0.0)
+    i_last = tl.minimum(q_len, m0 + BM) - 1
+    n_lo, n_hi, n_full = _key_band(aq * m0 + bq, aq * i_last + bq, k_len, ak, bk, window,
+                                   RULE, CAUSAL, LOG2_STRIDE)  # fmt: skip
+    t_lo = n_lo // BN
+    t_full = tl.maximum(t_lo, n_full // BN)
+    dq = tl.zeros([BM, BDQK], dtype=tl.float32)
+    for t in range(t_lo, t_full):
+        dq = _dq_tile(
+            q, do, dq, lse2, delta, K, V, s, hk, t * BN, i, q_len, k_len, k_start, aq, bq, ak, bk, window,
+            skb, skh, skn, svb, svh, svn, qk_scale, cap,
+            DQK, DV, BDQK, BDV, BN, False, RULE, CAUSAL, LOG2_STRIDE, SOFTCAP, DOT_PRECISION,
+        )  # fmt: skip
+    for t in range(t_full, tl.cdiv(n_hi, BN)):
+        dq = _dq_tile(
+            q, do, dq, lse2, delta, K, V, s, hk, t * BN, i, q_len, k_len, k_start, aq, bq, ak, bk, window,
+            skb, skh, skn, svb, svh, svn, qk_scale, cap,
+            DQK, DV, BDQK, BDV, BN, True, RULE, CAUSAL, LOG2_STRIDE, SOFTCAP, DOT_PRECISION,
+        )  # fmt: skip
+    dq = dq * sm_scale
+    tl.store(DQ + s.to(tl.int64) * sdqb + h.to(tl.int64) * sdqh + rows[:, None] * sdqn + dq_[None, :],
+             dq.to(DQ.dtype.element_ty), mask=ok[:, None] & (dq_ < DQK)[None, :])  # fmt: skip

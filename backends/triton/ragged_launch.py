@@ -1,0 +1,447 @@
+"""Host side of the ragged kernels (SPEC §10-§11): what is declined, the sequence table, tile
+configs, split-KV choice and the launches. No length is read back to the host: grids are sized
+from the padded length or ``max_seqlen_*`` and the kernels skip what lies past each sequence.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from attnhub import settings
+from attnhub.request import Request
+from attnhub.rules import Causal, Full, Local
+from attnhub_backends.triton.loader import interpret_mode
+from attnhub_backends.triton.loader import kernels as dense_kernels
+from attnhub_backends.triton.relaunch import Relauncher
+
+LOG2E = 1.4426950408889634
+
+#: GPU tile configs (BM, BN, warps, stages) where set, else the defaults below; ``decode`` is
+#: (BN, warps, stages) of the packed (few-query) forward and ``fill`` the programs per SM that the
+#: split-KV choice aims at. Module state so that benchmarks/ragged.py can sweep them.
+#: Defaults from benchmarks/ragged.py's sweep on an H100 (bf16, D=128): decode (128, 4, 3) with fill 4
+#: read 2.69 TB/s at Lk=32k; packed causal training: forward (128, 64, 8, 3), backward (64, 64, 4, 2)
+#: for both kernels.
+TUNE: dict[str, Any] = {"fwd": None, "dkdv": None, "dq": None, "decode": (128, 4, 3), "fill": 4}
+_LOCK = threading.Lock()
+_LOADED: dict[bool, ModuleType] = {}
+
+
+def _kernels() -> ModuleType:
+    """ragged_kernels.py executed in the current mode (compiled or interpreted; see loader.py)."""
+    mode = interpret_mode()
+    found = _LOADED.get(mode)
+    if found is not None:
+        return found
+    with _LOCK:
+        if mode not in _LOADED:
+            name = f"attnhub_backends.triton._ragged_{'interpreted' if mode else 'compiled'}"
+            spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("ragged_kernels.py"))
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            saved = os.environ.get("TRITON_INTERPRET")
+            os.environ["TRITON_INTERPRET"] = "1" if mode else "0"
+            try:
+                sys.modules[name] = module
+                spec.loader.exec_module(module)
+            finally:
+                if saved is None:
+                    os.environ.pop("TRITON_INTERPRET", None)
+                else:
+                    os.environ["TRITON_INTERPRET"] = saved
+            _LOADED[mode] = module
+        return _LOADED[mode]
+
+
+def _rule(req: Request) -> tuple[dict[str, Any], int]:
+    """(constexprs RULE, CAUSAL, LOG2_STRIDE; the window) of the request's rule."""
+    rule = req.rule
+    kind = "full" if isinstance(rule, Full) else "causal" if isinstance(rule, Causal) else "local"
+    causal = isinstance(rule, Causal) or (isinstance(rule, Local) and rule.causal)
+    window = rule.windows(1)[0] if isinstance(rule, Local) else 1
+    stride = rule.log2_stride if isinstance(rule, Local) else 0
+    return {"RULE": kind, "CAUSAL": causal, "LOG2_STRIDE": stride}, window
+
+
+@dataclass(frozen=True)
+class Table:
+    """The per-sequence table on the device and the host-known sizes that shape the grids."""
+
+    tab: torch.Tensor  # (S, 8) int32
+    seqs: int  # S
+    max_q: int  # longest sequence of queries (grid sizing)
+    max_k: int  # longest sequence of keys
+
+
+@dataclass(frozen=True)
+class _TablePlan:
+    """The table kernel's launch for one call signature."""
+
+    grid: tuple[int, int, int]
+    scalars: tuple  # seqs, Lq, Lk, q_offset, k_offset
+    meta: dict[str, Any]
+    seqs: int
+    max_q: int
+    max_k: int
+
+
+def _table_plan(req: Request, q: torch.Tensor, k: torch.Tensor, ops: Any) -> _TablePlan:
+    if req.varlen:
+        seqs = ops.cu_seqlens_q.shape[0] - 1
+        lq, lk = q.shape[2], k.shape[2]
+        max_q = ops.max_seqlen_q or lq
+        max_k = ops.max_seqlen_k or lk
+    else:
+        seqs, lq, lk = req.batch, q.shape[2], req.seq_k[0]
+        max_q, max_k = lq, lk
+    bs = 128
+    meta = dict(
+        HAS_QL=req.q_lengths, HAS_KL=req.k_lengths, VARLEN=req.varlen, LEFT=req.padding_side == "left",
+        SYNC=req.sync, BS=bs,
+    )  # fmt: skip
+    grid = (max(1, -(-seqs // bs)), 1, 1)  # 3-d: Relauncher's compiled launches read grid[2]
+    return _TablePlan(grid, (seqs, lq, lk, req.q_offset, req.k_offset), meta, seqs, max_q, max_k)
+
+
+def _run_table(
+    tp: _TablePlan, req: Request, ops: Any, device: torch.device, launcher: Relauncher
+) -> torch.Tensor:
+    """Launch the table kernel of ``tp``: the (S, 8) table on ``device``, no host copy."""
+    tab = torch.empty((max(tp.seqs, 1), 8), dtype=torch.int32, device=device)
+    ql = ops.q_lengths if req.q_lengths else tab
+    kl = ops.k_lengths if req.k_lengths else tab
+    cuq = ops.cu_seqlens_q if req.varlen else tab
+    cuk = ops.cu_seqlens_k if req.varlen else tab
+    launcher(_kernels().table_kernel, tp.grid, (ql, kl, cuq, cuk, tab, *tp.scalars), tp.meta)
+    return tab
+
+
+def seq_table(req: Request, q: torch.Tensor, k: torch.Tensor, ops: Any) -> Table:
+    """Build the sequence table with one launch (no device-to-host copy)."""
+    tp = _table_plan(req, q, k, ops)
+    return Table(_run_table(tp, req, ops, q.device, Relauncher()), tp.seqs, tp.max_q, tp.max_k)
+
+
+@dataclass
+class _FwdPlan:
+    """Everything a forward launch needs beyond the tensors, fixed for one call signature (tile
+    sizes, split-KV factor, strides, constexprs), with its kernels relaunched without Triton's
+    per-call binding (see relaunch.py): decoding steps repeat one signature, and are short enough
+    for the host's cost per call to show."""
+
+    table: _TablePlan
+    out_shape: tuple[int, ...]
+    out_dtype: torch.dtype
+    zero_fill: bool  # q_lengths: padded rows are never visited, out and lse start at 0 and -inf
+    splits: int
+    grid: tuple[int, int, int]
+    fwd_tail: tuple  # fwd_kernel's scalars after its eight pointers
+    fwd_meta: dict[str, Any]
+    buf_shape: tuple[int, ...]  # split-KV partial outputs (splits, S, Hq, MQ, Dv)
+    combine_tail: tuple
+    combine_meta: dict[str, Any]
+    table_launcher: Relauncher = field(default_factory=Relauncher)
+    fwd_launcher: Relauncher = field(default_factory=Relauncher)
+    combine_launcher: Relauncher = field(default_factory=Relauncher)
+
+
+_PLANS: OrderedDict[tuple, _FwdPlan] = OrderedDict()
+
+
+def _align(x: Any) -> int:
+    return x.data_ptr() % 16 if isinstance(x, torch.Tensor) else -1
+
+
+def _signature(
+    req: Request, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ops: Any, out_dtype: Any
+) -> tuple:
+    """Everything Triton specialises on (shapes, strides, alignments, dtypes), the host-known sizes
+    and the tuning and split settings."""
+    extra = ()
+    if ops is not None:
+        extra = tuple(
+            (tuple(x.shape), x.stride(), x.dtype, _align(x)) if isinstance(x, torch.Tensor) else x
+            for x in (ops.q_lengths, ops.k_lengths, ops.cu_seqlens_q, ops.cu_seqlens_k, ops.block_table,
+                      ops.sinks, ops.max_seqlen_q, ops.max_seqlen_k)
+        )  # fmt: skip
+    return (
+        req, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), _align(q), _align(k), _align(v),
+        out_dtype, extra, settings.raw("ATTNHUB_TRITON_SPLITS"), tuple(TUNE.items()), interpret_mode(),
+    )  # fmt: skip
+
+
+def _dot_precision(x: torch.Tensor) -> str:
+    if x.dtype == torch.float32:
+        return "ieee"
+    if x.dtype == torch.bfloat16 and interpret_mode():
+        return "ieee_upcast"
+    return "native"
+
+
+def _pad(d: int) -> int:
+    return max(16, 1 << math.ceil(math.log2(d)))
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def _unit_last(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with a unit stride along the head dim (the kernels index it directly)."""
+    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _fwd_cfg(x: torch.Tensor, d: int) -> tuple[int, int, int, int]:
+    """(BM, BN, warps, stages) of the query-tiled forward."""
+    if interpret_mode() or x.device.type != "cuda":
+        return 16, 16, 1, 1
+    if TUNE["fwd"] is not None:
+        return TUNE["fwd"]
+    if x.element_size() == 4:
+        return 64, 32, 4, 2
+    if d > 128:
+        return 64, 64, 8, 2
+    return 128, 64, 8, 3
+
+
+def _decode_cfg(x: torch.Tensor, d_sum: int) -> tuple[int, int, int]:
+    """(BN, warps, stages) of the packed forward: TUNE's, with smaller key tiles or fewer stages
+    where the K and V tiles buffered ahead (stages - 1 of them) would pass 160 KiB of shared memory
+    (Triton's pipeliner used 70 KiB at BN=64, 3 stages, bf16, D=128)."""
+    bn, warps, stages = TUNE["decode"]
+    while bn > 32 and bn * d_sum * x.element_size() * (stages - 1) > 160 * 1024:
+        bn //= 2
+    while stages > 1 and bn * d_sum * x.element_size() * (stages - 1) > 160 * 1024:
+        stages -= 1
+    return bn, warps, stages
+
+
+def _splits(tiles: int, programs: int, device: torch.device) -> int:
+    """Split-KV factor for packed (decode) programs: enough programs to fill the GPU, at least a
+    few key tiles each. ``ATTNHUB_TRITON_SPLITS`` forces it (also under the interpreter)."""
+    forced = settings.raw("ATTNHUB_TRITON_SPLITS")
+    if forced:
+        return max(1, min(int(forced), tiles))
+    if device.type != "cuda":
+        return 1
+    want = -(-TUNE["fill"] * _sm_count(device) // max(programs, 1))
+    return max(1, min(want, tiles // 4, 128))
+
+
+def forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    req: Request,
+    ops: Any,
+    out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of a ragged request; padded query rows give out 0 and lse -inf."""
+    q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+    out_dtype = out_dtype or q.dtype
+    key = _signature(req, q, k, v, ops, out_dtype)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _plan_forward(q, k, v, req, ops, out_dtype)
+        if len(_PLANS) > 256:
+            _PLANS.popitem(last=False)
+    return _run_forward(plan, q, k, v, req, ops)
+
+
+def _plan_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, req: Request, ops: Any, out_dtype: torch.dtype
+) -> _FwdPlan:
+    tp = _table_plan(req, q, k, ops)
+    b, hq, nq, dqk = q.shape
+    dv = v.shape[-1]
+    hkv = k.shape[2] if req.paged else k.shape[1]
+    group = hq // hkv
+    consts, window = _rule(req)
+    cap = float(req.softcap) if req.softcap is not None else 1.0
+    seq_stride = 0 if req.varlen else 1  # packed sequences share batch entry 0
+    if req.paged:  # raw (num_blocks, block_size, Hkv, D): block, row and head strides
+        kb, kn, kh = k.stride(0), k.stride(1), k.stride(2)
+        vb, vn, vh = v.stride(0), v.stride(1), v.stride(2)
+        sbt = ops.block_table.stride(0)
+    else:
+        kb, kh, kn = k.stride(0) * seq_stride, k.stride(1), k.stride(2)
+        vb, vh, vn = v.stride(0) * seq_stride, v.stride(1), v.stride(2)
+        sbt = 0
+    pack = tp.max_q * group <= 64
+    interp = interpret_mode() or q.device.type != "cuda"
+    if pack:
+        bm = max(16, _pow2(tp.max_q * group))
+        bn, warps, stages = (16, 1, 1) if interp else _decode_cfg(q, _pad(dqk) + _pad(dv))
+        tiles = -(-tp.max_k // bn)
+        splits = _splits(tiles, tp.seqs * hkv, q.device)
+        chunk = -(-tiles // splits) if tiles else 0
+        splits = -(-tiles // chunk) if tiles else 1
+        grid = (splits, hkv, tp.seqs)
+    else:
+        bm, bn, warps, stages = _fwd_cfg(q, max(_pad(dqk), _pad(dv)))
+        splits, chunk = 1, 0
+        grid = (-(-tp.max_q // bm), hq, tp.seqs)
+    meta = dict(
+        DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=bn, **consts, PACK=pack,
+        SPLIT=splits > 1, PAGED=bool(req.paged), BLOCK=req.paged or 1, SOFTCAP=req.softcap is not None,
+        SINK=req.sinks, DOT_PRECISION=_dot_precision(q), num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    qs = (q.stride(0) * seq_stride, q.stride(1), q.stride(2))
+    scalars = (group, tp.max_q, chunk, req.scale * LOG2E, cap, window)
+    # Outputs are allocated contiguous: (B, Hq, Nq, Dv) and (B, Hq, Nq); partials likewise.
+    out_strides = (hq * nq * dv * seq_stride, nq * dv, dv)
+    lse_strides = (hq * nq * seq_stride, nq)
+    buf_shape = (splits, tp.seqs, hq, tp.max_q, dv)
+    if splits > 1:
+        o_split, l_split = tp.seqs * hq * tp.max_q * dv, tp.seqs * hq * tp.max_q
+        tail = (
+            *qs, kb, kh, kn, vb, vh, vn, hq * tp.max_q * dv, tp.max_q * dv, dv, hq * tp.max_q, tp.max_q,
+            sbt, o_split, l_split, *scalars,
+        )  # fmt: skip
+        combine_tail = (splits, tp.max_q, o_split, l_split, *out_strides, *lse_strides)
+    else:
+        tail = (*qs, kb, kh, kn, vb, vh, vn, *out_strides, *lse_strides, sbt, 0, 0, *scalars)
+        combine_tail = ()
+    combine_meta = dict(DV=dv, BDV=_pad(dv), BQ=_pow2(tp.max_q), BS=max(2, _pow2(splits)), SINK=req.sinks)
+    return _FwdPlan(
+        tp, (b, hq, nq, dv), out_dtype, req.q_lengths, splits, grid, tail, meta, buf_shape, combine_tail,
+        combine_meta,
+    )  # fmt: skip
+
+
+def _run_forward(
+    plan: _FwdPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, req: Request, ops: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    dev = q.device
+    shape = plan.out_shape
+    if plan.zero_fill:
+        out = torch.zeros(shape, dtype=plan.out_dtype, device=dev)
+        lse = torch.full(shape[:3], float("-inf"), dtype=torch.float32, device=dev)
+    else:
+        out = torch.empty(shape, dtype=plan.out_dtype, device=dev)
+        lse = torch.empty(shape[:3], dtype=torch.float32, device=dev)
+    if plan.table.seqs == 0 or 0 in shape[1:3]:
+        return out, lse
+    kern = _kernels()
+    tab = _run_table(plan.table, req, ops, dev, plan.table_launcher)
+    bt = ops.block_table if req.paged else tab
+    sk = ops.sinks if req.sinks else tab
+    if plan.splits > 1:
+        o_buf = torch.empty(plan.buf_shape, dtype=torch.float32, device=dev)
+        l_buf = torch.empty(plan.buf_shape[:4], dtype=torch.float32, device=dev)
+        plan.fwd_launcher(kern.fwd_kernel, plan.grid, (q, k, v, o_buf, l_buf, tab, bt, sk, *plan.fwd_tail),
+                          plan.fwd_meta)  # fmt: skip
+        grid = (shape[1], plan.table.seqs, 1)  # 3-d: Relauncher's compiled launches read grid[2]
+        plan.combine_launcher(kern.combine_kernel, grid, (o_buf, l_buf, out, lse, tab, sk, *plan.combine_tail),
+                              plan.combine_meta)  # fmt: skip
+    else:
+        plan.fwd_launcher(kern.fwd_kernel, plan.grid, (q, k, v, out, lse, tab, bt, sk, *plan.fwd_tail),
+                          plan.fwd_meta)  # fmt: skip
+    return out, lse
+
+
+def forward_for_grad(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, req: Request, ops: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, lse, saved): half-precision inputs keep a float32 output for the backward's
+    rowsum(dO·O) (see Backend.forward_for_grad)."""
+    if q.element_size() >= 4:
+        out, lse = forward(q, k, v, req, ops)
+        return out, lse, out
+    out32, lse = forward(q, k, v, req, ops, out_dtype=torch.float32)
+    return out32.to(q.dtype), lse, out32
+
+
+def _bwd_cfgs(x: torch.Tensor, d: int) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """(BM, BN, warps, stages) of the dk/dv and dq kernels."""
+    if interpret_mode() or x.device.type != "cuda":
+        return (16, 16, 1, 1), (16, 16, 1, 1)
+    if TUNE["dkdv"] is not None and TUNE["dq"] is not None:
+        return TUNE["dkdv"], TUNE["dq"]
+    if x.element_size() == 4:
+        return (32, 64, 4, 1), (64, 32, 4, 1)
+    if d > 128:
+        return (32, 64, 4, 1), (64, 32, 4, 1)
+    return (64, 64, 4, 2), (64, 64, 4, 2)
+
+
+def backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    req: Request,
+    ops: Any,
+) -> tuple:
+    """(dq, dk, dv), plus (dbias None, dsinks) for a request with sinks. Padded rows and keys get
+    zero gradients (they are never visited; their gradient buffers start at zero)."""
+    kern = _kernels()
+    q, k, v, dout = _unit_last(q), _unit_last(k), _unit_last(v), _unit_last(dout)
+    t = seq_table(req, q, k, ops)
+    b, hq, nq, dqk = q.shape
+    hkv, nk, dv = k.shape[1], k.shape[2], v.shape[3]
+    group = hq // hkv
+    lse = lse.contiguous()
+    delta = torch.empty((b, hq, nq), dtype=torch.float32, device=q.device)
+    lse2 = torch.empty_like(delta)
+    alloc = torch.zeros if (req.q_lengths or req.k_lengths) else torch.empty
+    dq = alloc((b, hq, nq, dqk), dtype=q.dtype, device=q.device)
+    dk = alloc((b, hkv, nk, dqk), dtype=q.dtype, device=q.device)
+    dvv = alloc((b, hkv, nk, dv), dtype=q.dtype, device=q.device)
+    if nq and hq and t.seqs:
+        bm_prep = 32 if interpret_mode() else 64
+        dense_kernels().bwd_prep_kernel[(-(-nq // bm_prep), hq, b)](
+            out, dout, lse, delta, lse2, *out.stride(), *dout.stride(), hq, nq,
+            DV=dv, BDV=_pad(dv), BM=bm_prep,
+        )  # fmt: skip
+        consts, window = _rule(req)
+        ss = 0 if req.varlen else 1
+        cap = float(req.softcap) if req.softcap is not None else 1.0
+        common = dict(
+            DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), **consts, SOFTCAP=req.softcap is not None,
+            DOT_PRECISION=_dot_precision(q),
+        )  # fmt: skip
+        strides = (
+            q.stride(0) * ss, q.stride(1), q.stride(2), k.stride(0) * ss, k.stride(1), k.stride(2),
+            v.stride(0) * ss, v.stride(1), v.stride(2), dout.stride(0) * ss, dout.stride(1), dout.stride(2),
+            delta.stride(0) * ss, delta.stride(1),
+        )  # fmt: skip
+        (bm1, bn1, w1, s1), (bm2, bn2, w2, s2) = _bwd_cfgs(q, max(_pad(dqk), _pad(dv)))
+        kern.dkdv_kernel[(-(-t.max_k // bn1), hkv, t.seqs)](
+            q, k, v, dout, lse2, delta, dk, dvv, t.tab, *strides,
+            dk.stride(0) * ss, dk.stride(1), dk.stride(2), dvv.stride(0) * ss, dvv.stride(1), dvv.stride(2),
+            group, req.scale * LOG2E, req.scale, cap, window,
+            BM=bm1, BN=bn1, num_warps=w1, num_stages=s1, **common,
+        )  # fmt: skip
+        kern.dq_kernel[(-(-t.max_q // bm2), hq, t.seqs)](
+            q, k, v, dout, lse2, delta, dq, t.tab, *strides,
+            dq.stride(0) * ss, dq.stride(1), dq.stride(2),
+            group, req.scale * LOG2E, req.scale, cap, window,
+            BM=bm2, BN=bn2, num_warps=w2, num_stages=s2, **common,
+        )  # fmt: skip
+    if not req.sinks:
+        return dq, dk, dvv
+    dsinks = None
+    if req.sinks_grad:
+        # d lse / d sink = p_sink = exp(sink - lse); dL/dsink = -sum over rows of p_sink * delta.
+        s32 = ops.sinks.float()[None, :, None]
+        p_sink = torch.where(torch.isfinite(lse), torch.exp(s32 - lse), 0.0)
+        dsinks = (-(p_sink * delta).sum(dim=(0, 2))).to(ops.sinks.dtype)
+    return dq, dk, dvv, None, dsinks

@@ -1,0 +1,225 @@
+"""The grid's SPEC §9-§11 cases: bias, bool masks, softcap, sinks, lengths, varlen, kvcache, offsets.
+
+Chosen from what their bugs look like: a bias read with the wrong broadcast strides (shapes
+(1, Hq, Nq, Nk), (B, 1, 1, Nk), (B, Hq, Nq, Nk), Lq != Lk), -inf entries (rows a bias empties),
+dbias not summed over broadcast dimensions, softcap applied after the bias or without its
+tanh' in the backward (large logits saturate it), a sink dropped from lse or from fully masked
+rows, lengths whose sync alignment uses the padded length (none_end, left padding, lengths 0 and
+full), a packed sequence crossing into its neighbour (an empty one between), a paged cache read
+in logical instead of table order (a shuffled table, blocks no entry names hold NaN), and
+offsets applied to one side only.
+"""
+
+from __future__ import annotations
+
+from attnhub.rules import Causal, Full, Local
+from attnhub_conformance.cases import BIAS_SHAPES, DTYPES, SYNCS, Case
+
+RULES = (Full(), Causal(), Local(3), Local(2, 1, causal=True))
+
+
+def _other(main: str) -> str:
+    """A bias dtype unlike the inputs' (float32), or "" when the inputs are float32."""
+    return "" if main == "float32" else "float32"
+
+
+def quick_cases(main: str) -> list[Case]:
+    """Tiny cases, every §9-§11 row once (--quick runs them on the Triton interpreter too)."""
+    m, t = main, dict(dim_qk=16, dim_v=16)
+    return [
+        Case(m, (9,), (13,), Causal(), "scale_end", bias="1hqk", bias_dtype="float32" if m != "float32" else "",
+             grad=True, bias_grad=True, **t),
+        Case(m, (11,), (11,), "bool", mask_shape="padding", bias="b11k", bias_neginf=True, lse=True, **t),
+        Case(m, (10,), (14,), Local(3), "none_end", heads_q=4, heads_kv=2, bias="full", softcap=30.0, sinks=True,
+             grad=True, bias_grad=True, lse=True, **t),
+        Case(m, (48,), (48,), "bool", mask_shape="block16", batch=1, softcap=5.0, large_logits=True, grad=True,
+             **t),
+        Case(m, (13,), (7,), Causal(), "none_end", sinks=True, grad=True, lse=True, **t),
+        Case(m, (9,), (13,), Causal(), "none_end", q_lengths=(7, 0), k_lengths=(13, 4), grad=True, lse=True,
+             **t),
+        Case(m, (9,), (12,), Local(2), "scale_front", q_lengths=(3, 9), k_lengths=(0, 11), padding_side="left",
+             bias="b11k", lse=True, **t),
+        varlen(m, Causal(), "none_front", (3, 0, 5, 2), (4, 2, 6, 0), grad=True, lse=True, **t),
+        kvcache(m, Causal(), 3, 16, (7, 16), lse=True, **t),
+        kvcache(m, Causal(), 2, 48, (20, 33), paged=16, heads_q=4, heads_kv=2, lse=True, **t),
+        Case(m, (6,), (14,), Local(3, causal=True), q_offset=8, k_offset=2, grad=True, lse=True, **t),
+    ]  # fmt: skip
+
+
+def quick_dtype_cases(dt: str) -> list[Case]:
+    """Each other declared dtype: a float32 bias with its gradient, softcap and sinks; left padding."""
+    t = dict(dim_qk=16, dim_v=16)
+    return [
+        Case(dt, (9,), (13,), Causal(), "none_end", heads_q=4, heads_kv=2, bias="b11k", bias_dtype=_other(dt),
+             softcap=30.0, sinks=True, grad=True, bias_grad=True, lse=True, **t),
+        Case(dt, (9,), (13,), Local(3, causal=True), "none_end", q_lengths=(9, 4), k_lengths=(13, 6),
+             padding_side="left", grad=True, lse=True, **t),
+    ]  # fmt: skip
+
+
+def secondary_cases(main: str) -> list[Case]:
+    """Another framework's autodiff of dbias/dsinks, lengths, varlen; its int arrays for paged caches."""
+    q = quick_cases(main)
+    return [q[2], q[5], q[7], q[9]]
+
+
+def varlen(dtype: str, rule, sync: str, lens_q: tuple[int, ...], lens_k: tuple[int, ...], **kw) -> Case:
+    """An ``attention_varlen`` case with these packed sequence lengths."""
+    return Case(dtype, (sum(lens_q),), (sum(lens_k),), rule, sync, batch=1, entry="varlen", seqlens_q=lens_q,
+                seqlens_k=lens_k, **kw)  # fmt: skip
+
+
+def kvcache(
+    dtype: str, rule, lq: int, capacity: int, k_lengths: tuple[int, ...], paged: int = 0, **kw
+) -> Case:
+    """An ``attention_kvcache`` case: Lq new queries against a cache of ``capacity`` rows."""
+    return Case(dtype, (lq,), (capacity,), rule, "none_end", batch=len(k_lengths), entry="kvcache",
+                k_lengths=k_lengths, paged=paged, **kw)  # fmt: skip
+
+
+HEADS = ((2, 2, 2), (2, 4, 2), (2, 3, 1), (1, 1, 1))
+DIMS = ((32, 32), (16, 16), (64, 16), (24, 40))
+
+
+def _shape(n: int, ht: tuple = HEADS) -> dict:
+    b, hq, hkv = ht[n % len(ht)]
+    dq, dv = DIMS[(n // 3) % len(DIMS)]
+    return dict(batch=b, heads_q=hq, heads_kv=hkv, dim_qk=dq, dim_v=dv)
+
+
+def full_cases(main: str) -> list[Case]:
+    """Every §9-§11 argument with every rule and sync mode, their combinations, and edge values."""
+    m = main
+    c: list[Case] = []
+    n = 0
+    seqs = (((19,), (45,)), ((45,), (19,)), ((37,), (37,)))
+    # bias: shapes x dtypes x rules x syncs, a differentiated one every other case
+    for shape in BIAS_SHAPES:
+        for bdt in dict.fromkeys(("", _other(m))):
+            for rule in RULES:
+                for sync in SYNCS:
+                    sq, sk = seqs[n % 3]
+                    c.append(Case(m, sq, sk, rule, sync, bias=shape, bias_dtype=bdt, grad=n % 2 == 0,
+                                  bias_grad=n % 4 == 0, bias_neginf=n % 5 == 0, lse=n % 2 == 1, **_shape(n)))  # fmt: skip
+                    n += 1
+    for shape in BIAS_SHAPES:
+        c.append(Case(m, (21,), (33,), Causal(), "none_end", bias=shape, bias_neginf=True, grad=True, bias_grad=True,
+                      lse=True, heads_q=4, heads_kv=2))  # fmt: skip
+        c.append(Case(m, (4, 6), (8, 12), Local((1, 3)), "scale_end", bias=shape, grad=True, bias_grad=True))
+        c.append(
+            Case(
+                m, (29,), (29,), Causal(), bias=shape, large_logits=True, grad=True, bias_grad=True, lse=True
+            )
+        )
+    # bool masks: padding-shaped, block-sparse (64 x 64 tiles), random with modifiers
+    for sq, sk in (((21,), (21,)), ((19,), (33,)), ((3, 5), (4, 4))):
+        for grad in (False, True):
+            c.append(
+                Case(m, sq, sk, "bool", mask_shape="padding", grad=grad, lse=not grad, heads_q=4, heads_kv=2)
+            )
+    c.append(Case(m, (21,), (33,), "bool", mask_shape="padding", bias="full", grad=True, bias_grad=True))
+    for sq, sk in (((192,), (192,)), ((128,), (192,)), ((200,), (130,))):
+        for grad in (False, True):
+            c.append(Case(m, sq, sk, "bool", mask_shape="block64", batch=1, grad=grad, lse=not grad))
+    c.append(Case(m, (192,), (192,), "bool", mask_shape="block64", batch=1, bias="b11k", softcap=30.0, sinks=True,
+                  grad=True, bias_grad=True))  # fmt: skip
+    c.append(
+        Case(m, (32,), (48,), "bool", mask_shape="block16", softcap=50.0, grad=True, heads_q=4, heads_kv=1)
+    )
+    c.append(Case(m, (23,), (23,), "bool", mask_shape="full", mask_empty_rows=True, bias="1hqk", sinks=True,
+                  grad=True, bias_grad=True, lse=True))  # fmt: skip
+    # softcap: values x rules x syncs (large logits saturate tanh)
+    for cap in (5.0, 30.0, 50.0):
+        for rule in RULES:
+            for sync in SYNCS:
+                sq, sk = seqs[n % 3]
+                c.append(Case(m, sq, sk, rule, sync, softcap=cap, grad=n % 2 == 0, large_logits=n % 3 == 0,
+                              lse=n % 2 == 1, **_shape(n)))  # fmt: skip
+                n += 1
+    c.append(Case(m, (4, 6), (8, 12), Causal(), "scale_front", softcap=5.0, grad=True))
+    # sinks: rules x syncs, with gradients; with softcap and bias (every combination)
+    for rule in RULES:
+        for sync in SYNCS:
+            sq, sk = seqs[n % 3]
+            c.append(Case(m, sq, sk, rule, sync, sinks=True, grad=n % 2 == 0, lse=True, **_shape(n)))
+            n += 1
+    c.append(Case(m, (23,), (23,), Causal(), sinks=True, large_logits=True, grad=True, lse=True))
+    for rule in RULES:
+        for grad in (False, True):
+            for combo in ({"bias": "full", "softcap": 30.0}, {"bias": "b11k", "sinks": True},
+                          {"softcap": 5.0, "sinks": True}, {"bias": "1hqk", "softcap": 50.0, "sinks": True}):  # fmt: skip
+                sq, sk = seqs[n % 3]
+                c.append(Case(m, sq, sk, rule, SYNCS[n % 4], grad=grad, bias_grad=grad and "bias" in combo,
+                              lse=not grad, **combo, **_shape(n)))  # fmt: skip
+                n += 1
+    # lengths: padding side x sync x rule, with §9 modifiers in turn; lengths 0 and full
+    lens = (((19, 7), (27, 0)), ((0, 12), (27, 27)), ((5, 19), (13, 27)), (None, (20, 3)), ((11, 19), None),
+            ((1, 19), (1, 27)))  # fmt: skip
+    mods = ({}, {"bias": "b11k"}, {"softcap": 30.0}, {"sinks": True}, {"bias": "full", "sinks": True})
+    for side in ("right", "left"):
+        for sync in SYNCS:
+            for rule in RULES:
+                ql, kl = lens[n % len(lens)]
+                mod = mods[n % len(mods)]
+                c.append(Case(m, (19,), (27,), rule, sync, q_lengths=ql, k_lengths=kl, padding_side=side,
+                              grad=n % 2 == 0, bias_grad=n % 2 == 0 and "bias" in mod, lse=True, heads_q=4,
+                              heads_kv=2, **mod))  # fmt: skip
+                n += 1
+    c.append(Case(m, (27,), (19,), Causal(), "none_end", batch=3, q_lengths=(27, 0, 13), k_lengths=(19, 19, 0),
+                  padding_side="left", grad=True, lse=True))  # fmt: skip
+    # varlen: rules x syncs on two packings (one with empty sequences), gradients every other case
+    packs = (((5, 0, 9, 3), (7, 4, 9, 0)), ((1, 16, 8), (12, 16, 1)))
+    for rule in RULES:
+        for sync in SYNCS:
+            lq, lk = packs[n % 2]
+            mod = ({}, {"softcap": 30.0}, {"sinks": True})[n % 3]
+            c.append(varlen(m, rule, sync, lq, lk, grad=n % 2 == 0, lse=True, heads_q=(2, 4)[n % 2], heads_kv=2,
+                            dim_qk=32, dim_v=(32, 16)[n % 2], **mod))  # fmt: skip
+            n += 1
+    # kvcache: contiguous and paged (block sizes 16 and 64, shuffled tables)
+    for paged, cap, kls in ((0, 40, (1, 40, 17)), (16, 64, (64, 1, 30)), (64, 192, (100, 192, 64))):
+        for rule in (Causal(), Full(), Local(8, causal=True)):
+            for lq in (1, 5):
+                mod = ({}, {"softcap": 30.0}, {"sinks": True})[n % 3]
+                c.append(kvcache(m, rule, lq, cap, kls, paged=paged, heads_q=4, heads_kv=(1, 2)[n % 2], lse=True,
+                                 **mod))  # fmt: skip
+                n += 1
+    # offsets: rules x (q_offset, k_offset), with a bias and lengths too
+    for rule in RULES:
+        for qo, ko in ((0, 5), (7, 0), (12, 3), (3, 12)):
+            c.append(Case(m, (13,), (21,), rule, q_offset=qo, k_offset=ko, grad=(qo + ko) % 2 == 1, lse=True,
+                          **_shape(n)))  # fmt: skip
+            n += 1
+    c.append(
+        Case(m, (13,), (21,), Causal(), q_offset=8, bias="b11k", softcap=30.0, grad=True, bias_grad=True)
+    )
+    return c
+
+
+def full_dtype_cases(dt: str) -> list[Case]:
+    """A reduced §9-§11 product for each other dtype (declined cases are cheap)."""
+    q = quick_cases(dt)
+    return [
+        *q,
+        *quick_dtype_cases(dt),
+        Case(dt, (19,), (45,), Causal(), "scale_end", heads_q=4, heads_kv=2, bias="full", bias_dtype=_other(dt),
+             grad=True, bias_grad=True, large_logits=True, lse=True),
+        Case(dt, (33,), (33,), Causal(), softcap=5.0, sinks=True, large_logits=True, grad=True, lse=True),
+        kvcache(dt, Causal(), 4, 128, (128, 70), paged=64, lse=True),
+    ]  # fmt: skip
+
+
+def quick_grid_part(dtypes: tuple[str, ...], main: str) -> list[Case]:
+    cases = quick_cases(main)
+    for dt in DTYPES:
+        if dt != main and dt in dtypes:
+            cases += quick_dtype_cases(dt)
+    return cases
+
+
+def full_grid_part(dtypes: tuple[str, ...], main: str) -> list[Case]:
+    cases = full_cases(main)
+    for dt in DTYPES:
+        if dt != main:
+            cases += full_dtype_cases(dt)
+    return cases

@@ -1,0 +1,214 @@
+"""Certify one SPEC §9-§11 case (bias, bool masks, softcap, sinks, lengths, varlen, kvcache, offsets).
+
+The same checks as :meth:`Certifier._run` for plain cases, against the suite's dense oracle
+(:mod:`attnhub_conformance.oracle`): an honest decline, or out and lse within SPEC §6, exact zeros
+on fully masked and padded query rows, gradients of q, k, v, and of the bias and sinks when the
+caller differentiates them (summed over the bias's broadcast dimensions), zero dk and dv on padded
+keys, and every caller array (lengths, cu_seqlens and block tables included) left unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from attnhub.backend import serves_legacy
+from attnhub.dispatch import backend_reasons
+from attnhub.errors import BackendUnsupported
+from attnhub.frameworks import numpy_dtype
+from attnhub_conformance import oracle
+from attnhub_conformance.modifier_calls import Call
+from attnhub_conformance.modifier_data import bias_dtype, make_mod_data
+
+if TYPE_CHECKING:
+    from attnhub_conformance.cases import Case
+    from attnhub_conformance.runner import Certifier, Result
+
+
+def run_modified(cert: Certifier, case: Case, res: Result) -> None:
+    """Run ``case`` against ``cert``'s backend; raise ``CaseFailure`` on a failed check."""
+    from attnhub_conformance.runner import CaseFailure, compare, require_zero_rows
+
+    fw = cert.framework_of(case)
+    ops, b = cert.ops_for(fw), cert.backend
+    rng = np.random.default_rng([cert.seed, zlib.crc32(case.id.encode())])
+    d = make_mod_data(case, rng)
+    call = Call(ops, case, d)
+    req = call.request()
+    res.request = req.describe()
+    # As dispatch decides (Backend.check plus the core's own reasons, e.g. a bias's gradient)
+    reasons = backend_reasons(b, req, frozenset())
+    if reasons:
+        honest_decline(cert, call, reasons)
+        res.status, res.reasons = "declined", reasons
+        return
+    greq = call.grad_request(req)
+    if case.grad and (why := backend_reasons(b, greq, frozenset())):
+        res.status, res.reasons = "declined", why
+        return
+
+    modified: list[str] = []
+    before = snapshot(ops, call)
+    ops.poison(req.batch * req.heads_q * req.nq * (req.dim_v + 1) * 8)
+    result = call.invoke(cert.name)
+    out, lse = result if case.lse else (result, None)
+    cert._hygiene(fw, "out", out, call.out_shape(), case.dtype, req.device)
+    if case.lse:
+        lse_dtype = "float64" if case.dtype == "float64" else "float32"
+        cert._hygiene(fw, "lse", lse, call.lse_shape(), lse_dtype, req.device)
+    prob = d.problem(case, req.scale)
+    ref_out, ref_lse = oracle.forward(prob)
+    fwd_tol, grad_tol = cert.tolerances(case.dtype)
+    empty = oracle.empty_rows(prob)
+    got = call.canonical("out", ops.to_f64(out))
+    compare("out", got, ref_out, fwd_tol, case.dtype)
+    require_zero_rows("out", got, empty)
+    if case.lse:
+        compare("lse", call.canonical("lse", ops.to_f64(lse)), ref_lse, fwd_tol, case.dtype)
+    if changed(ops, call, before, "the forward pass", modified):
+        call = Call(ops, case, d)
+
+    if case.grad:
+        grads = gradients(cert, call, greq, res, modified)
+        if grads is None:
+            return
+        ref, mag = oracle.backward(prob, d.dout)
+        for name in call.differentiated:
+            key = {"q": "dq", "k": "dk", "v": "dv", "bias": "dbias", "sinks": "dsinks"}[name]
+            tol, dt = grad_tol, case.dtype
+            if name == "bias" and cert.tolerances(bias_dtype(case))[1] > tol:  # dbias in the bias's dtype
+                tol, dt = cert.tolerances(bias_dtype(case))[1], bias_dtype(case)
+            compare(key, grads[name], getattr(ref, key), tol, dt, getattr(mag, key))
+        require_zero_rows("dq", grads["q"], empty)
+        unused = oracle.unused_keys(case)
+        if unused is not None:
+            for name in ("k", "v"):
+                require_zero_rows(
+                    f"d{name}", grads[name], np.broadcast_to(unused[:, None], grads[name].shape[:3])
+                )
+        if changed(ops, call, before, "the backward pass", modified):
+            call = Call(ops, case, d)
+    if modified:
+        raise CaseFailure("inputs modified", "; ".join(dict.fromkeys(modified)))
+
+
+def gradients(
+    cert: Certifier, call: Call, greq, res: Result, modified: list[str]
+) -> dict[str, np.ndarray] | None:
+    """name -> canonical float64 gradient, by the framework's autodiff (NumPy: backend.backward)."""
+    from attnhub_conformance.runner import CaseFailure
+
+    case, ops, b = call.case, call.ops, cert.backend
+    fw = ops.framework
+    names = call.differentiated
+    if fw == "numpy":
+        (qc, kc, vc), mc, operands = call.canonical_inputs(greq)
+        extra = [getattr(operands, f.name) for f in dataclasses.fields(operands)]
+        arrays = [qc, kc, vc] + [x for x in (mc, *extra) if isinstance(x, np.ndarray)]
+        keep = [x.copy() for x in arrays]
+        dout = call.d.dout.astype(numpy_dtype(case.dtype))
+        legacy = serves_legacy(b, greq)  # as the core calls it: the bias as an additive mask (SPEC §9)
+        breq = greq.legacy_additive() if legacy else greq
+        fwd_mask, fwd_kw = (operands.bias, {}) if legacy else (mc, {"operands": operands})
+        out, lse = b.forward(qc, kc, vc, breq, fwd_mask, **fwd_kw)
+        if not all(same(x, y) for x, y in zip(arrays, keep)):
+            modified.append("backend.forward wrote into its inputs")
+            for x, y in zip(arrays, keep):
+                x[...] = y  # the backward gets the inputs it should have had
+        got = b.backward(qc, kc, vc, out, lse, dout, breq, fwd_mask, **fwd_kw)
+        if legacy:
+            allowed = (4,) if breq.mask_needs_grad else (3, 4)
+        else:
+            allowed = (5,) if (greq.bias is not None or greq.sinks) else (3, 5)
+        if len(got) not in allowed:
+            raise CaseFailure("grad", f"backward returned {len(got)} gradients; this request takes {allowed}")
+        by_name = dict(zip(("q", "k", "v", "bias", "sinks"), got))
+        wanted = dict(zip(("q", "k", "v"), (qc, kc, vc)))
+        if "bias" in names:
+            wanted["bias"] = operands.bias
+        if "sinks" in names:
+            wanted["sinks"] = operands.sinks
+        result = {}
+        for n, like in wanted.items():
+            g = by_name[n]
+            if g is None:
+                raise CaseFailure(f"grad d{n}", "backend.backward returned None for a requested gradient")
+            cert._hygiene(fw, f"grad d{n}", g, like.shape, str(like.dtype) if n in ("bias", "sinks")
+                          else case.dtype, greq.device)  # fmt: skip
+            result[n] = np.asarray(g, dtype=np.float64)
+        if not all(same(x, y) for x, y in zip(arrays, keep)):
+            modified.append("backend.backward wrote into its inputs")
+        return result  # canonical already: (1, Hq, Tq, D) for varlen
+    dout = ops.array(_dout_for(call), case.dtype)
+
+    def fn(*xs: Any) -> Any:
+        arrays = dict(call.arrays, **dict(zip(names, xs)))
+        return call.invoke(cert.name, arrays, return_lse=False)
+
+    try:
+        ops.poison(0)
+        grads = ops.grads(fn, [call.arrays[n] for n in names], dout)
+    except BackendUnsupported as exc:  # e.g. a traced (jax.vjp) request the backend declines
+        res.status, res.reasons = "declined", [f"gradient call: {r}" for r in exc.reasons]
+        return None
+    shapes = call.grad_shapes()
+    result = {}
+    for n, g in zip(names, grads):
+        if g is None:
+            raise CaseFailure(f"grad d{n}", "the framework returned no gradient")
+        shape, dt = shapes[n]
+        cert._hygiene(fw, f"grad d{n}", g, shape, dt, greq.device)
+        result[n] = call.canonical(f"d{n}", ops.to_f64(g))
+    return result
+
+
+def _dout_for(call: Call) -> np.ndarray:
+    """The upstream gradient in the entry point's output layout."""
+    from attnhub_conformance.arrays import to_layout
+    from attnhub_conformance.modifier_calls import _thd
+
+    c = call.case
+    if c.entry == "varlen":
+        return _thd(call.d.dout)
+    if c.entry == "kvcache":
+        return call.d.dout
+    return to_layout(call.d.dout, c.seq_q, c.layout)
+
+
+def same(a: np.ndarray, b: np.ndarray) -> bool:
+    from attnhub_conformance.runner import same_bits
+
+    return same_bits(np.asarray(a), np.asarray(b))
+
+
+def snapshot(ops, call: Call) -> list[tuple[str, np.ndarray]]:
+    return [(n, ops.to_numpy(x)) for n, x in call.named()]
+
+
+def changed(ops, call: Call, before: list[tuple[str, np.ndarray]], when: str, notes: list[str]) -> bool:
+    """Whether ``when`` changed a bit of the caller's arrays (noted in ``notes``)."""
+    now = dict(call.named())
+    bad = [n for n, old in before if not same(ops.to_numpy(now[n]), old)]
+    if bad:
+        notes.append(f"{when} modified the caller's {', '.join(bad)}")
+    return bool(bad)
+
+
+def honest_decline(cert: Certifier, call: Call, reasons: list[str]) -> None:
+    """A declined request: ``backend=NAME`` raises with the same reasons; ``auto`` avoids it."""
+    from attnhub_conformance.runner import CaseFailure
+
+    try:
+        call.invoke(cert.name)
+    except BackendUnsupported as exc:
+        if exc.reasons != reasons:
+            raise CaseFailure(
+                "honesty", f"check() gave {reasons} but the call with backend=NAME raised {exc.reasons}"
+            ) from None
+    else:
+        raise CaseFailure("honesty", f"check() declined ({'; '.join(reasons)}) but the call ran")
+    if call.explain().chosen == cert.name:
+        raise CaseFailure("honesty", "auto dispatch chose the backend for a request it declines")
