@@ -154,12 +154,17 @@ def test_declines_say_where_to_go(kw, what):
 
 
 def test_served_modifiers_are_not_declined():
-    req = dataclasses.replace(
-        _req(softcap=3.0, bias=(1, 1, 256, 256), bias_grad=True, q_offset=4), device="cpu"
-    )
+    req = dataclasses.replace(_req(softcap=3.0, q_offset=4), device="cpu")
     reasons = CudaBackend().check(req)
     assert all("cuda devices" in r for r in reasons), reasons
-    assert {"softcap", "bias", "dbias", "offsets"} <= CudaBackend.features
+    assert {"softcap", "offsets"} <= CudaBackend.features
+
+
+def test_bias_is_declined_until_its_gpu_tests_pass():
+    """The bias path failed its H100 tests (NaN on rows a -inf bias excludes): not declared."""
+    req = dataclasses.replace(_req(bias=(1, 1, 256, 256), bias_grad=True), device="cpu")
+    assert any("bias" in r for r in CudaBackend().check(req))
+    assert not {"bias", "dbias"} & CudaBackend.features
 
 
 def _compile(job):

@@ -4,10 +4,13 @@ wraps them in ``tf.custom_gradient``)."""
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from attnhub.backend import Backend
+from attnhub.operands import Operands
 from attnhub.request import Request
+from attnhub.rules import ExplicitMask, Full
 
 
 class TFBackend(Backend):
@@ -23,7 +26,10 @@ class TFBackend(Backend):
     frameworks: ClassVar[tuple[str, ...]] = ("tensorflow",)
     device_types: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
     features: ClassVar[frozenset[str]] = frozenset(
-        {"1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward", "deterministic"}
+        {
+            *("1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward"),
+            *("deterministic", "bias", "dbias", "softcap", "sinks", "lengths", "varlen", "offsets", "paged"),
+        }
     )
     requires: ClassVar[tuple[str, ...]] = ("tensorflow",)
 
@@ -37,20 +43,33 @@ class TFBackend(Backend):
 
         return f"tensorflow {tf.__version__}"
 
-    def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
+    def note(self, req: Request) -> str | None:
+        if req.paged:
+            return "paged cache gathered per entry; ragged tiles masked per element, empty ones skipped at run time"
+        if req.ragged:
+            return "ragged: every computed tile masked per element, tiles without a valid pair skipped at run time"
+        return None
+
+    def forward(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
+    ) -> tuple[Any, Any]:
         from attnhub_backends.tf import kernel
         from attnhub_backends.tf.tiles import plan_for
 
-        return kernel.forward(q, k, v, req, plan_for(req), mask)
+        req, mask, operands = _bias_from_mask(req, mask, operands)
+        k, v, req = _unpaged(k, v, req, operands)
+        return kernel.forward(q, k, v, req, plan_for(req), mask, operands)
 
     def forward_for_grad(
-        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
     ) -> tuple[Any, Any, Any]:
         """(out, lse, out in the compute dtype): the backward's rowsum(dO·O) reads O before rounding."""
         from attnhub_backends.tf import kernel
         from attnhub_backends.tf.tiles import plan_for
 
-        return kernel.forward_with_residual(q, k, v, req, plan_for(req), mask)
+        req, mask, operands = _bias_from_mask(req, mask, operands)
+        k, v, req = _unpaged(k, v, req, operands)
+        return kernel.forward_with_residual(q, k, v, req, plan_for(req), mask, operands)
 
     def backward(
         self,
@@ -63,9 +82,49 @@ class TFBackend(Backend):
         req: Request,
         mask: Any = None,
         dlse: Any = None,
-    ) -> tuple[Any, Any, Any]:
-        """Recomputes each tile from lse (memory stays linear in the sequence length)."""
+        operands: Any = None,
+    ) -> tuple[Any, ...]:
+        """Recomputes each tile from lse (memory stays linear in the sequence length).
+
+        (dq, dk, dv), plus (dbias, dsinks) for a request with a bias or sinks (SPEC §9).
+        """
         from attnhub_backends.tf import kernel
         from attnhub_backends.tf.tiles import plan_for
 
-        return kernel.backward(q, k, v, out, lse, dout, req, plan_for(req), mask, dlse)
+        legacy = _is_legacy(req)
+        req, mask, operands = _bias_from_mask(req, mask, operands)
+        kd, vd, dreq = _unpaged(k, v, req, operands)
+        grads = kernel.backward(q, kd, vd, out, lse, dout, dreq, plan_for(dreq), mask, dlse, operands)
+        if req.paged:
+            from attnhub_backends.tf import paged
+
+            dk = paged.scatter(grads[1], k, operands.block_table)
+            dv = paged.scatter(grads[2], v, operands.block_table)
+            grads = (grads[0], dk, dv, *grads[3:])
+        if legacy:  # the pre-§9 convention: (dq, dk, dv) plus dmask when the mask requires grad
+            return grads[:4] if req.bias_grad else grads[:3]
+        return grads
+
+
+def _is_legacy(req: Request) -> bool:
+    return isinstance(req.rule, ExplicitMask) and req.rule.kind == "additive"
+
+
+def _bias_from_mask(req: Request, mask: Any, operands: Any) -> tuple[Request, Any, Any]:
+    """A float mask handed the pre-§9 way (an additive ExplicitMask, as :meth:`Request.legacy_additive`
+    describes; the core no longer does so for this backend) read as ``bias`` with the rule Full."""
+    if not _is_legacy(req):
+        return req, mask, operands
+    rule = req.rule
+    req = replace(req, rule=Full(), bias=rule.shape, bias_grad=req.mask_needs_grad, mask_needs_grad=False)
+    return req, None, replace(operands or Operands(), bias=mask)
+
+
+def _unpaged(k: Any, v: Any, req: Request, operands: Any) -> tuple[Any, Any, Request]:
+    """Paged caches gathered into the contiguous keys of a right-padded batch (paged.py)."""
+    if not req.paged:
+        return k, v, req
+    from attnhub_backends.tf import paged
+
+    bt = operands.block_table
+    return paged.gather(k, bt), paged.gather(v, bt), paged.dense_request(req)

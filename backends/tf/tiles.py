@@ -22,7 +22,7 @@ import numpy as np
 
 from attnhub.request import Request
 from attnhub.rules import ExplicitMask, Full, Rule
-from attnhub.tiling import EMPTY, FULL, Tiling
+from attnhub.tiling import EMPTY, FULL, PARTIAL, Tiling
 
 #: Default rows per query block and keys per key tile.
 BLOCK_Q = 256
@@ -76,11 +76,32 @@ def tile_sizes(nq: int, nk: int, block_q: int = BLOCK_Q, block_k: int = BLOCK_K)
     return bq, bk
 
 
+def static_differences(req: Request) -> bool:
+    """True when a padded batch's rule sees the position differences of its padded shape.
+
+    In 1-d every rule reads only ``P - R``. Right padding with ``none_front`` and left padding with
+    ``none_end`` keep ``P - R = i - j + const`` whatever the lengths, so the dense plan's empty
+    tiles stay empty; other sync modes move positions per entry and nothing can be skipped.
+    """
+    if req.varlen or req.paged:
+        return False
+    return req.sync == ("none_front" if req.padding_side == "right" else "none_end")
+
+
 def _build(req: Request, block_q: int, block_k: int) -> Plan:
     rule: Rule = Full() if isinstance(req.rule, ExplicitMask) else req.rule
     bq, bk = tile_sizes(req.nq, req.nk, block_q, block_k)
     tiling = Tiling(req.seq_q, req.seq_k, req.sync, bq, bk)
-    cls = tiling.classify(rule)
+    if req.q_offset or req.k_offset:  # SPEC §11 (1-d, none_front): global positions
+        tiling.pq = [tiling.pq[0] + req.q_offset]
+        tiling.pk = [tiling.pk[0] + req.k_offset]
+        tiling.fq, tiling.fk = tiling.pq[0], tiling.pk[0]
+    if req.ragged:
+        # positions and segments are tensors (ragged.py): every computed tile is masked per element
+        cls = tiling.classify(rule if static_differences(req) else Full())
+        cls = np.where(cls == FULL, PARTIAL, cls)
+    else:
+        cls = tiling.classify(rule)
     blocks = []
     for bi in range(cls.shape[0]):
         rows = tiling.rows(bi)
