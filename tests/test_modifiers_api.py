@@ -253,3 +253,16 @@ def test_lengths_with_a_bias_and_its_gradient():
     ref = torch.autograd.grad((want * dout).sum(), (q, k, v, bias))
     for g, r in zip(got, ref):
         assert close(g, r)
+
+
+def test_a_key_broadcast_bias_with_offsets_and_a_window():
+    """A bias of one key column (Nk broadcast) on blocks whose first attended key is not 0."""
+    q, k, v = rand(2, 2, 9, 8), rand(2, 2, 10, 8), rand(2, 2, 10, 8)
+    bias = rand(1, 1, 9, 1)
+    rule = attnhub.Local(4, causal=True)
+    got = attnhub.attention(q, k, v, bias=bias, mask=rule, q_offset=7, k_offset=2)
+    want = attnhub.attention(q, k, v, bias=bias.expand(1, 1, 9, 10), mask=rule, q_offset=7, k_offset=2)
+    assert close(got, want)
+    g1 = torch.autograd.grad(got.sum(), bias)[0]
+    g2 = torch.autograd.grad(want.sum(), bias)[0]
+    assert close(g1, g2)

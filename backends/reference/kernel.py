@@ -58,7 +58,7 @@ def _restrict(a: np.ndarray, req: Request, blk: _Block) -> np.ndarray:
     """A rank-4 broadcastable array (mask or bias) restricted to a block, shaped
     (b, Hkv|1, G|1, rows, cols) for broadcasting against the grouped logits."""
     mb, mh, mq, mk = a.shape
-    m = a[:, :, blk.rows if mq > 1 else slice(None), blk.lo : blk.hi if mk > 1 else None]
+    m = a[:, :, blk.rows if mq > 1 else slice(None), slice(blk.lo, blk.hi) if mk > 1 else slice(None)]
     if mh > 1:
         return m.reshape(mb, req.heads_kv, req.group, m.shape[2], m.shape[3])
     return m.reshape(mb, 1, 1, m.shape[2], m.shape[3])
