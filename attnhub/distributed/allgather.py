@@ -71,7 +71,7 @@ class AllGatherAttention(torch.autograd.Function):
         o = torch.zeros((b, hq, lq, v.shape[-1]), dtype=acc, device=q.device)
         lse = torch.full((b, hq, lq), float("-inf"), dtype=acc, device=q.device)
         cs = calls(setup, kf.shape[2])
-        merge.forward_calls(q, kf, vf, cs, o, lse, setup.scale, setup.softcap, setup.backend)
+        merge.forward_calls(q, kf, vf, cs, o, lse, setup.scale, setup.softcap, setup.backend, merge.Rows())
         ctx.save_for_backward(q, kf, vf, o, lse)
         ctx.setup, ctx.calls = setup, cs
         lse_out = lse.to(acc)

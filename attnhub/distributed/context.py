@@ -28,6 +28,27 @@ def choose_method(lq_local: int, hq: int, hkv: int, kv_bytes_global: int) -> str
     return "ring"
 
 
+def needs_offsets(calls: list) -> bool:
+    """True when some call needs SPEC §11 offsets (positions no sync mode expresses)."""
+    from attnhub.distributed.block import positions
+
+    return any(positions(c)[1:] != (0, 0) for c in calls)
+
+
+def offsets_supported(q: Any, k: Any, v: Any, backend: str, softcap: float | None) -> bool:
+    """Whether ``backend`` (or auto) runs a call with offsets on tensors like these."""
+    from attnhub.api import _plan
+    from attnhub.errors import AttnhubError
+    from attnhub.extras import Extras
+
+    try:
+        _plan(q[:, :, :1], k[:, :, :1], v[:, :, :1], "causal", "none_front", None, "bhsd", True,
+              backend, Extras(softcap=softcap, q_offset=1))  # fmt: skip
+    except AttnhubError:
+        return False
+    return True
+
+
 def _shifts(sync: str, lq: int, lk: int) -> tuple[int, int]:
     """Global position shifts (SPEC §2) of queries and keys on the whole sequence."""
     if sync not in SYNCS:
@@ -74,7 +95,7 @@ def context_parallel_attention(
     import torch.distributed as dist
 
     from attnhub.distributed import allgather, ring
-    from attnhub.distributed.schedule import LOAD_BALANCES, Geometry, chunks_per_rank
+    from attnhub.distributed.schedule import LOAD_BALANCES, Geometry, chunks_per_rank, step_calls
 
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
@@ -114,6 +135,15 @@ def context_parallel_attention(
     if method == "auto":
         kv_bytes = (k.numel() + v.numel()) * k.element_size() * world
         method = choose_method(lq_loc, q.shape[1], k.shape[1], kv_bytes)
+        # A block the ring can only compute with offsets, on a backend without them: the all-gather
+        # variant puts causal windows at the end of their keys (sync none_end). Decided from every
+        # rank's schedule, so that all ranks take the same method.
+        every = [step_calls(geo, rule, r, (r - t) % world) for r in range(world) for t in range(world)]
+        if (
+            method == "ring" and needs_offsets([c for cs in every for c in cs])
+            and not offsets_supported(q, k, v, backend, softcap)
+        ):  # fmt: skip
+            method = "allgather"
     fn = allgather.AllGatherAttention if method == "allgather" else ring.RingAttention
     out, lse = fn.apply(q, k, v, setup)
     if layout == "bshd":

@@ -20,19 +20,38 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def merge_into(acc_o: Any, acc_lse: Any, o_b: Any, lse_b: Any, lo: int, hi: int) -> None:
+def merge_into(acc_o: Any, acc_lse: Any, o_b: Any, lse_b: Any, lo: int, hi: int, fresh: bool) -> None:
+    """Merge a block's (out, lse) into rows ``lo:hi``; ``fresh`` rows hold nothing yet (a copy)."""
     a_o, a_l = acc_o[:, :, lo:hi], acc_lse[:, :, lo:hi]
+    if fresh:
+        a_o.copy_(o_b)
+        a_l.copy_(lse_b)
+        return
     l_b = lse_b.to(a_l.dtype)
     new = torch.logaddexp(a_l, l_b)
-    ref = torch.where(torch.isneginf(new), torch.zeros_like(new), new)
-    wa, wb = torch.exp(a_l - ref).unsqueeze(-1), torch.exp(l_b - ref).unsqueeze(-1)
-    acc_o[:, :, lo:hi] = a_o * wa + o_b.to(a_o.dtype) * wb
-    acc_lse[:, :, lo:hi] = new
+    ref = new.nan_to_num(neginf=0.0)  # rows masked in both: weights exp(-inf) = 0
+    wa, wb = (a_l - ref).exp_().unsqueeze(-1), (l_b - ref).exp_().unsqueeze(-1)
+    a_o.mul_(wa).add_(o_b * wb)
+    a_l.copy_(new)
+
+
+class Rows:
+    """Which local query rows already hold a partial result (so that a first block is copied)."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[int, int]] = []
+
+    def fresh(self, lo: int, hi: int) -> bool:
+        """True when no row of lo:hi was written yet (rows not written hold 0 and lse −inf, so a
+        merge into them is exact too). Records lo:hi as written."""
+        clear = all(hi <= a or lo >= b for a, b in self.spans)
+        self.spans.append((lo, hi))
+        return clear
 
 
 def forward_calls(
     q: Any, k: Any, v: Any, calls: list[Call], acc_o: Any, acc_lse: Any, scale: float,
-    softcap: float | None, backend: str,
+    softcap: float | None, backend: str, rows: Rows,
 ) -> None:  # fmt: skip
     """Compute ``calls`` (q rows against the keys ``k``, ``v`` on hand) and merge them."""
     for c in calls:
@@ -40,7 +59,7 @@ def forward_calls(
             q[:, :, c.q_lo : c.q_hi], k[:, :, c.k_lo : c.k_hi], v[:, :, c.k_lo : c.k_hi], c, scale,
             softcap, backend,
         )  # fmt: skip
-        merge_into(acc_o, acc_lse, o_b, l_b, c.q_lo, c.q_hi)
+        merge_into(acc_o, acc_lse, o_b, l_b, c.q_lo, c.q_hi, rows.fresh(c.q_lo, c.q_hi))
 
 
 def backward_calls(

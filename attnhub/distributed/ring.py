@@ -51,14 +51,14 @@ def ring_forward(q: Any, k: Any, v: Any, s: Setup) -> tuple[Any, Any]:
     acc_lse = torch.full((b, hq, lq), float("-inf"), dtype=acc, device=q.device)
     likes = [(tuple(k.shape), k.dtype), (tuple(v.shape), v.dtype)]
     cur = comm.pack(k, v)
-    steps = s.steps
+    steps, rows = s.steps, merge.Rows()
     for t in range(steps):
         reqs, nxt = None, None
         if t + 1 < steps:
             nxt = torch.empty_like(cur)
             reqs = comm.exchange(cur, (s.rank + 1) % s.world, nxt, (s.rank - 1) % s.world, s.group)
         kt, vt = comm.unpack(cur, likes)
-        merge.forward_calls(q, kt, vt, s.calls(t), acc_o, acc_lse, s.scale, s.softcap, s.backend)
+        merge.forward_calls(q, kt, vt, s.calls(t), acc_o, acc_lse, s.scale, s.softcap, s.backend, rows)
         comm.wait(reqs)
         if nxt is not None:
             cur = nxt

@@ -110,9 +110,9 @@ def step_calls(geo: Geometry, rule: object, rank: int, source: int) -> list[Call
     # 2. One Full call when the non-empty pairs are all full and form a rectangle.
     rows = [i for i in range(len(qs)) if any(c != "empty" for c in cls[i])]
     cols = [j for j in range(len(ks)) if any(cls[i][j] != "empty" for i in range(len(qs)))]
-    if all(cls[i][j] == "full" for i in rows for j in cols):
-        if rows == list(range(rows[0], rows[-1] + 1)) and cols == list(range(cols[0], cols[-1] + 1)):
-            return [Call(rows[0] * cq, (rows[-1] + 1) * cq, cols[0] * ck, (cols[-1] + 1) * ck, Full())]
+    rectangle = rows == list(range(rows[0], rows[-1] + 1)) and cols == list(range(cols[0], cols[-1] + 1))
+    if rectangle and all(cls[i][j] == "full" for i in rows for j in cols):
+        return [Call(rows[0] * cq, (rows[-1] + 1) * cq, cols[0] * ck, (cols[-1] + 1) * ck, Full())]
     # 3. Pair by pair; offsets only where the positions differ.
     calls = []
     for i, p in enumerate(qs):
