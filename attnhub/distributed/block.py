@@ -98,6 +98,7 @@ def backward(
     softcap: float | None, backend: str,
 ) -> tuple[Any, Any, Any]:  # fmt: skip
     """(dq, dk, dv) of one block for the merged output ``o`` and lse ``lse`` (already sliced)."""
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     plan, route, ex = _grad_plan(q, k, v, call, scale, softcap, backend)
     be, req = plan.backend, plan.req
     kw = {"operands": operands_for(ex, plan.ad, q, req)} if plan.operands else {}

@@ -8,6 +8,7 @@ The backward adds each block's (dq, dk, dv) into float32 buffers in a fixed orde
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -23,6 +24,11 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
 def merge_into(acc_o: Any, acc_lse: Any, o_b: Any, lse_b: Any, lo: int, hi: int, fresh: bool) -> None:
     """Merge a block's (out, lse) into rows ``lo:hi``; ``fresh`` rows hold nothing yet (a copy)."""
     a_o, a_l = acc_o[:, :, lo:hi], acc_lse[:, :, lo:hi]
+    if _fused(acc_o):
+        from attnhub.distributed import merge_kernel
+
+        merge_kernel.merge(a_o, a_l, o_b, lse_b, fresh)
+        return
     if fresh:
         a_o.copy_(o_b)
         a_l.copy_(lse_b)
@@ -33,6 +39,20 @@ def merge_into(acc_o: Any, acc_lse: Any, o_b: Any, lse_b: Any, lo: int, hi: int,
     wa, wb = (a_l - ref).exp_().unsqueeze(-1), (l_b - ref).exp_().unsqueeze(-1)
     a_o.mul_(wa).add_(o_b * wb)
     a_l.copy_(new)
+
+
+def _fused(acc_o: Any) -> bool:
+    """The Triton merge: float32 accumulators on a CUDA device (or under TRITON_INTERPRET=1 for
+    tests), unless ATTNHUB_CP_TORCH_MERGE=1."""
+    if acc_o.dtype != torch.float32 or os.environ.get("ATTNHUB_CP_TORCH_MERGE") == "1":
+        return False
+    if not acc_o.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 class Rows:
