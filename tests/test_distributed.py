@@ -129,3 +129,44 @@ def test_shard_roundtrip() -> None:
         assert torch.equal(unshard_local(parts, load_balance=lb), x)
     with pytest.raises(SpecError):
         shard(torch.randn(1, 1, 10, 2), 0, 3)
+
+
+_INTERP = """
+import torch
+from attnhub.distributed import simulate
+from tests.distributed_cases import TOL, errors, make_inputs, reference
+
+fails = []
+for mask, sync, lq, lk, world, dtype in [
+    ("causal", "none_front", 32, 32, 2, torch.float32),
+    ("causal", "none_front", 32, 32, 2, torch.bfloat16),
+    ("causal", "none_end", 16, 32, 2, torch.float32),
+]:
+    q, k, v, do = make_inputs(5, 1, 2, 1, lq, lk, 16, dtype, "cpu")
+    got = simulate.run(q, k, v, do, world, mask=mask, sync=sync, backend="triton")
+    ro, rl, rg = reference(q, k, v, do, mask, sync, None)
+    for i, (name, ref) in enumerate(zip(("out", "lse", "dq", "dk", "dv"), (ro, rl, *rg))):
+        tol = TOL[dtype][0 if i < 2 else 1]
+        if max(errors(got[name], ref)) > tol:
+            fails.append(f"{mask} {sync} {dtype} {name}: {errors(got[name], ref)}")
+print("FAILS", fails)
+"""
+
+
+@pytest.mark.slow
+def test_flash_route_and_fused_merge_under_triton_interpreter() -> None:
+    """The triton backend's backward fed the merged O and lse (the GPU route) and the fused
+    Triton merge, run by Triton's interpreter on the CPU, against the float64 reference."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    root = Path(__file__).parent.parent
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
+    proc = subprocess.run([sys.executable, "-c", _INTERP], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "FAILS []" in proc.stdout, proc.stdout[-3000:]
