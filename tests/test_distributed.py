@@ -30,6 +30,8 @@ def _cases(world: int) -> list[dict]:
         ("local-none_end", {"mask": Local(6, causal=True), "sync": "none_end", "lq": 2 * n, "lk": 3 * n}),
         ("gqa-causal-bf16", {"mask": "causal", "lq": 2 * n, "lk": 2 * n, "hq": 4, "hkv": 2, "dtype": BF16}),
         ("causal-softcap", {"mask": "causal", "lq": 2 * n, "lk": 2 * n, "softcap": 2.0}),
+        ("local-zigzag", {"mask": Local(3), "lq": 2 * n, "lk": 2 * n}),
+        ("local-short-ring", {"mask": Local(2, causal=True), "lq": 2 * n, "lk": 2 * n, "lb": "none"}),
         ("causal-contiguous", {"mask": "causal", "lq": 2 * n, "lk": 2 * n, "lb": "none"}),
         ("allgather-local", {"mask": Local(3, causal=True), "lq": 2 * n, "lk": 2 * n, "method": "allgather"}),
         (
