@@ -131,9 +131,9 @@ def main() -> None:
             line += f"; bwd {row['bwd_ms']:.2f} ms = {row['bwd_ratio']:.3f}x single"
         print(line, flush=True)
         res["worlds"][str(world)] = row
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
+        if a.json:  # after every N, so that a run cut short keeps what it measured
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1)
 
 
 if __name__ == "__main__":
