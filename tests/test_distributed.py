@@ -121,7 +121,7 @@ def test_local_window_stops_the_ring_early() -> None:
     """Contiguous shards and a window shorter than a shard: only the neighbour's keys travel."""
     geo = Geometry(8, "none", 16, 16, 0, 0)
     assert ring_steps(geo, Local(5, causal=True)) == 2
-    assert step_calls(geo, Local(5, causal=True), 3, 1) == []
+    assert step_calls(geo, Local(5, causal=True), 3, 1) == ()
 
 
 def test_shard_roundtrip() -> None:

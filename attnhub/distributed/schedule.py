@@ -11,6 +11,7 @@ Pairs are grouped into as few backend calls as exactness allows.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from attnhub.errors import SpecError
 from attnhub.rules import Causal, Full, Local
@@ -90,8 +91,14 @@ class Geometry:
         return [c * self.ck + self.shift_k for c in chunk_ids(rank, self.world, self.load_balance)]
 
 
-def step_calls(geo: Geometry, rule: object, rank: int, source: int) -> list[Call]:
-    """The backend calls of rank ``rank`` on the keys of rank ``source``."""
+@lru_cache(maxsize=4096)
+def step_calls(geo: Geometry, rule: object, rank: int, source: int) -> tuple[Call, ...]:
+    """The backend calls of rank ``rank`` on the keys of rank ``source`` (cached: the schedule
+    is pure Python, and recomputing it per call cost the simulated ring at N = 8 several ms)."""
+    return tuple(_step_calls(geo, rule, rank, source))
+
+
+def _step_calls(geo: Geometry, rule: object, rank: int, source: int) -> list[Call]:
     qs, ks = geo.q_starts(rank), geo.k_starts(source)
     cq, ck = geo.cq, geo.ck
     cls = [[classify(rule, p, cq, r, ck) for r in ks] for p in qs]
@@ -130,6 +137,7 @@ def step_calls(geo: Geometry, rule: object, rank: int, source: int) -> list[Call
     return calls
 
 
+@lru_cache(maxsize=1024)
 def ring_steps(geo: Geometry, rule: object) -> int:
     """How many ring steps any rank needs: later steps are empty on every rank and not run."""
     last = 0
