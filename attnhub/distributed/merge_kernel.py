@@ -1,0 +1,62 @@
+"""A fused Triton kernel for one lse merge on the GPU (one pass over the rows instead of the
+nine elementwise kernels of the torch form): ``merge.merge_into`` uses it for float32
+accumulators on CUDA tensors when Triton is importable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _merge(
+    ao, al, ob, lb, rows, heads, dim,
+    s_ao_b, s_ao_h, s_ao_r, s_ao_d, s_al_b, s_al_h, s_al_r,
+    s_ob_b, s_ob_h, s_ob_r, s_ob_d, s_lb_b, s_lb_h, s_lb_r,
+    FRESH: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // heads
+    h = bh % heads
+    r = pid * BR + tl.arange(0, BR)
+    d = tl.arange(0, BD)
+    rm = r < rows
+    m2 = rm[:, None] & (d < dim)[None, :]
+    l_b = tl.load(lb + b * s_lb_b + h * s_lb_h + r * s_lb_r, mask=rm, other=float("-inf")).to(tl.float32)
+    o_b = tl.load(
+        ob + b * s_ob_b + h * s_ob_h + r[:, None] * s_ob_r + d[None, :] * s_ob_d, mask=m2, other=0.0
+    ).to(tl.float32)
+    pl = al + b * s_al_b + h * s_al_h + r * s_al_r
+    po = ao + b * s_ao_b + h * s_ao_h + r[:, None] * s_ao_r + d[None, :] * s_ao_d
+    if FRESH:
+        tl.store(pl, l_b, mask=rm)
+        tl.store(po, o_b, mask=m2)
+    else:
+        l_a = tl.load(pl, mask=rm, other=float("-inf"))
+        mx = tl.maximum(l_a, l_b)
+        ref = tl.where(mx == float("-inf"), 0.0, mx)
+        wa = tl.exp(l_a - ref)
+        wb = tl.exp(l_b - ref)
+        tot = wa + wb
+        safe = tl.where(tot == 0.0, 1.0, tot)
+        new = tl.where(tot == 0.0, float("-inf"), ref + tl.log(safe))
+        inv = 1.0 / safe
+        o_a = tl.load(po, mask=m2, other=0.0)
+        o = (o_a * (wa * inv)[:, None]) + (o_b * (wb * inv)[:, None])
+        tl.store(po, o, mask=m2)
+        tl.store(pl, new, mask=rm)
+
+
+def merge(acc_o: Any, acc_lse: Any, o_b: Any, lse_b: Any, fresh: bool) -> None:
+    """In place: (acc_o, acc_lse) ← lse-merge of themselves and (o_b, lse_b); (B, H, R, D)."""
+    b, h, rows, dim = acc_o.shape
+    bd = triton.next_power_of_2(dim)
+    br = max(1, min(64, 8192 // bd))
+    grid = (triton.cdiv(rows, br), b * h)
+    _merge[grid](
+        acc_o, acc_lse, o_b, lse_b, rows, h, dim, *acc_o.stride(), *acc_lse.stride(), *o_b.stride(),
+        *lse_b.stride(), FRESH=fresh, BR=br, BD=bd,
+    )  # fmt: skip
