@@ -143,9 +143,14 @@ def test_glue_hands_forward_for_grad_output_to_backward():
             seen["out"] = out
             return dout, torch.zeros_like(k), torch.zeros_like(v)
 
+    from attnhub import Full, Request
+
     q = torch.randn(1, 1, 3, 4, requires_grad=True)
     k, v = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
-    out, _ = run_with_autograd(Probe(), q, k, v, None, None)
+    req = Request(
+        "torch", "cpu", "float32", "bhsd", 1, 1, 1, (3,), (3,), 4, 4, Full(), "none_front", 0.5, True
+    )
+    out, _ = run_with_autograd(Probe(), q, k, v, req, None)
     assert out.dtype == torch.float32
     out.sum().backward()
     assert seen["out"].dtype == torch.float64
