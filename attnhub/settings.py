@@ -145,6 +145,9 @@ _declare("ATTNHUB_IPU_EMULATE", _flag, False, "run the ipu backend's PopTorch gr
 _declare("ATTNHUB_TRITON_TUNE", _flag, True, "time the triton candidate configs on first use of a shape class", "user", "0 or 1")
 _declare("ATTNHUB_JAX_PALLAS", _pallas_mode, "on", "jax backend's Pallas GPU path (interpret: Pallas interpreter)", "user", "1 (on), 0 (off) or interpret")
 _declare("ATTNHUB_JAX_CUDNN", _flag, True, "jax backend's cuDNN path where it serves the exact request", "user", "0 or 1")
+_declare(
+    "ATTNHUB_CP_TORCH_MERGE", _flag, False, "context parallelism merges partial results with torch ops, not the fused Triton merge", "user", "0 or 1"
+)
 
 # Development: pin kernel choices for tuning and experiments.
 _declare("ATTNHUB_JAX_TILES", _positive_pair, None, "jax blockwise tile sizes", expects="block_q,block_k (two positive integers)")

@@ -8,11 +8,11 @@ The backward adds each block's (dq, dk, dv) into float32 buffers in a fixed orde
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
+from attnhub import settings
 from attnhub.distributed import block
 from attnhub.distributed.schedule import Call
 
@@ -44,9 +44,9 @@ def merge_into(acc_o: Any, acc_lse: Any, o_b: Any, lse_b: Any, lo: int, hi: int,
 def _fused(acc_o: Any) -> bool:
     """The Triton merge: float32 accumulators on a CUDA device (or under TRITON_INTERPRET=1 for
     tests), unless ATTNHUB_CP_TORCH_MERGE=1."""
-    if acc_o.dtype != torch.float32 or os.environ.get("ATTNHUB_CP_TORCH_MERGE") == "1":
+    if acc_o.dtype != torch.float32 or settings.value("ATTNHUB_CP_TORCH_MERGE"):
         return False
-    if not acc_o.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+    if not acc_o.is_cuda and (settings.external("TRITON_INTERPRET") or "0") != "1":
         return False
     try:
         import triton  # noqa: F401
