@@ -17,7 +17,7 @@ from types import ModuleType
 from attnhub import settings
 
 _LOCK = threading.Lock()
-_LOADED: dict[bool, ModuleType] = {}
+_LOADED: dict[tuple[str, bool], ModuleType] = {}
 
 
 def interpret_mode() -> bool:
@@ -27,15 +27,23 @@ def interpret_mode() -> bool:
 
 def kernels(interpret: bool | None = None) -> ModuleType:
     """The kernels module for ``interpret`` (default: the current ``TRITON_INTERPRET``)."""
+    return load("kernels.py", interpret)
+
+
+def load(filename: str, interpret: bool | None = None) -> ModuleType:
+    """The kernel source ``filename`` (beside this file) executed in mode ``interpret`` (default:
+    the current ``TRITON_INTERPRET``), once per mode and file."""
     mode = interpret_mode() if interpret is None else interpret
-    found = _LOADED.get(mode)
+    key = (filename, mode)
+    found = _LOADED.get(key)
     if found is not None:
         return found
     with _LOCK:
-        if mode in _LOADED:
-            return _LOADED[mode]
-        name = f"attnhub_backends.triton._kernels_{'interpreted' if mode else 'compiled'}"
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("kernels.py"))
+        if key in _LOADED:
+            return _LOADED[key]
+        stem = Path(filename).stem
+        name = f"attnhub_backends.triton._{stem}_{'interpreted' if mode else 'compiled'}"
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(filename))
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         saved = os.environ.get("TRITON_INTERPRET")
@@ -48,5 +56,5 @@ def kernels(interpret: bool | None = None) -> ModuleType:
                 os.environ.pop("TRITON_INTERPRET", None)
             else:
                 os.environ["TRITON_INTERPRET"] = saved
-        _LOADED[mode] = module
+        _LOADED[key] = module
         return module

@@ -5,14 +5,9 @@ from the padded length or ``max_seqlen_*`` and the kernels skip what lies past e
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
-import sys
-import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -21,7 +16,7 @@ import torch
 from attnhub import settings
 from attnhub.request import Request
 from attnhub.rules import Causal, Full, Local
-from attnhub_backends.triton.loader import interpret_mode
+from attnhub_backends.triton.loader import interpret_mode, load
 from attnhub_backends.triton.loader import kernels as dense_kernels
 from attnhub_backends.triton.relaunch import Relauncher
 
@@ -34,34 +29,11 @@ LOG2E = 1.4426950408889634
 #: read 2.69 TB/s at Lk=32k; packed causal training: forward (128, 64, 8, 3), backward (64, 64, 4, 2)
 #: for both kernels.
 TUNE: dict[str, Any] = {"fwd": None, "dkdv": None, "dq": None, "decode": (128, 4, 3), "fill": 4}
-_LOCK = threading.Lock()
-_LOADED: dict[bool, ModuleType] = {}
 
 
 def _kernels() -> ModuleType:
     """ragged_kernels.py executed in the current mode (compiled or interpreted; see loader.py)."""
-    mode = interpret_mode()
-    found = _LOADED.get(mode)
-    if found is not None:
-        return found
-    with _LOCK:
-        if mode not in _LOADED:
-            name = f"attnhub_backends.triton._ragged_{'interpreted' if mode else 'compiled'}"
-            spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("ragged_kernels.py"))
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            saved = os.environ.get("TRITON_INTERPRET")
-            os.environ["TRITON_INTERPRET"] = "1" if mode else "0"
-            try:
-                sys.modules[name] = module
-                spec.loader.exec_module(module)
-            finally:
-                if saved is None:
-                    os.environ.pop("TRITON_INTERPRET", None)
-                else:
-                    os.environ["TRITON_INTERPRET"] = saved
-            _LOADED[mode] = module
-        return _LOADED[mode]
+    return load("ragged_kernels.py")
 
 
 def _rule(req: Request) -> tuple[dict[str, Any], int]:
