@@ -119,3 +119,16 @@ def test_certify_without_pytest_says_what_to_install(monkeypatch):
     assert result.exit_code != 0
     assert "needs hypothesis" in result.output and "pip install 'attnhub[certify]'" in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_explain_cli_with_spec_9_to_11_options():
+    out = run(
+        "explain", "--q", "2,8,64,16", "--k", "2,2,64,16", "--device", "cpu", "--mask", "causal",
+        "--sync", "none_end", "--lengths", "k", "--padding-side", "left", "--softcap", "30", "--sinks",
+    )  # fmt: skip
+    assert "softcap=30 sinks k_lengths(left)" in out
+    assert "does not apply softcap" in out and "chosen: reference" in out
+    bad = CliRunner().invoke(main, ["explain", "--q", "1,2,8,16", "--k", "1,2,8,16", "--bias", "3,8,8"])
+    assert bad.exit_code != 0 and "bias.shape" in bad.output
+    bad = CliRunner().invoke(main, ["explain", "--q", "1,2,8,16", "--k", "1,2,8,16", "--softcap", "-1"])
+    assert bad.exit_code != 0 and "softcap" in bad.output

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import click
 
 from attnhub.cli.options import MASKS, SYNCS, parse_mask_option
 from attnhub.dispatch import explain_request
-from attnhub.errors import AttnhubError
+from attnhub.errors import AttnhubError, SpecError
+from attnhub.extras import softcap_float
+from attnhub.request import Request
 from attnhub.shapes import parse_shape, request_from_shapes
 
 
@@ -25,6 +29,20 @@ from attnhub.shapes import parse_shape, request_from_shapes
 @click.option("--grad", is_flag=True, help="the request needs gradients")
 @click.option("--lse", is_flag=True, help="the request returns lse")
 @click.option("--backend", default="auto", show_default=True)
+@click.option(
+    "--bias", "bias_shape", default=None, help="SPEC §9: an additive bias of this shape, e.g. 1,8,1024,1024"
+)
+@click.option("--bias-grad", is_flag=True, help="the bias requires grad (dbias)")
+@click.option("--softcap", default=None, type=float, help="SPEC §9: logit softcap")
+@click.option("--sinks", is_flag=True, help="SPEC §9: attention sinks (with --grad: their gradient too)")
+@click.option(
+    "--lengths", type=click.Choice(["q", "k", "qk"]), default=None, help="SPEC §10: q_lengths/k_lengths given"
+)
+@click.option("--padding-side", default="right", type=click.Choice(["right", "left"]), show_default=True)
+@click.option("--varlen", is_flag=True, help="SPEC §10: packed sequences (attention_varlen)")
+@click.option("--paged", default=0, show_default=True, help="SPEC §10: paged KV cache block size (0: none)")
+@click.option("--q-offset", default=0, show_default=True, help="SPEC §11")
+@click.option("--k-offset", default=0, show_default=True, help="SPEC §11")
 def explain_cmd(
     q_shape,
     k_shape,
@@ -40,6 +58,16 @@ def explain_cmd(
     grad,
     lse,
     backend,
+    bias_shape,
+    bias_grad,
+    softcap,
+    sinks,
+    lengths,
+    padding_side,
+    varlen,
+    paged,
+    q_offset,
+    k_offset,
 ) -> None:  # noqa: E501
     """For a request given by shapes: which backend runs it and why the others do not."""
     try:
@@ -56,6 +84,46 @@ def explain_cmd(
             needs_grad=grad,
             return_lse=lse,
         )
+        req = with_modifiers(
+            req,
+            bias_shape,
+            bias_grad,
+            softcap,
+            sinks,
+            lengths,
+            padding_side,
+            varlen,
+            paged,
+            q_offset,
+            k_offset,
+        )
     except AttnhubError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(str(explain_request(req, backend)))
+
+
+def with_modifiers(
+    req: Request, bias_shape: str | None, bias_grad: bool, softcap: float | None, sinks: bool,
+    lengths: str | None, padding_side: str, varlen: bool, paged: int, q_offset: int, k_offset: int,
+) -> Request:  # fmt: skip
+    """``req`` with the SPEC §9-§11 fields the options describe, validated as the API would."""
+    bias = None
+    if bias_shape is not None:
+        shape = parse_shape(bias_shape)
+        target = (req.batch, req.heads_q, req.nq, req.nk)
+        full = (1,) * (4 - len(shape)) + tuple(shape)
+        if len(shape) > 4 or any(h not in (1, w) for h, w in zip(full, target)):
+            raise SpecError("bias.shape", f"broadcastable to (B, Hq, Nq, Nk) = {target}", shape)
+        bias = full
+    if (lengths or varlen or paged or q_offset or k_offset) and req.ndim != 1:
+        raise SpecError(
+            "lengths/varlen/paged/offsets", "only with 1-d sequences (SPEC §10-§11)", "a 2-d sequence"
+        )
+    if (q_offset or k_offset) and req.sync != "none_front":
+        raise SpecError("sync", "none_front with q_offset/k_offset (SPEC §11)", req.sync)
+    return dataclasses.replace(
+        req, bias=bias, bias_grad=bias_grad and bias is not None, softcap=softcap_float(softcap),
+        sinks=sinks, sinks_grad=sinks and req.needs_grad, q_lengths=bool(lengths and "q" in lengths),
+        k_lengths=bool(lengths and "k" in lengths) or bool(paged), padding_side=padding_side,
+        varlen=varlen, paged=paged, q_offset=q_offset, k_offset=k_offset,
+    )  # fmt: skip
