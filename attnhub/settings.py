@@ -146,6 +146,11 @@ _declare("ATTNHUB_TRITON_TUNE", _flag, True, "time the triton candidate configs 
 _declare("ATTNHUB_JAX_PALLAS", _pallas_mode, "on", "jax backend's Pallas GPU path (interpret: Pallas interpreter)", "user", "1 (on), 0 (off) or interpret")
 _declare("ATTNHUB_JAX_CUDNN", _flag, True, "jax backend's cuDNN path where it serves the exact request", "user", "0 or 1")
 _declare(
+    "ATTNHUB_TRUST_LENGTHS", _flag, False,
+    "skip reading q_lengths/k_lengths/cu_seqlens/block tables to check them (no device sync per call; kernels clamp lengths)",
+    "user", "0 or 1",
+)  # fmt: skip
+_declare(
     "ATTNHUB_CP_TORCH_MERGE", _flag, False, "context parallelism merges partial results with torch ops, not the fused Triton merge", "user", "0 or 1"
 )
 

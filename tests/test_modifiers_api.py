@@ -266,3 +266,20 @@ def test_a_key_broadcast_bias_with_offsets_and_a_window():
     g1 = torch.autograd.grad(got.sum(), bias)[0]
     g2 = torch.autograd.grad(want.sum(), bias)[0]
     assert close(g1, g2)
+
+
+def test_trusted_lengths_are_not_read_and_are_clamped(monkeypatch):
+    """ATTNHUB_TRUST_LENGTHS=1: length arrays are not read on the host (no SpecError; a Python list,
+    free to read, is still checked) and out-of-range lengths act as clamped to [0, L], never
+    reading outside the arrays."""
+    q, k, v = rand(2, 2, 5, 8, grad=False), rand(2, 2, 6, 8, grad=False), rand(2, 2, 6, 8, grad=False)
+    bad = torch.tensor([9, -2], dtype=torch.int32)
+    with pytest.raises(SpecError, match="k_lengths"):
+        attnhub.attention(q, k, v, k_lengths=bad)
+    monkeypatch.setenv("ATTNHUB_TRUST_LENGTHS", "1")
+    with pytest.raises(SpecError, match="k_lengths"):
+        attnhub.attention(q, k, v, k_lengths=[9, -2])
+    for side in ("right", "left"):
+        got = attnhub.attention(q, k, v, mask="causal", sync="none_end", k_lengths=bad, padding_side=side)
+        want = attnhub.attention(q, k, v, mask="causal", sync="none_end", k_lengths=[6, 0], padding_side=side)
+        assert torch.equal(got, want)

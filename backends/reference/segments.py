@@ -37,8 +37,17 @@ def spans(req: Request, ops: Any) -> Iterator[Segment]:
             yield Segment(0, int(cq[n]), int(cq[n + 1] - cq[n]), int(ck[n]), int(ck[n + 1] - ck[n]))
         return
     nq, nk = req.nq, req.nk
-    ql = np.full(req.batch, nq) if ops.q_lengths is None else np.asarray(ops.q_lengths, dtype=np.int64)
-    kl = np.full(req.batch, nk) if ops.k_lengths is None else np.asarray(ops.k_lengths, dtype=np.int64)
+    # Clamped to [0, L] as the kernels do: lengths the core could not check (ATTNHUB_TRUST_LENGTHS).
+    ql = (
+        np.full(req.batch, nq)
+        if ops.q_lengths is None
+        else np.clip(np.asarray(ops.q_lengths, np.int64), 0, nq)
+    )
+    kl = (
+        np.full(req.batch, nk)
+        if ops.k_lengths is None
+        else np.clip(np.asarray(ops.k_lengths, np.int64), 0, nk)
+    )
     left = req.padding_side == "left" and not req.paged
     for b in range(req.batch):
         qb, kb = int(ql[b]), int(kl[b])

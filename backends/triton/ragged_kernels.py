@@ -175,10 +175,12 @@ def table_kernel(
     else:
         q_len = zero + Lq
         k_len = zero + Lk
+        # Clamped to [0, L]: lengths the core could not read (under a trace, a graph capture or
+        # ATTNHUB_TRUST_LENGTHS) never move a program outside its arrays.
         if HAS_QL:
-            q_len = tl.load(QL + s, mask=ok, other=0).to(tl.int32)
+            q_len = tl.minimum(tl.maximum(tl.load(QL + s, mask=ok, other=0).to(tl.int32), 0), Lq)
         if HAS_KL:
-            k_len = tl.load(KL + s, mask=ok, other=0).to(tl.int32)
+            k_len = tl.minimum(tl.maximum(tl.load(KL + s, mask=ok, other=0).to(tl.int32), 0), Lk)
         q_start = zero
         k_start = zero
         if LEFT:
