@@ -16,6 +16,7 @@ import torch
 from attnhub import settings
 from attnhub.request import Request
 from attnhub.rules import Causal, Full, Local
+from attnhub_backends.triton.launch import _dot_precision, _pad
 from attnhub_backends.triton.loader import interpret_mode, load
 from attnhub_backends.triton.loader import kernels as dense_kernels
 from attnhub_backends.triton.relaunch import Relauncher
@@ -151,18 +152,6 @@ def _signature(
         req, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), _align(q), _align(k), _align(v),
         out_dtype, extra, settings.raw("ATTNHUB_TRITON_SPLITS"), tuple(TUNE.items()), interpret_mode(),
     )  # fmt: skip
-
-
-def _dot_precision(x: torch.Tensor) -> str:
-    if x.dtype == torch.float32:
-        return "ieee"
-    if x.dtype == torch.bfloat16 and interpret_mode():
-        return "ieee_upcast"
-    return "native"
-
-
-def _pad(d: int) -> int:
-    return max(16, 1 << math.ceil(math.log2(d)))
 
 
 def _pow2(n: int) -> int:
