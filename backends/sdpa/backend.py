@@ -303,6 +303,8 @@ def _probe(backend: _SdpaCuda, req: Request, gqa: bool, repeat: bool) -> list[st
         shape = req.rule.shape  # type: ignore[union-attr]
         mdtype = torch.bool if req.rule.kind == "bool" else dtype  # type: ignore[union-attr]
         mask = torch.empty((1, 1, 1, 1), dtype=mdtype, device=dev).expand(*shape)
+    elif req.bias is not None:  # a float mask (SPEC §9: a bias) reaches the kernel as attn_mask
+        mask = torch.empty((1, 1, 1, 1), dtype=dtype, device=dev).expand(*req.bias)
     params = torch.backends.cuda.SDPAParams(q, k, v, mask, 0.0, plan.causal, gqa)
     check = getattr(torch.backends.cuda, backend.probe)
     kernel = sdpa_kernel(getattr(SDPBackend, backend.kernel))
