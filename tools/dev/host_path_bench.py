@@ -1,0 +1,113 @@
+"""Host time per call of the ragged entry points, with the kernels' launches made no-ops.
+
+Under ``TRITON_INTERPRET=1`` the triton backend serves CPU tensors; :class:`Relauncher` (every
+forward launch of the dense and the ragged paths goes through one) is patched here to return at
+once, so what is timed is attnhub's Python path per call: validation, the plan cache, operands,
+the lengths' host reads, the launch plans and the output allocations. Decode shapes of the H100
+report (B=4, Hq=32, Hkv=8, Lq=1, D=128) with a small Lk.
+
+    TRITON_INTERPRET=1 .venv/bin/python tools/dev/host_path_bench.py [--calls 2000] [--profile NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import time
+from collections.abc import Callable
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+import attnhub  # noqa: E402
+from attnhub_backends.triton.relaunch import Relauncher  # noqa: E402
+
+B, HQ, HKV, D, LK, BLOCK = 4, 32, 8, 128, 256, 16
+
+
+def _no_launch(self, fn, grid, args, kwargs) -> None:  # noqa: ANN001
+    """Stands in for a kernel launch: the outputs stay as allocated."""
+
+
+def cases() -> dict[str, Callable[[], object]]:
+    """The calls timed, each a closure over its inputs (one lengths tensor reused, as in a loop
+    over layers)."""
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, dtype=torch.float16)
+
+    q = rnd(B, HQ, 1, D)
+    kc, vc = rnd(B, HKV, LK, D), rnd(B, HKV, LK, D)
+    lens = torch.tensor([LK, LK - 3, LK // 2, 1], dtype=torch.int32)
+    nblk = LK // BLOCK
+    kp, vp = rnd(B * nblk, BLOCK, HKV, D), rnd(B * nblk, BLOCK, HKV, D)
+    table = torch.randperm(B * nblk, generator=g).to(torch.int32).reshape(B, nblk)
+    qd, kd, vd = rnd(B, HQ, 1, D), rnd(B, HQ, LK, D), rnd(B, HQ, LK, D)
+    seqs = [LK, LK - 3, LK // 2, 1]
+    cu = torch.tensor([0, *torch.tensor(seqs).cumsum(0).tolist()], dtype=torch.int32)
+    tk = int(cu[-1])
+    cuq = torch.arange(B + 1, dtype=torch.int32)
+    qv, kv, vv = rnd(B, HQ, D), rnd(tk, HKV, D), rnd(tk, HKV, D)
+    return {
+        "dense": lambda: attnhub.attention(qd, kd, vd, backend="triton"),
+        "kvcache": lambda: attnhub.attention_kvcache(q, kc, vc, lens, backend="triton"),
+        "paged": lambda: attnhub.attention_kvcache(q, kp, vp, lens, block_table=table, backend="triton"),
+        "lengths": lambda: attnhub.attention(
+            q, kc, vc, k_lengths=lens, sync="none_end", mask="causal", backend="triton"
+        ),
+        "varlen": lambda: attnhub.attention_varlen(
+            qv, kv, vv, cuq, cu, mask="causal", sync="none_end", backend="triton"
+        ),
+        "varlen_max": lambda: attnhub.attention_varlen(
+            qv, kv, vv, cuq, cu, max_seqlen_q=1, max_seqlen_k=LK, mask="causal", sync="none_end",
+            backend="triton",
+        ),  # fmt: skip
+    }
+
+
+def per_call_us(fn: Callable[[], object], calls: int) -> float:
+    """Median of 5 runs of ``calls`` calls, in µs per call."""
+    for _ in range(50):
+        fn()
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        runs.append((time.perf_counter() - t0) / calls * 1e6)
+    return sorted(runs)[2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--profile", default="", help="a case name: cProfile it (top 25 by tottime)")
+    ap.add_argument("--sort", default="tottime")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--only", default="", help="comma-separated case names")
+    args = ap.parse_args()
+    Relauncher.__call__ = _no_launch  # type: ignore[method-assign]
+    torch.set_num_threads(1)
+    all_cases = cases()
+    names = args.only.split(",") if args.only else list(all_cases)
+    if args.profile:
+        fn = all_cases[args.profile]
+        for _ in range(50):
+            fn()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.calls):
+            fn()
+        prof.disable()
+        pstats.Stats(prof).sort_stats(args.sort).print_stats(args.top)
+        return
+    for name in names:
+        print(f"{name:11s} {per_call_us(all_cases[name], args.calls):8.1f} us/call", flush=True)
+
+
+if __name__ == "__main__":
+    main()
