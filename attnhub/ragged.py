@@ -16,8 +16,9 @@ import numpy as np
 
 from attnhub.dispatch import CACHE, DISPATCHER, override_state
 from attnhub.errors import SpecError
-from attnhub.extras import Extras, check_int_array, host_values, int_arg
+from attnhub.extras import Extras, check_int_array, int_arg
 from attnhub.frameworks import adapter_for
+from attnhub.readings import reading
 from attnhub.request import build_request_ex, check_backend_arg
 
 
@@ -36,20 +37,27 @@ def _int32_array(name: str, x: Any, ndim: int) -> tuple[int, ...]:
 
 def _check_cu_seqlens(name: str, cu: Any, total: int) -> int:
     """SPEC §12: from 0, non-decreasing, ending at ``total``; returns the longest sequence (or
-    ``total`` where the values cannot be read)."""
+    ``total`` where the values cannot be read). Read once per torch tensor version."""
     (n,) = _int32_array(name, cu, 1)
     if n < 1:
         raise SpecError(f"{name}.shape", "(N + 1,) with N >= 0", (n,))
-    vals = host_values(cu)
-    if vals is None:
+    r = reading(cu)
+    if r is None or r.values is None:
         return total
-    if vals[0] != 0:
-        raise SpecError(name, "starting at 0", int(vals[0]))
-    if np.any(np.diff(vals) < 0):
-        raise SpecError(name, "non-decreasing", vals.tolist())
-    if vals[-1] != total:
-        raise SpecError(name, f"ending at the total length {total}", int(vals[-1]))
-    return int(np.diff(vals).max()) if n > 1 else 0
+    facts = r.facts.get("cu_seqlens")
+    if facts is None:
+        vals = r.values
+        steps = np.diff(vals)
+        bad = vals.tolist() if np.any(steps < 0) else None
+        facts = r.facts["cu_seqlens"] = (int(vals[0]), bad, int(vals[-1]), int(steps.max()) if n > 1 else 0)
+    first, bad, last, longest = facts
+    if first != 0:
+        raise SpecError(name, "starting at 0", first)
+    if bad is not None:
+        raise SpecError(name, "non-decreasing", bad)
+    if last != total:
+        raise SpecError(name, f"ending at the total length {total}", last)
+    return longest
 
 
 def attention_varlen(
@@ -164,6 +172,27 @@ def _stand_in(x: Any, shape: tuple[int, ...]) -> Any:
     return sys.modules["jax.numpy"].broadcast_to(ad.reshape(first, (1,) * len(shape)), shape)
 
 
+def _check_blocks(block_table: Any, k_lengths: Any, nb: int, bs: int, max_blocks: int) -> None:
+    """SPEC §12: the blocks in use (those holding one of batch b's first ``k_lengths[b]`` keys)
+    are in [0, nb); the rest may be unset, as vLLM leaves them. Where both can be read, checked
+    once per pair of torch tensor versions."""
+    table, lens = reading(block_table), reading(k_lengths)
+    if table is None or lens is None or table.values is None or lens.values is None or not lens.values.size:
+        return
+    key = (nb, bs, lens.values.tobytes())
+    last = table.facts.get("blocks")  # the last lengths checked with this table (one kept)
+    if last is not None and last[0] == key:
+        bad = last[1]
+    else:
+        vals = table.values
+        used = np.arange(max_blocks)[None, :] < -(-np.clip(lens.values, 0, max_blocks * bs) // bs)[:, None]
+        in_use = vals[used]
+        bad = in_use.tolist() if in_use.size and (in_use.min() < 0 or in_use.max() >= nb) else []
+        table.facts["blocks"] = (key, bad)
+    if bad:
+        raise SpecError("block_table", f"block indices in [0, {nb}) for the blocks in use", bad)
+
+
 def _paged(q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, sinks, backend, return_lse):
     from attnhub.api import _mask_key, _Plan
 
@@ -184,13 +213,7 @@ def _paged(q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, si
         raise SpecError("block_table.shape", f"({b}, max_blocks)", tb)
     check_int_array("k_lengths", k_lengths, ad, (b,))
     lk = tb[1] * bs
-    vals, lens = host_values(block_table), host_values(k_lengths)
-    if vals is not None and lens is not None and lens.size:
-        used = np.arange(tb[1])[None, :] < -(-np.clip(lens, 0, lk) // bs)[:, None]
-        if used.any() and (vals[used].min() < 0 or vals[used].max() >= nb):
-            raise SpecError(
-                "block_table", f"block indices in [0, {nb}) for the blocks in use", vals[used].tolist()
-            )
+    _check_blocks(block_table, k_lengths, nb, bs, tb[1])
     extras = Extras(softcap=softcap, sinks=sinks, k_lengths=k_lengths, block_table=block_table, paged=bs)
     key = (
         "paged", ad.call_key(q, k_cache, v_cache), _mask_key(mask), scale, type(scale), return_lse, backend,

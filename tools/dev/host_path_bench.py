@@ -63,23 +63,51 @@ def cases() -> dict[str, Callable[[], object]]:
             qv, kv, vv, cuq, cu, mask="causal", sync="none_end", backend="triton"
         ),
         "varlen_max": lambda: attnhub.attention_varlen(
-            qv, kv, vv, cuq, cu, max_seqlen_q=1, max_seqlen_k=LK, mask="causal", sync="none_end",
+            qv,
+            kv,
+            vv,
+            cuq,
+            cu,
+            max_seqlen_q=1,
+            max_seqlen_k=LK,
+            mask="causal",
+            sync="none_end",
             backend="triton",
         ),  # fmt: skip
     }
 
 
 def per_call_us(fn: Callable[[], object], calls: int) -> float:
-    """Median of 5 runs of ``calls`` calls, in µs per call."""
+    """Least of 7 runs of ``calls`` calls, in µs per call (the machine is shared: the least is the
+    run least disturbed)."""
     for _ in range(50):
         fn()
     runs = []
-    for _ in range(5):
+    for _ in range(7):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         runs.append((time.perf_counter() - t0) / calls * 1e6)
-    return sorted(runs)[2]
+    return min(runs)
+
+
+def reads_per_call(fn: Callable[[], object], calls: int = 32) -> float:
+    """Host reads (``Tensor.cpu()``, the device-to-host copy on a GPU) per call over ``calls``
+    calls with the same arguments: a model's layers in one decoding step."""
+    count = [0]
+    real = torch.Tensor.cpu
+
+    def counted(self, *a, **kw):  # noqa: ANN001, ANN002, ANN003
+        count[0] += 1
+        return real(self, *a, **kw)
+
+    torch.Tensor.cpu = counted  # type: ignore[method-assign]
+    try:
+        for _ in range(calls):
+            fn()
+    finally:
+        torch.Tensor.cpu = real  # type: ignore[method-assign]
+    return count[0] / calls
 
 
 def main() -> None:
@@ -106,7 +134,9 @@ def main() -> None:
         pstats.Stats(prof).sort_stats(args.sort).print_stats(args.top)
         return
     for name in names:
-        print(f"{name:11s} {per_call_us(all_cases[name], args.calls):8.1f} us/call", flush=True)
+        fn = all_cases[name]
+        us = per_call_us(fn, args.calls)
+        print(f"{name:11s} {us:8.1f} us/call {reads_per_call(fn):6.3f} host reads/call", flush=True)
 
 
 if __name__ == "__main__":
