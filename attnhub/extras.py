@@ -240,6 +240,10 @@ def check_range(name: str, x: Any, hi: int) -> None:
         raise SpecError(name, f"values in [0, {hi}]", f"values in [{span[0]}, {span[1]}]")
 
 
+def _true() -> bool:
+    return True
+
+
 def operands_for(ex: Extras, ad: Adapter, q: Any, req: Any) -> Operands:
     """The canonical operands of one call (lengths checked against the request's sizes)."""
     bias = None
@@ -257,7 +261,10 @@ def operands_for(ex: Extras, ad: Adapter, q: Any, req: Any) -> Operands:
         cq, ck = int32_like(ex.cu_seqlens_q, q), int32_like(ex.cu_seqlens_k, q)
     if ex.block_table is not None:
         table = int32_like(ex.block_table, q)
+    sinks = ex.sinks
+    if sinks is not None and not getattr(sinks, "is_contiguous", _true)():  # torch: a strided view
+        sinks = sinks.contiguous()  # the kernels index sinks[h] directly
     return Operands(
-        bias=bias, sinks=ex.sinks, q_lengths=ql, k_lengths=kl, cu_seqlens_q=cq, cu_seqlens_k=ck,
+        bias=bias, sinks=sinks, q_lengths=ql, k_lengths=kl, cu_seqlens_q=cq, cu_seqlens_k=ck,
         max_seqlen_q=ex.max_seqlen_q, max_seqlen_k=ex.max_seqlen_k, block_table=table,
     )  # fmt: skip

@@ -126,21 +126,21 @@ def host_values(x: Any) -> np.ndarray | None:
 
 def int32_like(x: Any, like: Any) -> Any:
     """``x`` (ints of any framework or a Python sequence) as an int32 array on ``like``'s device
-    in ``like``'s framework; no copy when it already is one, one copy per version of a torch
-    tensor otherwise (kept with its reading)."""
+    in ``like``'s framework, contiguous for torch (the kernels index it directly); no copy when it
+    already is one, one copy per version of a torch tensor otherwise (kept with its reading)."""
     mod = type(like).__module__.split(".", 1)[0]
     if mod == "torch":
         torch = sys.modules["torch"]
         if isinstance(x, torch.Tensor):
-            if x.dtype == torch.int32 and x.device == like.device:
+            if x.dtype is torch.int32 and x.device == like.device and x.is_contiguous():
                 return x
             entry = kept(x)
             if entry is None:
-                return x.to(device=like.device, dtype=torch.int32)
+                return x.to(like.device, torch.int32).contiguous()
             key = ("int32", like.device)
             found = entry.facts.get(key)
             if found is None:
-                found = entry.facts[key] = x.to(device=like.device, dtype=torch.int32)
+                found = entry.facts[key] = x.to(like.device, torch.int32).contiguous()
             return found
         return torch.as_tensor(np.asarray(x)).to(device=like.device, dtype=torch.int32)
     if mod == "tensorflow":
