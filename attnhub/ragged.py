@@ -9,7 +9,9 @@ batch of one in layout "bshd" with ``cu_seqlens`` as operands; a contiguous KV c
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -58,6 +60,11 @@ def _check_cu_seqlens(name: str, cu: Any, total: int) -> int:
     if last != total:
         raise SpecError(name, f"ending at the total length {total}", last)
     return longest
+
+
+def _api() -> ModuleType:
+    """attnhub.api (which imports this module's callers: imported on first use)."""
+    return sys.modules.get("attnhub.api") or importlib.import_module("attnhub.api")
 
 
 def attention_varlen(
@@ -109,15 +116,18 @@ def attention_varlen(
         softcap=softcap, sinks=sinks, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=mq, max_seqlen_k=mk,
     )  # fmt: skip
-    q4, k4, v4 = (ad.reshape(x, (1, *(int(d) for d in x.shape))) for x in (q, k, v))
-    from attnhub.api import _plan
-
-    plan = _plan(q4, k4, v4, mask, sync, scale, "bshd", return_lse, backend, extras)
+    # (T, H, D) viewed as the canonical (1, H, T, D): the plan then moves no axes on the way in.
+    q4, k4, v4 = (
+        ad.reshape(ad.permute(x, (1, 0, 2)), (1, int(x.shape[1]), int(x.shape[0]), int(x.shape[2])))
+        for x in (q, k, v)
+    )
+    plan = _api()._plan(q4, k4, v4, mask, sync, scale, "bhsd", return_lse, backend, extras)
     result = plan.execute(q4, k4, v4, mask, extras)
+    out, lse = result if return_lse else (result, None)
+    out = ad.permute(ad.reshape(out, (out.shape[1], out.shape[2], out.shape[3])), (1, 0, 2))
     if return_lse:
-        out, lse = result
-        return ad.reshape(out, tuple(int(d) for d in out.shape[1:])), ad.reshape(lse, tuple(lse.shape[1:]))
-    return ad.reshape(result, tuple(int(d) for d in result.shape[1:]))
+        return out, ad.reshape(lse, (lse.shape[1], lse.shape[2]))
+    return out
 
 
 def attention_kvcache(
