@@ -229,7 +229,11 @@ def check_int_array(name: str, x: Any, ad: Adapter, shape: tuple[int, ...] | Non
 
 
 def check_range(name: str, x: Any, hi: int) -> None:
-    """``0 <= x <= hi`` elementwise (where the values can be read; once per torch tensor version)."""
+    """``0 <= x <= hi`` elementwise (where the values can be read; once per torch tensor version).
+    A Python sequence's items are checked to be ints here, on every call: the plan's key holds only
+    its length."""
+    if isinstance(x, (list, tuple)):
+        check_int_array(name, x, None, None)  # type: ignore[arg-type]
     r = reading(x)
     if r is None or r.values is None or not r.values.size:
         return

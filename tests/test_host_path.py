@@ -277,3 +277,12 @@ def test_strided_operands(backend) -> None:
     assert not cu_q2.is_contiguous()
     got = attnhub.attention_varlen(qv, kv, vv, cu_q2, cu_k, mask="causal", backend=backend)
     assert close(got, reference_varlen(qv, kv, vv, cu_q, cu_k, mask="causal"))
+
+
+def test_sequence_items_checked_on_every_call() -> None:
+    """A Python list's key holds only its length: its items are still checked on a cached plan."""
+    q, kc, vc = kvcache_inputs()
+    attnhub.attention(q, kc, vc, k_lengths=[30, 2], backend="reference")
+    for bad in ([30, 2.5], [30, True], [30, 33], [-1, 2]):
+        with pytest.raises(SpecError, match="k_lengths"):
+            attnhub.attention(q, kc, vc, k_lengths=bad, backend="reference")
