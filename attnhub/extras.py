@@ -84,10 +84,13 @@ def _array_key(x: Any) -> Any:
 def _lengths_key(x: Any) -> Any:
     if x is None:
         return None
+    cls = type(x)
+    if cls.__module__ == "torch":  # torch.Tensor: its Size, dtype and device hash as they are
+        return (cls, x.shape, x.dtype, x.device)
     if isinstance(x, (list, tuple)):
-        return (type(x), len(x))
+        return (cls, len(x))
     if hasattr(x, "shape") and hasattr(x, "dtype"):
-        return (type(x), tuple(x.shape), str(x.dtype), str(getattr(x, "device", "")))
+        return (cls, tuple(x.shape), str(x.dtype), str(getattr(x, "device", "")))
     raise TypeError
 
 

@@ -151,12 +151,10 @@ def attention_kvcache(
     block_size, Hkv, D) and key j of batch b is row ``j % block_size`` of block
     ``block_table[b, j // block_size]``. Queries sit at the end of each sequence (sync none_end).
     """
-    from attnhub.api import attention
-
     if k_lengths is None:
         raise SpecError("k_lengths", "the number of valid keys per batch entry, (B,) ints", None)
     if block_table is None:
-        return attention(
+        return _api().attention(
             q, k_cache, v_cache, mask=mask, sync="none_end", scale=scale, softcap=softcap, sinks=sinks,
             k_lengths=k_lengths, backend=backend, return_lse=return_lse,
         )  # fmt: skip
@@ -204,9 +202,41 @@ def _check_blocks(block_table: Any, k_lengths: Any, nb: int, bs: int, max_blocks
 
 
 def _paged(q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, sinks, backend, return_lse):
-    from attnhub.api import _mask_key, _Plan
-
+    """Validated and dispatched once per call signature (the key holds every shape and dtype the
+    checks look at); the values of the lengths and the block table are checked on every call (once
+    per torch tensor version, attnhub.readings)."""
+    api = _api()
     ad = adapter_for(q, "q")
+    try:
+        extras = Extras(
+            softcap=softcap,
+            sinks=sinks,
+            k_lengths=k_lengths,
+            block_table=block_table,
+            paged=int(k_cache.shape[1]),
+        )
+        key = (
+            "paged", ad.call_key(q, k_cache, v_cache), api._mask_key(mask), scale, type(scale), return_lse,
+            type(return_lse), backend, override_state(), extras.key(ad),
+        )  # fmt: skip
+        plan = CACHE.recent.get(key) or CACHE.get(key)
+    except (TypeError, AttributeError, IndexError):  # not arrays, unhashable: validated below
+        key, plan = None, None
+    if plan is None:
+        plan, extras = _paged_plan(ad, q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap,
+                                   sinks, backend, return_lse)  # fmt: skip
+        if key is not None:
+            CACHE.put(key, plan)
+    check_int_array("k_lengths", k_lengths, ad, (int(q.shape[0]),))  # a list's items (its key: its length)
+    nb, bs, mb = int(k_cache.shape[0]), int(k_cache.shape[1]), int(block_table.shape[1])
+    _check_blocks(block_table, k_lengths, nb, bs, mb)
+    return plan.execute(q, k_cache, v_cache, mask, extras)
+
+
+def _paged_plan(
+    ad, q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, sinks, backend, return_lse
+):
+    """SPEC §12's checks of a paged call's shapes and dtypes, and its plan (request, backend)."""
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not hasattr(x, "shape") or len(x.shape) != 4:
             raise SpecError(
@@ -223,24 +253,15 @@ def _paged(q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, si
         raise SpecError("block_table.shape", f"({b}, max_blocks)", tb)
     check_int_array("k_lengths", k_lengths, ad, (b,))
     lk = tb[1] * bs
-    _check_blocks(block_table, k_lengths, nb, bs, tb[1])
     extras = Extras(softcap=softcap, sinks=sinks, k_lengths=k_lengths, block_table=block_table, paged=bs)
-    key = (
-        "paged", ad.call_key(q, k_cache, v_cache), _mask_key(mask), scale, type(scale), return_lse, backend,
-        override_state(), extras.key(ad),
-    )  # fmt: skip
-    plan = CACHE.get(key)
-    if plan is None:
-        dv = int(v_cache.shape[3])
-        ks, vs = _stand_in(k_cache, (b, hkv, lk, d)), _stand_in(v_cache, (b, hkv, lk, dv))
-        req, ad, _ = build_request_ex(q, ks, vs, mask, "none_end", scale, "bhsd", return_lse, extras)
-        req = dataclasses.replace(
-            req, needs_grad=req.needs_grad or any(ad.requires_grad(x) for x in (k_cache, v_cache))
-        )
-        check_backend_arg(backend)
-        plan = _Plan(req, ad, DISPATCHER.choose(req, backend))
-        CACHE.put(key, plan)
-    return plan.execute(q, k_cache, v_cache, mask, extras)
+    dv = int(v_cache.shape[3])
+    ks, vs = _stand_in(k_cache, (b, hkv, lk, d)), _stand_in(v_cache, (b, hkv, lk, dv))
+    req, ad, _ = build_request_ex(q, ks, vs, mask, "none_end", scale, "bhsd", return_lse, extras)
+    req = dataclasses.replace(
+        req, needs_grad=req.needs_grad or any(ad.requires_grad(x) for x in (k_cache, v_cache))
+    )
+    check_backend_arg(backend)
+    return _api()._Plan(req, ad, DISPATCHER.choose(req, backend)), extras
 
 
 __all__ = ["attention_varlen", "attention_kvcache"]
