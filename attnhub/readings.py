@@ -14,6 +14,7 @@ other frameworks' arrays (read on every call as before).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import weakref
 from typing import Any
@@ -47,9 +48,10 @@ _KEPT: dict[int, _Kept] = {}
 
 
 def _drop(key: int, ref: weakref.ref) -> None:
+    """The tensor of ``ref`` died: forget its entry (unless a newer tensor took its id)."""
     kept = _KEPT.get(key)
     if kept is not None and kept.ref is ref:
-        del _KEPT[key]
+        _KEPT.pop(key, None)
 
 
 def kept(x: Any) -> Reading | None:
@@ -76,8 +78,9 @@ def kept(x: Any) -> Reading | None:
     entry.version, entry.ptr = version, ptr
     _KEPT.pop(key, None)
     _KEPT[key] = entry
-    if len(_KEPT) > KEPT:
-        del _KEPT[next(iter(_KEPT))]
+    if len(_KEPT) > KEPT:  # the oldest goes (another thread or a dying tensor may race: harmless)
+        with contextlib.suppress(RuntimeError, StopIteration):
+            _KEPT.pop(next(iter(_KEPT)), None)
     return entry
 
 
@@ -135,6 +138,8 @@ def int32_like(x: Any, like: Any) -> Any:
             if x.dtype is torch.int32 and x.device == like.device and x.is_contiguous():
                 return x
             entry = kept(x)
+            if entry is not None and like.is_cuda and torch.cuda.is_current_stream_capturing():
+                entry = None  # a copy made now is the graph's: its replays must remake it
             if entry is None:
                 return x.to(like.device, torch.int32).contiguous()
             key = ("int32", like.device)
