@@ -56,7 +56,10 @@ def _check(name, q, k, v, dtype, grad=True, **kw):
     if isinstance(rmask, torch.Tensor):
         rkw["mask"] = rmask.cpu() if rmask.dtype == torch.bool else rmask.cpu().double()
     want, want_lse = attnhub.attention(*ref, backend="reference", return_lse=True, **rkw)
-    got, got_lse = attnhub.attention(q, k, v, backend=name, return_lse=name == "sdpa-cpu", **kw)
+    if name == "sdpa-cpu":
+        got, got_lse = attnhub.attention(q, k, v, backend=name, return_lse=True, **kw)
+    else:  # SDPA's CUDA kernels return no lse (the backends decline return_lse)
+        got, got_lse = attnhub.attention(q, k, v, backend=name, **kw), None
     assert got.dtype == q.dtype and got.shape == want.shape
     assert max(_err(got, want)) < fwd, _err(got, want)
     if name == "sdpa-cpu":
@@ -195,3 +198,89 @@ def test_sdpa_cpu_backward_contract():
 
 
 # --- CUDA kernels (run on a GPU) ---------------------------------------------------------------
+
+CUDA = ["sdpa-flash", "sdpa-efficient", "sdpa-cudnn"]
+GPU_CASES = [
+    ((2, 4, 128, 64), (2, 4, 128), 64, None, "none_front"),
+    ((2, 4, 128, 64), (2, 4, 128), 64, "causal", "none_front"),
+    ((2, 4, 100, 64), (2, 4, 160), 64, "causal", "none_front"),
+    ((2, 8, 96, 64), (2, 2, 96), 64, "causal", "none_front"),  # GQA
+    ((1, 4, 64, 128), (1, 4, 200), 128, "causal", "none_end"),
+    ((1, 2, 8, 8, 64), (1, 2, 8, 8), 64, "causal", "none_front"),  # 2-d, equal grids
+    ((1, 2, 64, 64), (1, 2, 64), 64, Local(9), "none_front"),
+]
+
+
+def _try(name, q, k, v, **kw):
+    reasons = attnhub.explain(q, k, v, backend=name, **kw)
+    verdict = next(x for x in reasons.verdicts if x.name == name)
+    return verdict.reasons
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", range(len(GPU_CASES)))
+@pytest.mark.parametrize("name", CUDA)
+def test_sdpa_cuda_matches_reference_or_declines(name, case, dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    sq, sk, dv, mask, sync = GPU_CASES[case]
+    # bfloat16: forward only (the backends decline bfloat16 gradients: over SPEC's tolerance on
+    # peaked rows); float16: forward and backward.
+    grad = dtype == "float16"
+    q, k, v = _inputs(sq, sk, dv, dtype, device="cuda", grad=grad, seed=case)
+    reasons = _try(name, q, k, v, mask=mask, sync=sync)
+    if reasons:
+        # A decline must say why, and the backend named explicitly must refuse, not fall back.
+        assert all(r.strip() for r in reasons)
+        with pytest.raises(BackendUnsupported):
+            attnhub.attention(q, k, v, mask=mask, sync=sync, backend=name)
+        if name == "sdpa-flash" and mask in (None, "causal") and len(sq) == 4 and sq[2] == sk[2]:
+            pytest.fail(f"sdpa-flash declined a plain request: {reasons}")
+        pytest.skip("; ".join(reasons))
+    _check(name, q, k, v, dtype, grad=grad, mask=mask, sync=sync)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", CUDA)
+def test_sdpa_cuda_declines_bfloat16_gradients(name):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    q, k, v = _inputs((1, 2, 64, 64), (1, 2, 64), 64, "bfloat16", device="cuda", grad=True)
+    with pytest.raises(BackendUnsupported, match="bfloat16 backward"):
+        attnhub.attention(q, k, v, mask="causal", backend=name)
+    out = attnhub.attention(*(x.detach() for x in (q, k, v)), mask="causal", backend=name)
+    assert out.shape == q.shape
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["sdpa-efficient", "sdpa-cudnn"])
+def test_sdpa_cuda_explicit_masks(name):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    q, k, v = _inputs((2, 4, 64, 64), (2, 4, 80), 64, "float16", device="cuda", grad=True)
+    keep = torch.rand(2, 1, 64, 80, device="cuda") > 0.3
+    keep[:, :, 5] = False
+    bias = torch.randn(2, 1, 64, 80, device="cuda", dtype=torch.float16).masked_fill(~keep, float("-inf"))
+    for mask in (keep, bias):
+        reasons = _try(name, q, k, v, mask=mask)
+        if reasons:
+            assert all(r.strip() for r in reasons)
+            continue
+        _check(name, q, k, v, "float16", mask=mask)
+
+
+@pytest.mark.gpu
+def test_sdpa_cuda_declines():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    q, k, v = _inputs((1, 2, 32, 64), (1, 2, 32), 64, "float16", device="cuda")
+    for name in CUDA:
+        with pytest.raises(BackendUnsupported, match="lse"):
+            attnhub.attention(q, k, v, backend=name, return_lse=True)
+    mask = torch.ones(1, 1, 32, 32, dtype=torch.bool, device="cuda")
+    with pytest.raises(BackendUnsupported, match="attn_mask"):
+        attnhub.attention(q, k, v, mask=mask, backend="sdpa-flash")
+    q64 = q.double()
+    with pytest.raises(BackendUnsupported, match="dtypes"):
+        attnhub.attention(q64, k.double(), v.double(), backend="sdpa-flash")

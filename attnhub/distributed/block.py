@@ -97,17 +97,20 @@ def backward(
     q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, call: Call, scale: float,
     softcap: float | None, backend: str,
 ) -> tuple[Any, Any, Any]:  # fmt: skip
-    """(dq, dk, dv) of one block for the merged output ``o`` and lse ``lse`` (already sliced)."""
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    """(dq, dk, dv) of one block for the merged output ``o`` and lse ``lse`` (already sliced).
+
+    Flash-convention backends read strided row slices as they are (they copy what their kernels
+    cannot stride over), so no slice is copied here; the dlse route gets contiguous inputs."""
     plan, route, ex = _grad_plan(q, k, v, call, scale, softcap, backend)
     be, req = plan.backend, plan.req
     kw = {"operands": operands_for(ex, plan.ad, q, req)} if plan.operands else {}
     if route == "flash":
         # A fully masked row (lse = -inf) has P = 0 in every block: +inf gives exp(S - lse) = 0.
-        lse_in = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse).contiguous()
-        o_in = o.to(torch.float64 if q.dtype == torch.float64 else torch.float32).contiguous()
-        grads = be.backward(q, k, v, o_in, lse_in, do.contiguous(), req, None, **kw)
+        lse_in = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+        o_in = o.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+        grads = be.backward(q, k, v, o_in, lse_in, do, req, None, **kw)
         return grads[0], grads[1], grads[2]
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out_b, lse_b, saved = be.forward_for_grad(q, k, v, req, None, **kw)
     acc = lse.dtype
     lse_b = lse_b.to(acc)

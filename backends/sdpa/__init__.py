@@ -1,6 +1,5 @@
-"""torch's own SDPA CPU kernel as an attnhub backend, ``sdpa-cpu``, registered through the ``attnhub``
-entry point like any plugin. (The CUDA kernels as backends, ``sdpa-flash`` / ``-efficient`` /
-``-cudnn``, failed their first GPU certification and are not shipped yet: docs/backends/sdpa.md.)"""
+"""torch's own SDPA kernels as attnhub backends: ``sdpa-cpu``, ``sdpa-flash``, ``sdpa-efficient``,
+``sdpa-cudnn``, registered through the ``attnhub`` entry point like any plugin."""
 
 from __future__ import annotations
 
@@ -9,6 +8,6 @@ from attnhub import hookimpl
 
 @hookimpl
 def attnhub_backends() -> list:
-    from attnhub_backends.sdpa.backend import SdpaCpu
+    from attnhub_backends.sdpa.backend import SdpaCpu, SdpaCudnn, SdpaEfficient, SdpaFlash
 
-    return [SdpaCpu()]
+    return [SdpaCpu(), SdpaFlash(), SdpaEfficient(), SdpaCudnn()]

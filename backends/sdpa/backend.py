@@ -16,6 +16,9 @@ Gradients are torch autograd's own through the kernel's backward; lse carries no
 from __future__ import annotations
 
 import importlib.util
+import threading
+import warnings
+from functools import lru_cache
 from typing import Any, ClassVar
 
 from attnhub.backend import Backend
@@ -166,3 +169,185 @@ class SdpaCpu(_SdpaBase):
             empty = _empty_rows(attn_mask if plan.materialise else mask)
             lse = lse.masked_fill(empty.expand(lse.shape), float("-inf"))
         return out, lse
+
+
+_PROBE_LOCK = threading.Lock()
+
+
+class _SdpaCuda(_SdpaBase):
+    """One of SDPA's CUDA kernels, pinned with ``sdpa_kernel``."""
+
+    device_types: ClassVar[tuple[str, ...]] = ("cuda",)
+    priority: ClassVar[int] = 40
+    #: The ``SDPBackend`` member and the ``torch.backends.cuda.can_use_*`` probe of the kernel.
+    kernel: ClassVar[str] = ""
+    probe: ClassVar[str] = ""
+    #: Whether the kernel takes SDPA's ``attn_mask`` (explicit masks and materialised rule masks).
+    takes_mask: ClassVar[bool] = True
+    #: Whether the kernel returns out = 0 (and zero gradients) on a query row that attends no key;
+    #: requests that may have such rows are declined where it does not.
+    zero_rows: ClassVar[bool] = False
+
+    def availability(self) -> str | None:
+        why = _torch_available()
+        if why:
+            return why
+        import torch
+
+        if not torch.cuda.is_available():
+            return "no CUDA GPU is visible to torch"
+        from torch.nn.attention import SDPBackend
+
+        if not hasattr(SDPBackend, self.kernel) or not hasattr(torch.backends.cuda, self.probe):
+            return f"torch {torch.__version__} has no SDPA {self.kernel} kernel"
+        return None
+
+    def extra_reasons(self, req: Request) -> list[str]:
+        plan = rule_plan(req)
+        if plan.why_not:
+            return [plan.why_not]
+        reasons: list[str] = []
+        if (plan.explicit or plan.materialise) and not self.takes_mask:
+            what = "an explicit mask" if plan.explicit else f"{req.rule.describe()} with sync={req.sync}"
+            reasons.append(
+                f"the {self.kernel} kernel takes no attn_mask, and {what} is not SDPA's top-left "
+                "is_causal; use sdpa-efficient or sdpa-cudnn"
+            )
+        elif plan.empty_rows and not self.zero_rows:
+            reasons.append(
+                f"the {self.kernel} kernel does not give out = 0 on query rows that attend no key "
+                "(SPEC §4), which this mask may have"
+            )
+        if req.needs_grad and req.dtype == "bfloat16":
+            reasons.append(
+                f"the {self.kernel} kernel's bfloat16 backward exceeds SPEC §6's gradient tolerance on "
+                "peaked rows (dq 0.055 against 0.04 on an H100, torch 2.11); use triton or cuda for "
+                "bfloat16 training, or float16"
+            )
+        if reasons:
+            return reasons
+        mode = self._gqa_mode(req)
+        if isinstance(mode, list):
+            return mode
+        return []
+
+    def note(self, req: Request) -> str | None:
+        plan = rule_plan(req)
+        how = "is_causal" if plan.causal else "rule mask" if plan.materialise else ""
+        mode = self._gqa_mode(req)
+        gqa = {"gqa": " enable_gqa", "repeat": " k/v repeated per query head"}.get(mode, "")  # type: ignore[call-overload]
+        return (how + gqa).strip() or None
+
+    def _gqa_mode(self, req: Request) -> str | list[str]:
+        """ "none" / "gqa" (``enable_gqa=True``) / "repeat" (k and v repeated to Hq heads, exact), or
+        torch's reasons why the kernel takes neither."""
+        first = _probe(self, req, gqa=req.heads_q != req.heads_kv, repeat=False)
+        if not first:
+            return "gqa" if req.heads_q != req.heads_kv else "none"
+        if req.heads_q == req.heads_kv:
+            return first
+        if not _probe(self, req, gqa=False, repeat=True):
+            return "repeat"
+        return first
+
+    def _compute(self, q: Any, k: Any, v: Any, req: Request, mask: Any) -> tuple[Any, Any]:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        plan = rule_plan(req)
+        attn_mask = mask
+        if plan.materialise:
+            attn_mask = torch_rule_mask(req, q.device, torch.bool)
+        elif mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
+            # SDPA takes a float mask in the query's dtype only.
+            attn_mask = mask.to(q.dtype)
+        mode = self._gqa_mode(req)
+        if mode == "repeat":
+            k = k.repeat_interleave(req.group, dim=1)
+            v = v.repeat_interleave(req.group, dim=1)
+        # The kernels need unit-stride head dims (layout "bhds" arrives transposed); the capability
+        # probe assumed them.
+        q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+        q, scale = _positive_scale(q, req.scale, plan.causal)
+        with sdpa_kernel(getattr(SDPBackend, self.kernel)):
+            out = torch._C._nn.scaled_dot_product_attention(
+                q, k, v, attn_mask, 0.0, plan.causal, scale=scale, enable_gqa=mode == "gqa"
+            )
+        return out, None
+
+
+@lru_cache(maxsize=512)
+def _probe(backend: _SdpaCuda, req: Request, gqa: bool, repeat: bool) -> list[str]:
+    """torch's own verdict on whether ``backend``'s kernel takes ``req`` (empty: it does), asked
+    with inputs of the request's shapes (zero-stride views, no memory) under the pinned kernel."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dtype = getattr(torch, req.dtype)
+    dev = torch.device(req.device)
+    grad = req.needs_grad
+    hkv = req.heads_q if repeat else req.heads_kv
+
+    def like(h: int, n: int, d: int) -> Any:
+        base = torch.empty((1, 1, 1, d), dtype=dtype, device=dev, requires_grad=grad)
+        return base.expand(req.batch, h, n, d)
+
+    q = like(req.heads_q, req.nq, req.dim_qk)
+    k = like(hkv, req.nk, req.dim_qk)
+    v = like(hkv, req.nk, req.dim_v)
+    plan = rule_plan(req)
+    mask = None
+    if plan.materialise:
+        mask = torch.empty((1, 1, 1, 1), dtype=torch.bool, device=dev).expand(1, 1, req.nq, req.nk)
+    elif plan.explicit:
+        shape = req.rule.shape  # type: ignore[union-attr]
+        mdtype = torch.bool if req.rule.kind == "bool" else dtype  # type: ignore[union-attr]
+        mask = torch.empty((1, 1, 1, 1), dtype=mdtype, device=dev).expand(*shape)
+    elif req.bias is not None:  # a float mask (SPEC §9: a bias) reaches the kernel as attn_mask
+        mask = torch.empty((1, 1, 1, 1), dtype=dtype, device=dev).expand(*req.bias)
+    params = torch.backends.cuda.SDPAParams(q, k, v, mask, 0.0, plan.causal, gqa)
+    check = getattr(torch.backends.cuda, backend.probe)
+    kernel = sdpa_kernel(getattr(SDPBackend, backend.kernel))
+    with _PROBE_LOCK, kernel, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ok = check(params, debug=True)
+    if ok:
+        return []
+    said = "; ".join(dict.fromkeys(str(w.message).strip() for w in caught)) or "no reason given"
+    return [f"torch's {backend.kernel} kernel does not take this request: {said}"]
+
+
+class SdpaFlash(_SdpaCuda):
+    """SDPA's FlashAttention-2 kernel."""
+
+    name: ClassVar[str] = "sdpa-flash"
+    kernel: ClassVar[str] = "FLASH_ATTENTION"
+    probe: ClassVar[str] = "can_use_flash_attention"
+    dtypes: ClassVar[tuple[str, ...]] = _HALF
+    features: ClassVar[frozenset[str]] = frozenset({"1d", "2d", "full", "causal", "gqa", "backward"})
+    takes_mask: ClassVar[bool] = False
+
+
+class SdpaEfficient(_SdpaCuda):
+    """SDPA's memory-efficient kernel."""
+
+    name: ClassVar[str] = "sdpa-efficient"
+    kernel: ClassVar[str] = "EFFICIENT_ATTENTION"
+    probe: ClassVar[str] = "can_use_efficient_attention"
+    dtypes: ClassVar[tuple[str, ...]] = ("float16", "bfloat16", "float32")
+    features: ClassVar[frozenset[str]] = frozenset(
+        {"1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "backward"}
+    )
+    zero_rows: ClassVar[bool] = True
+
+
+class SdpaCudnn(_SdpaCuda):
+    """SDPA's cuDNN kernel."""
+
+    name: ClassVar[str] = "sdpa-cudnn"
+    kernel: ClassVar[str] = "CUDNN_ATTENTION"
+    probe: ClassVar[str] = "can_use_cudnn_attention"
+    dtypes: ClassVar[tuple[str, ...]] = _HALF
+    features: ClassVar[frozenset[str]] = frozenset(
+        {"1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "backward"}
+    )
