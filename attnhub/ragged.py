@@ -1,9 +1,10 @@
 """SPEC §10 entry points: ``attention_varlen`` (packed sequences) and ``attention_kvcache``.
 
 Both reduce to the core's request and plan: packed sequences are the "thd" arrays viewed as a
-batch of one in layout "bshd" with ``cu_seqlens`` as operands; a contiguous KV cache is exactly
+batch of one, (1, H, T, D), with ``cu_seqlens`` as operands; a contiguous KV cache is exactly
 ``attention(..., sync="none_end", k_lengths=...)``; a paged cache reaches backends declaring
-"paged" raw, with the block table as an operand.
+"paged" raw, with the block table as an operand. The arrays' values are checked (SPEC §12) once
+per torch tensor version (:mod:`attnhub.readings`).
 """
 
 from __future__ import annotations
