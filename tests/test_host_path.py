@@ -272,6 +272,10 @@ def test_strided_operands(backend) -> None:
             q, kp, vp, lens, block_table=strided_table, sinks=sinks, backend=backend
         )
     assert close(got, want)
+    dense = attnhub.attention(q, kc, vc, sinks=sinks, mask="causal", sync="none_end", backend=backend)
+    want = attnhub.attention(q.double(), kc.double(), vc.double(), sinks=sinks.double().contiguous(),
+                             mask="causal", sync="none_end", backend="reference")  # fmt: skip
+    assert close(dense, want)
     qv, kv, vv, cu_q, cu_k = varlen_inputs()
     cu_q2 = torch.stack([cu_q, cu_q], 1)[:, 1]
     assert not cu_q2.is_contiguous()
