@@ -138,11 +138,15 @@ def int32_like(x: Any, like: Any) -> Any:
             if x.dtype is torch.int32 and x.device == like.device and x.is_contiguous():
                 return x
             entry = kept(x)
-            if entry is not None and like.is_cuda and torch.cuda.is_current_stream_capturing():
-                entry = None  # a copy made now is the graph's: its replays must remake it
+            stream = None
+            if entry is not None and like.is_cuda:
+                if torch.cuda.is_current_stream_capturing():
+                    entry = None  # a copy made now is the graph's: its replays must remake it
+                else:  # one copy per stream: a copy queued on one stream is not ordered on another
+                    stream = torch.cuda.current_stream(like.device).cuda_stream
             if entry is None:
                 return x.to(like.device, torch.int32).contiguous()
-            key = ("int32", like.device)
+            key = ("int32", like.device, stream)
             found = entry.facts.get(key)
             if found is None:
                 found = entry.facts[key] = x.to(like.device, torch.int32).contiguous()
