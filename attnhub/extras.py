@@ -3,24 +3,25 @@
 :func:`parse` turns the caller's ``bias``, ``softcap``, ``sinks``, ``q_lengths``, ``k_lengths``,
 ``padding_side``, ``q_offset`` and ``k_offset`` into the hashable request fields (what dispatch
 depends on) and an :class:`attnhub.operands.Operands` builder (the arrays, canonical and on the
-inputs' device). Values that live in arrays (lengths, cu_seqlens, block tables) are checked on every
-call where they can be read without stopping a trace or a CUDA graph capture (docs/semantics.md).
+inputs' device). Values that live in arrays (lengths, cu_seqlens, block tables) are checked where
+they can be read without stopping a trace or a CUDA graph capture, once per torch tensor version
+(:mod:`attnhub.readings`, docs/semantics.md).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from attnhub import settings
 from attnhub.errors import SpecError
 from attnhub.frameworks import FLOAT_DTYPES, Adapter, adapter_for
 from attnhub.operands import Operands
+from attnhub.readings import host_values as host_values  # re-exported (home: attnhub.readings)
+from attnhub.readings import int32_like, reading
 
 PADDING_SIDES = ("right", "left")
 
@@ -83,10 +84,13 @@ def _array_key(x: Any) -> Any:
 def _lengths_key(x: Any) -> Any:
     if x is None:
         return None
+    cls = type(x)
+    if cls.__module__ == "torch":  # torch.Tensor: its Size, dtype and device hash as they are
+        return (cls, x.shape, x.dtype, x.device)
     if isinstance(x, (list, tuple)):
-        return (type(x), len(x))
+        return (cls, len(x))
     if hasattr(x, "shape") and hasattr(x, "dtype"):
-        return (type(x), tuple(x.shape), str(x.dtype), str(getattr(x, "device", "")))
+        return (cls, tuple(x.shape), str(x.dtype), str(getattr(x, "device", "")))
     raise TypeError
 
 
@@ -227,53 +231,24 @@ def check_int_array(name: str, x: Any, ad: Adapter, shape: tuple[int, ...] | Non
         raise SpecError(f"{name}.shape", str(shape), found)
 
 
-def host_values(x: Any) -> np.ndarray | None:
-    """The integer values of ``x`` as NumPy, or None when reading them would stop a trace or a
-    CUDA graph capture, or ``ATTNHUB_TRUST_LENGTHS`` is set (then kernels clamp instead,
-    docs/semantics.md)."""
-    if isinstance(x, (list, tuple)):
-        return np.asarray(x, dtype=np.int64)
-    if settings.value("ATTNHUB_TRUST_LENGTHS"):  # the caller vouches for them: no device sync
-        return None
-    mod = type(x).__module__.split(".", 1)[0]
-    if mod == "torch":
-        torch = sys.modules["torch"]
-        if torch.compiler.is_compiling():
-            return None
-        if x.is_cuda and torch.cuda.is_current_stream_capturing():
-            return None
-        return x.detach().cpu().numpy().astype(np.int64)
-    ad = adapter_for(x, "lengths")
-    if not ad.is_concrete(x):
-        return None
-    return np.asarray(ad.to_numpy(x)).astype(np.int64)
-
-
 def check_range(name: str, x: Any, hi: int) -> None:
-    """``0 <= x <= hi`` elementwise (where the values can be read)."""
-    vals = host_values(x)
-    if vals is not None and vals.size and (vals.min() < 0 or vals.max() > hi):
-        raise SpecError(name, f"values in [0, {hi}]", f"values in [{vals.min()}, {vals.max()}]")
+    """``0 <= x <= hi`` elementwise (where the values can be read; once per torch tensor version).
+    A Python sequence's items are checked to be ints here, on every call: the plan's key holds only
+    its length."""
+    if isinstance(x, (list, tuple)):
+        check_int_array(name, x, None, None)  # type: ignore[arg-type]
+    r = reading(x)
+    if r is None or r.values is None or not r.values.size:
+        return
+    span = r.facts.get("range")
+    if span is None:
+        span = r.facts["range"] = (int(r.values.min()), int(r.values.max()))
+    if span[0] < 0 or span[1] > hi:
+        raise SpecError(name, f"values in [0, {hi}]", f"values in [{span[0]}, {span[1]}]")
 
 
-def int32_like(x: Any, like: Any) -> Any:
-    """``x`` (ints of any framework or a Python sequence) as an int32 array on ``like``'s device
-    in ``like``'s framework; no copy when it already is one."""
-    mod = type(like).__module__.split(".", 1)[0]
-    if mod == "torch":
-        torch = sys.modules["torch"]
-        if isinstance(x, torch.Tensor) and x.dtype == torch.int32 and x.device == like.device:
-            return x
-        return torch.as_tensor(np.asarray(x) if isinstance(x, (list, tuple)) else x).to(
-            device=like.device, dtype=torch.int32
-        )
-    if mod == "tensorflow":
-        tf = sys.modules["tensorflow"]
-        return tf.cast(x if tf.is_tensor(x) else tf.convert_to_tensor(np.asarray(x)), tf.int32)
-    if mod in ("jax", "jaxlib"):
-        jnp = sys.modules["jax.numpy"]
-        return jnp.asarray(x, dtype=jnp.int32)
-    return np.asarray(x if not hasattr(x, "numpy") else x.numpy(), dtype=np.int32)
+def _true() -> bool:
+    return True
 
 
 def operands_for(ex: Extras, ad: Adapter, q: Any, req: Any) -> Operands:
@@ -293,7 +268,10 @@ def operands_for(ex: Extras, ad: Adapter, q: Any, req: Any) -> Operands:
         cq, ck = int32_like(ex.cu_seqlens_q, q), int32_like(ex.cu_seqlens_k, q)
     if ex.block_table is not None:
         table = int32_like(ex.block_table, q)
+    sinks = ex.sinks
+    if sinks is not None and not getattr(sinks, "is_contiguous", _true)():  # torch: a strided view
+        sinks = sinks.contiguous()  # the kernels index sinks[h] directly
     return Operands(
-        bias=bias, sinks=ex.sinks, q_lengths=ql, k_lengths=kl, cu_seqlens_q=cq, cu_seqlens_k=ck,
+        bias=bias, sinks=sinks, q_lengths=ql, k_lengths=kl, cu_seqlens_q=cq, cu_seqlens_k=ck,
         max_seqlen_q=ex.max_seqlen_q, max_seqlen_k=ex.max_seqlen_k, block_table=table,
     )  # fmt: skip

@@ -19,9 +19,10 @@ class Operands:
     - ``bias``: float, rank 4, broadcastable to (B, Hq, Nq, Nk) (``Request.bias`` is its shape);
       float32 or the input dtype. With ``Request.bias_grad`` the backward returns ``dbias`` of
       exactly this shape (summed over the broadcast dimensions).
-    - ``sinks``: (Hq,) float32 or the input dtype; with ``Request.sinks_grad`` the backward returns
+    - ``sinks``: (Hq,) float32 or the input dtype, contiguous (torch); with ``Request.sinks_grad`` the backward returns
       ``dsinks`` of shape (Hq,).
-    - ``q_lengths`` / ``k_lengths``: (B,) int32 on the inputs' device, values in [0, L].
+    - ``q_lengths`` / ``k_lengths``: (B,) int32 on the inputs' device (contiguous for torch, as
+      are the cu_seqlens and the block table), values in [0, L].
     - ``cu_seqlens_q`` / ``cu_seqlens_k``: (N + 1,) int32 on the inputs' device (varlen);
       ``max_seqlen_q`` / ``max_seqlen_k``: Python ints, the longest sequence (for grid sizing).
     - ``block_table``: (B, max_blocks) int32 on the inputs' device (paged KV cache), with

@@ -1,23 +1,27 @@
 """SPEC §10 entry points: ``attention_varlen`` (packed sequences) and ``attention_kvcache``.
 
 Both reduce to the core's request and plan: packed sequences are the "thd" arrays viewed as a
-batch of one in layout "bshd" with ``cu_seqlens`` as operands; a contiguous KV cache is exactly
+batch of one, (1, H, T, D), with ``cu_seqlens`` as operands; a contiguous KV cache is exactly
 ``attention(..., sync="none_end", k_lengths=...)``; a paged cache reaches backends declaring
-"paged" raw, with the block table as an operand.
+"paged" raw, with the block table as an operand. The arrays' values are checked (SPEC §12) once
+per torch tensor version (:mod:`attnhub.readings`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from attnhub.dispatch import CACHE, DISPATCHER, override_state
 from attnhub.errors import SpecError
-from attnhub.extras import Extras, check_int_array, host_values, int_arg
+from attnhub.extras import Extras, check_int_array, int_arg
 from attnhub.frameworks import adapter_for
+from attnhub.readings import reading
 from attnhub.request import build_request_ex, check_backend_arg
 
 
@@ -36,20 +40,32 @@ def _int32_array(name: str, x: Any, ndim: int) -> tuple[int, ...]:
 
 def _check_cu_seqlens(name: str, cu: Any, total: int) -> int:
     """SPEC §12: from 0, non-decreasing, ending at ``total``; returns the longest sequence (or
-    ``total`` where the values cannot be read)."""
+    ``total`` where the values cannot be read). Read once per torch tensor version."""
     (n,) = _int32_array(name, cu, 1)
     if n < 1:
         raise SpecError(f"{name}.shape", "(N + 1,) with N >= 0", (n,))
-    vals = host_values(cu)
-    if vals is None:
+    r = reading(cu)
+    if r is None or r.values is None:
         return total
-    if vals[0] != 0:
-        raise SpecError(name, "starting at 0", int(vals[0]))
-    if np.any(np.diff(vals) < 0):
-        raise SpecError(name, "non-decreasing", vals.tolist())
-    if vals[-1] != total:
-        raise SpecError(name, f"ending at the total length {total}", int(vals[-1]))
-    return int(np.diff(vals).max()) if n > 1 else 0
+    facts = r.facts.get("cu_seqlens")
+    if facts is None:
+        vals = r.values
+        steps = np.diff(vals)
+        bad = vals.tolist() if np.any(steps < 0) else None
+        facts = r.facts["cu_seqlens"] = (int(vals[0]), bad, int(vals[-1]), int(steps.max()) if n > 1 else 0)
+    first, bad, last, longest = facts
+    if first != 0:
+        raise SpecError(name, "starting at 0", first)
+    if bad is not None:
+        raise SpecError(name, "non-decreasing", bad)
+    if last != total:
+        raise SpecError(name, f"ending at the total length {total}", last)
+    return longest
+
+
+def _api() -> ModuleType:
+    """attnhub.api (which imports this module's callers: imported on first use)."""
+    return sys.modules.get("attnhub.api") or importlib.import_module("attnhub.api")
 
 
 def attention_varlen(
@@ -101,15 +117,18 @@ def attention_varlen(
         softcap=softcap, sinks=sinks, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=mq, max_seqlen_k=mk,
     )  # fmt: skip
-    q4, k4, v4 = (ad.reshape(x, (1, *(int(d) for d in x.shape))) for x in (q, k, v))
-    from attnhub.api import _plan
-
-    plan = _plan(q4, k4, v4, mask, sync, scale, "bshd", return_lse, backend, extras)
+    # (T, H, D) viewed as the canonical (1, H, T, D): the plan then moves no axes on the way in.
+    q4, k4, v4 = (
+        ad.reshape(ad.permute(x, (1, 0, 2)), (1, int(x.shape[1]), int(x.shape[0]), int(x.shape[2])))
+        for x in (q, k, v)
+    )
+    plan = _api()._plan(q4, k4, v4, mask, sync, scale, "bhsd", return_lse, backend, extras)
     result = plan.execute(q4, k4, v4, mask, extras)
+    out, lse = result if return_lse else (result, None)
+    out = ad.permute(ad.reshape(out, (out.shape[1], out.shape[2], out.shape[3])), (1, 0, 2))
     if return_lse:
-        out, lse = result
-        return ad.reshape(out, tuple(int(d) for d in out.shape[1:])), ad.reshape(lse, tuple(lse.shape[1:]))
-    return ad.reshape(result, tuple(int(d) for d in result.shape[1:]))
+        return out, ad.reshape(lse, (lse.shape[1], lse.shape[2]))
+    return out
 
 
 def attention_kvcache(
@@ -133,12 +152,10 @@ def attention_kvcache(
     block_size, Hkv, D) and key j of batch b is row ``j % block_size`` of block
     ``block_table[b, j // block_size]``. Queries sit at the end of each sequence (sync none_end).
     """
-    from attnhub.api import attention
-
     if k_lengths is None:
         raise SpecError("k_lengths", "the number of valid keys per batch entry, (B,) ints", None)
     if block_table is None:
-        return attention(
+        return _api().attention(
             q, k_cache, v_cache, mask=mask, sync="none_end", scale=scale, softcap=softcap, sinks=sinks,
             k_lengths=k_lengths, backend=backend, return_lse=return_lse,
         )  # fmt: skip
@@ -164,10 +181,63 @@ def _stand_in(x: Any, shape: tuple[int, ...]) -> Any:
     return sys.modules["jax.numpy"].broadcast_to(ad.reshape(first, (1,) * len(shape)), shape)
 
 
-def _paged(q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, sinks, backend, return_lse):
-    from attnhub.api import _mask_key, _Plan
+def _check_blocks(block_table: Any, k_lengths: Any, nb: int, bs: int, max_blocks: int) -> None:
+    """SPEC §12: the blocks in use (those holding one of batch b's first ``k_lengths[b]`` keys)
+    are in [0, nb); the rest may be unset, as vLLM leaves them. Where both can be read, checked
+    once per pair of torch tensor versions."""
+    table, lens = reading(block_table), reading(k_lengths)
+    if table is None or lens is None or table.values is None or lens.values is None or not lens.values.size:
+        return
+    key = (nb, bs, lens.values.tobytes())
+    last = table.facts.get("blocks")  # the last lengths checked with this table (one kept)
+    if last is not None and last[0] == key:
+        bad = last[1]
+    else:
+        vals = table.values
+        used = np.arange(max_blocks)[None, :] < -(-np.clip(lens.values, 0, max_blocks * bs) // bs)[:, None]
+        in_use = vals[used]
+        bad = in_use.tolist() if in_use.size and (in_use.min() < 0 or in_use.max() >= nb) else []
+        table.facts["blocks"] = (key, bad)
+    if bad:
+        raise SpecError("block_table", f"block indices in [0, {nb}) for the blocks in use", bad)
 
+
+def _paged(q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, sinks, backend, return_lse):
+    """Validated and dispatched once per call signature (the key holds every shape and dtype the
+    checks look at); the values of the lengths and the block table are checked on every call (once
+    per torch tensor version, attnhub.readings)."""
+    api = _api()
     ad = adapter_for(q, "q")
+    try:
+        extras = Extras(
+            softcap=softcap,
+            sinks=sinks,
+            k_lengths=k_lengths,
+            block_table=block_table,
+            paged=int(k_cache.shape[1]),
+        )
+        key = (
+            "paged", ad.call_key(q, k_cache, v_cache), api._mask_key(mask), scale, type(scale), return_lse,
+            type(return_lse), backend, override_state(), extras.key(ad),
+        )  # fmt: skip
+        plan = CACHE.recent.get(key) or CACHE.get(key)
+    except (TypeError, AttributeError, IndexError):  # not arrays, unhashable: validated below
+        key, plan = None, None
+    if plan is None:
+        plan, extras = _paged_plan(ad, q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap,
+                                   sinks, backend, return_lse)  # fmt: skip
+        if key is not None:
+            CACHE.put(key, plan)
+    check_int_array("k_lengths", k_lengths, ad, (int(q.shape[0]),))  # a list's items (its key: its length)
+    nb, bs, mb = int(k_cache.shape[0]), int(k_cache.shape[1]), int(block_table.shape[1])
+    _check_blocks(block_table, k_lengths, nb, bs, mb)
+    return plan.execute(q, k_cache, v_cache, mask, extras)
+
+
+def _paged_plan(
+    ad, q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, sinks, backend, return_lse
+):
+    """SPEC §12's checks of a paged call's shapes and dtypes, and its plan (request, backend)."""
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not hasattr(x, "shape") or len(x.shape) != 4:
             raise SpecError(
@@ -184,30 +254,15 @@ def _paged(q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, si
         raise SpecError("block_table.shape", f"({b}, max_blocks)", tb)
     check_int_array("k_lengths", k_lengths, ad, (b,))
     lk = tb[1] * bs
-    vals, lens = host_values(block_table), host_values(k_lengths)
-    if vals is not None and lens is not None and lens.size:
-        used = np.arange(tb[1])[None, :] < -(-np.clip(lens, 0, lk) // bs)[:, None]
-        if used.any() and (vals[used].min() < 0 or vals[used].max() >= nb):
-            raise SpecError(
-                "block_table", f"block indices in [0, {nb}) for the blocks in use", vals[used].tolist()
-            )
     extras = Extras(softcap=softcap, sinks=sinks, k_lengths=k_lengths, block_table=block_table, paged=bs)
-    key = (
-        "paged", ad.call_key(q, k_cache, v_cache), _mask_key(mask), scale, type(scale), return_lse, backend,
-        override_state(), extras.key(ad),
-    )  # fmt: skip
-    plan = CACHE.get(key)
-    if plan is None:
-        dv = int(v_cache.shape[3])
-        ks, vs = _stand_in(k_cache, (b, hkv, lk, d)), _stand_in(v_cache, (b, hkv, lk, dv))
-        req, ad, _ = build_request_ex(q, ks, vs, mask, "none_end", scale, "bhsd", return_lse, extras)
-        req = dataclasses.replace(
-            req, needs_grad=req.needs_grad or any(ad.requires_grad(x) for x in (k_cache, v_cache))
-        )
-        check_backend_arg(backend)
-        plan = _Plan(req, ad, DISPATCHER.choose(req, backend))
-        CACHE.put(key, plan)
-    return plan.execute(q, k_cache, v_cache, mask, extras)
+    dv = int(v_cache.shape[3])
+    ks, vs = _stand_in(k_cache, (b, hkv, lk, d)), _stand_in(v_cache, (b, hkv, lk, dv))
+    req, ad, _ = build_request_ex(q, ks, vs, mask, "none_end", scale, "bhsd", return_lse, extras)
+    req = dataclasses.replace(
+        req, needs_grad=req.needs_grad or any(ad.requires_grad(x) for x in (k_cache, v_cache))
+    )
+    check_backend_arg(backend)
+    return _api()._Plan(req, ad, DISPATCHER.choose(req, backend)), extras
 
 
 __all__ = ["attention_varlen", "attention_kvcache"]

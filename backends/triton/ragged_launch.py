@@ -88,15 +88,16 @@ def _table_plan(req: Request, q: torch.Tensor, k: torch.Tensor, ops: Any) -> _Ta
 
 
 def _run_table(
-    tp: _TablePlan, req: Request, ops: Any, device: torch.device, launcher: Relauncher
-) -> torch.Tensor:
+    tp: _TablePlan, req: Request, ops: Any, device: torch.device, launcher: Relauncher,
+    kern: ModuleType | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Launch the table kernel of ``tp``: the (S, 8) table on ``device``, no host copy."""
     tab = torch.empty((max(tp.seqs, 1), 8), dtype=torch.int32, device=device)
     ql = ops.q_lengths if req.q_lengths else tab
     kl = ops.k_lengths if req.k_lengths else tab
     cuq = ops.cu_seqlens_q if req.varlen else tab
     cuk = ops.cu_seqlens_k if req.varlen else tab
-    launcher(_kernels().table_kernel, tp.grid, (ql, kl, cuq, cuk, tab, *tp.scalars), tp.meta)
+    launcher((kern or _kernels()).table_kernel, tp.grid, (ql, kl, cuq, cuk, tab, *tp.scalars), tp.meta)
     return tab
 
 
@@ -132,26 +133,31 @@ class _FwdPlan:
 _PLANS: OrderedDict[tuple, _FwdPlan] = OrderedDict()
 
 
-def _align(x: Any) -> int:
-    return x.data_ptr() % 16 if isinstance(x, torch.Tensor) else -1
-
-
 def _signature(
     req: Request, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ops: Any, out_dtype: Any
 ) -> tuple:
     """Everything Triton specialises on (shapes, strides, alignments, dtypes), the host-known sizes
-    and the tuning and split settings."""
-    extra = ()
+    and the tuning and split settings (built on every call: kept lean)."""
+    extra: tuple = ()
     if ops is not None:
-        extra = tuple(
-            (tuple(x.shape), x.stride(), x.dtype, _align(x)) if isinstance(x, torch.Tensor) else x
-            for x in (ops.q_lengths, ops.k_lengths, ops.cu_seqlens_q, ops.cu_seqlens_k, ops.block_table,
-                      ops.sinks, ops.max_seqlen_q, ops.max_seqlen_k)
+        extra = (
+            _operand_key(ops.q_lengths), _operand_key(ops.k_lengths), _operand_key(ops.cu_seqlens_q),
+            _operand_key(ops.cu_seqlens_k), _operand_key(ops.block_table), _operand_key(ops.sinks),
+            ops.max_seqlen_q, ops.max_seqlen_k,
         )  # fmt: skip
     return (
-        req, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), _align(q), _align(k), _align(v),
-        out_dtype, extra, settings.raw("ATTNHUB_TRITON_SPLITS"), tuple(TUNE.items()), interpret_mode(),
+        req, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.data_ptr() % 16,
+        k.data_ptr() % 16, v.data_ptr() % 16, out_dtype, extra, settings.raw("ATTNHUB_TRITON_SPLITS"),
+        tuple(TUNE.items()), interpret_mode(),
     )  # fmt: skip
+
+
+def _operand_key(x: Any) -> Any:
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return (x.shape, x.stride(), x.dtype, x.data_ptr() % 16)
+    return x
 
 
 def _pow2(n: int) -> int:
@@ -299,7 +305,7 @@ def _run_forward(
     if plan.table.seqs == 0 or 0 in shape[1:3]:
         return out, lse
     kern = _kernels()
-    tab = _run_table(plan.table, req, ops, dev, plan.table_launcher)
+    tab = _run_table(plan.table, req, ops, dev, plan.table_launcher, kern)
     bt = ops.block_table if req.paged else tab
     sk = ops.sinks if req.sinks else tab
     if plan.splits > 1:
