@@ -138,12 +138,18 @@ def _tma_mode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: bool = 
     return mode
 
 
+#: Fewest key tiles per program worth splitting: below it a program's loop lasts a few µs, less
+#: than the combine launch and the two partial buffers cost the host (small decode steps).
+MIN_SPLIT_VISITS = 16
+
+
 def _splits(programs: int, visits: int, device: torch.device) -> int:
-    """Split-KV factor: >1 when too few (query tile, head) programs would fill the GPU."""
+    """Split-KV factor: >1 when too few (query tile, head) programs would fill the GPU and each
+    has a long enough key loop."""
     forced = settings.raw("ATTNHUB_TRITON_SPLITS")
     if forced:
         return max(1, min(int(forced), max(1, visits)))
-    if device.type != "cuda" or programs >= 2 * _sm_count(device):
+    if device.type != "cuda" or programs >= 2 * _sm_count(device) or visits < MIN_SPLIT_VISITS:
         return 1
     return max(1, min(triton_cdiv(4 * _sm_count(device), programs), visits // 4, 32))
 
