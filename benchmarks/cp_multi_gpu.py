@@ -175,21 +175,28 @@ def correctness(a, device, dtype) -> list[dict]:
     return rows
 
 
-def timed(fn, warmup: int, repeat: int, device: str) -> float:
-    """Median seconds of ``fn()`` over ``repeat`` runs, every rank started together; the max over ranks."""
+def _median_s(fn, warmup: int, repeat: int, device: str, together: bool) -> float:
+    """Median seconds of ``fn()`` over ``repeat`` runs after ``warmup`` (``together``: every rank
+    starts each run at a barrier)."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeat):
         if device == "cuda":
             torch.cuda.synchronize()
-        dist.barrier()
+        if together:
+            dist.barrier()
         t0 = time.perf_counter()
         fn()
         if device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    t = torch.tensor([statistics.median(times)], device=device, dtype=torch.float64)
+    return statistics.median(times)
+
+
+def timed(fn, warmup: int, repeat: int, device: str) -> float:
+    """Median seconds of ``fn()`` over ``repeat`` runs, every rank started together; the max over ranks."""
+    t = torch.tensor([_median_s(fn, warmup, repeat, device, True)], device=device, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t)
 
@@ -198,18 +205,7 @@ def on_rank0(fn, warmup, repeat, device) -> float:
     """Median seconds of ``fn()`` on rank 0 alone (one GPU), broadcast to every rank."""
     t = torch.zeros(1, device=device, dtype=torch.float64)
     if dist.get_rank() == 0:
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(repeat):
-            if device == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            if device == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
-        t[0] = statistics.median(times)
+        t[0] = _median_s(fn, warmup, repeat, device, False)
     dist.broadcast(t, 0)
     return float(t)
 
