@@ -39,3 +39,19 @@ def rng(request):
     """A fresh generator per test, seeded from the test id so failures reproduce."""
     seed = zlib.crc32(request.node.nodeid.encode())
     return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """The arrays attnhub reads on the host (one entry per read), from now on (tests/test_host_path*.py)."""
+    from attnhub import readings
+
+    seen: list = []
+    real = readings.host_values
+
+    def counted(x):
+        seen.append(x)
+        return real(x)
+
+    monkeypatch.setattr(readings, "host_values", counted)
+    return seen

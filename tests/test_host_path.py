@@ -43,20 +43,6 @@ if not INTERPRETED and importlib.util.find_spec("triton") is not None:
         assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
 
 
-@pytest.fixture
-def reads(monkeypatch):
-    """The arrays read on the host (one entry per read), from now on."""
-    seen: list = []
-    real = readings.host_values
-
-    def counted(x):
-        seen.append(x)
-        return real(x)
-
-    monkeypatch.setattr(readings, "host_values", counted)
-    return seen
-
-
 def rand(*shape, seed=0):
     g = torch.Generator().manual_seed(seed + 1000 * len(shape) + sum(shape))
     return torch.randn(*shape, generator=g)

@@ -20,19 +20,6 @@ pytestmark = pytest.mark.gpu
 B, HQ, HKV, D, LK = 4, 32, 8, 128, 1024
 
 
-@pytest.fixture
-def reads(monkeypatch):
-    seen: list = []
-    real = readings.host_values
-
-    def counted(x):
-        seen.append(x)
-        return real(x)
-
-    monkeypatch.setattr(readings, "host_values", counted)
-    return seen
-
-
 def inputs(seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(B, HQ, 1, D, device="cuda", generator=g).to(torch.bfloat16)
