@@ -142,7 +142,7 @@ _declare("ATTNHUB_DISABLE", _names, frozenset(), "backends auto dispatch never p
 _declare("ATTNHUB_CACHE_DIR", _path, None, "where compiled kernels, timing profiles and certify verdicts are kept (default ~/.cache/attnhub)", "user", "a directory")
 _declare("ATTNHUB_AUTOTUNE", _flag, False, "auto: time the candidates on first use of a request class the profile lacks", "user", "0 or 1")
 _declare("ATTNHUB_IPU_EMULATE", _flag, False, "run the ipu backend's PopTorch graph on CPU tensors", "user", "0 or 1")
-_declare("ATTNHUB_TRITON_TUNE", _flag, True, "time the triton candidate configs on first use of a shape class", "user", "0 or 1")
+_declare("ATTNHUB_TRITON_TUNE", _flag, True, "use the triton configs that `attnhub warmup --tune` recorded for this GPU", "user", "0 or 1")
 _declare("ATTNHUB_JAX_PALLAS", _pallas_mode, "on", "jax backend's Pallas GPU path (interpret: Pallas interpreter)", "user", "1 (on), 0 (off) or interpret")
 _declare("ATTNHUB_JAX_CUDNN", _flag, True, "jax backend's cuDNN path where it serves the exact request", "user", "0 or 1")
 _declare(

@@ -1,8 +1,9 @@
 """The ``attnhub`` command line: one module per command, each imported only when it is used.
 
 ``info`` (:mod:`.info`), ``explain`` (:mod:`.explain`), ``demo`` (:mod:`.demo`), ``show-mask``
-(:mod:`.show_mask`), ``bench`` (:mod:`.bench`), ``tune`` (:mod:`.tune`) and ``certify``, which belongs to the conformance
-suite (:mod:`attnhub_conformance.cli`). ``python -m attnhub.cli`` runs the same command.
+(:mod:`.show_mask`), ``bench`` (:mod:`.bench`), ``tune`` (:mod:`.tune`), ``warmup`` (:mod:`.warmup`)
+and ``certify``, which belongs to the conformance suite (:mod:`attnhub_conformance.cli`).
+``python -m attnhub.cli`` runs the same command.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ LAZY_COMMANDS = {
     "certify": "attnhub_conformance.cli:certify",
     "bench": "attnhub.cli.bench:bench",
     "tune": "attnhub.cli.tune:tune",
+    "warmup": "attnhub.cli.warmup:warmup",
 }
 
 

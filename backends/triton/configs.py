@@ -1,17 +1,25 @@
 """Tile shapes, warps and pipeline stages: small candidate sets per GPU family, a short tuner.
 
-The first candidate of a set is the default. On a CUDA device, a request whose work is large enough
-compiles each candidate, warms the GPU up, times each in two interleaved rounds of single calls
-from a cold L2 cache (median of 5 to 32) and keeps the fastest per signature bucket, so that tuning
-stays short; ``ATTNHUB_TRITON_TUNE=0`` turns tuning off. Under the interpreter one small
-shape is used (block shapes differ between query and key tiles to exercise the tile plans).
+The first candidate of a set is the default, and a call uses it: a call compiles one config per
+kernel, whatever its lengths (the shape class of ``launch._key`` has none). Tuning is explicit:
+inside :func:`tuning` (``attnhub warmup --tune``), a request whose work is large enough compiles
+each candidate, warms the GPU up, times each in two interleaved rounds of single calls from a cold
+L2 cache (median of 5 to 32), keeps the fastest for its shape class and records it on disk for this
+GPU and Triton version (``tuned.json`` under the cache directory). Calls use recorded picks where
+they exist; ``ATTNHUB_TRITON_TUNE=0`` ignores them (first candidates only). Under the interpreter
+one small shape is used (block shapes differ between query and key tiles to exercise the tile
+plans).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import astuple, dataclass
+from pathlib import Path
 
 from attnhub import settings
 from attnhub.errors import AttnhubError
@@ -137,24 +145,100 @@ def candidates(kernel: str, head_dim: int, elem_size: int, capability: tuple[int
 
 
 def tuning_enabled() -> bool:
+    """Whether calls use the picks that tuning recorded (``ATTNHUB_TRITON_TUNE``, default on)."""
     return settings.value("ATTNHUB_TRITON_TUNE")
 
 
+_TUNE_NOW = False
+
+
+@contextlib.contextmanager
+def tuning() -> Iterator[None]:
+    """Inside: a shape class met for the first time is tuned (work permitting) and its pick
+    recorded. Outside, calls never time candidates, so they never compile more than one config."""
+    global _TUNE_NOW
+    saved, _TUNE_NOW = _TUNE_NOW, True
+    try:
+        yield
+    finally:
+        _TUNE_NOW = saved
+
+
+def records_path() -> Path:
+    """``$ATTNHUB_CACHE_DIR/triton/tuned.json``, else under ``$XDG_CACHE_HOME/attnhub`` or
+    ``~/.cache/attnhub``."""
+    base = settings.value("ATTNHUB_CACHE_DIR")
+    if not base:
+        xdg = settings.external("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(xdg, "attnhub")
+    return Path(base) / "triton" / "tuned.json"
+
+
+def _scope() -> str:
+    """Recorded picks hold for one GPU model and one Triton version."""
+    import torch
+    import triton
+
+    return f"{torch.cuda.get_device_name()} | triton {triton.__version__}"
+
+
+_RECORDS: dict[str, dict[str, list]] | None = None
+
+
+def _records() -> dict[str, dict[str, list]]:
+    global _RECORDS
+    if _RECORDS is None:
+        try:
+            _RECORDS = json.loads(records_path().read_text())
+        except (OSError, ValueError):
+            _RECORDS = {}
+    return _RECORDS
+
+
+def recorded(key: tuple) -> Cfg | None:
+    """The pick that tuning recorded for ``key`` on this GPU, if any."""
+    found = _records().get(_scope(), {}).get(repr(key))
+    try:
+        return Cfg(*found[:4], *found[4:5], *(bool(x) for x in found[5:6])) if found else None
+    except TypeError:  # a record written by another version of this module
+        return None
+
+
+def _record(key: tuple, cfg: Cfg) -> None:
+    path = records_path()
+    try:
+        on_disk = json.loads(path.read_text())
+    except (OSError, ValueError):
+        on_disk = {}
+    on_disk.setdefault(_scope(), {})[repr(key)] = list(astuple(cfg))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(on_disk, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+    global _RECORDS
+    _RECORDS = on_disk
+
+
 def bucket(n: int) -> int:
-    """Power-of-two bucket of a length, for tuning keys."""
+    """Power-of-two bucket of a size (window lengths in tuning keys)."""
     return 1 << max(0, math.ceil(math.log2(max(1, n))))
 
 
 _CHOSEN: dict[tuple, Cfg] = {}
 
 
-def choose(key: tuple, cands: list[Cfg], run: Callable[[Cfg], object], work: int) -> Cfg:
-    """The tuned config for ``key``: time each candidate with ``run`` when ``work`` is large."""
+def choose(
+    key: tuple, cands: list[Cfg], run: Callable[[Cfg], object], work: int, persist: bool = False
+) -> Cfg:
+    """The config for the shape class ``key``: the recorded pick (``persist``: a GPU call) or the
+    first candidate; inside :func:`tuning`, each candidate timed with ``run`` when ``work`` is large."""
     hit = _CHOSEN.get(key)
     if hit is not None:
         return hit
-    if not tuning_enabled() or work < (1 << 26) or len(cands) == 1:
-        # Small problems: the default, falling back to the next candidate if it does not compile.
+    if not _TUNE_NOW or work < (1 << 26) or len(cands) == 1:
+        if persist and tuning_enabled() and (pick := recorded(key)) in cands:
+            cands = [pick, *(c for c in cands if c != pick)]
+        # The default, falling back to the next candidate if it does not compile.
         for cfg in cands:
             try:
                 run(cfg)
@@ -188,6 +272,8 @@ def choose(key: tuple, cands: list[Cfg], run: Callable[[Cfg], object], work: int
             best_of[cfg] = min(best_of.get(cfg, math.inf), _elapsed_ms(lambda c=cfg: run(c), n))
     best = min(live, key=lambda c: best_of[c])  # ties keep the candidates' order
     _CHOSEN[key] = best
+    if persist:
+        _record(key, best)
     return best
 
 

@@ -29,6 +29,24 @@ import triton.language as tl
 LN2 = tl.constexpr(0.6931471805599453)
 LOG2E = tl.constexpr(1.4426950408889634)
 
+# Integer arguments that follow the sequence lengths (and the windows, offsets, split count and
+# mask plans), which Triton must not specialise on: by default it compiles a variant per integer
+# argument equal to 1 or divisible by 16, so every new length class (and every split-KV factor)
+# would compile the kernels again. None of them takes part in an address whose alignment matters
+# (tile plans are read one scalar at a time, positions only feed masks); strides, head counts and
+# the position scales stay specialised. SPEC §11's offsets are folded into the shifts.
+RULE_LENGTH_ARGS = ["q_cols", "k_cols", "qy_shift", "ky_shift", "qx_shift", "kx_shift", "row_len",
+                    "window_y", "window_x"]  # fmt: skip
+PLAN_ARGS = ["plan_stride", "plan_b", "plan_h"]
+# The lengths themselves: also the bounds masks (``offs < Nk``) and the row bases of lse, delta,
+# dk and dv, where Triton's divisibility-by-16 information lets masked loads vectorise. Kept apart
+# per direction so that either can be specialised again by emptying its list (a length crossing a
+# multiple of 16 then compiles one more variant; tests/test_triton_compile.py follows the lists).
+FWD_SEQ_ARGS = ["Nq", "Nk"]
+BWD_SEQ_ARGS = ["Nq", "Nk"]
+FWD_LENGTH_ARGS = [*PLAN_ARGS, "SPLITS", *FWD_SEQ_ARGS, *RULE_LENGTH_ARGS]
+BWD_LENGTH_ARGS = [*PLAN_ARGS, *BWD_SEQ_ARGS, *RULE_LENGTH_ARGS]
+
 
 @triton.jit
 def _dot(a, b, DOT_PRECISION: tl.constexpr, acc=None):
@@ -290,7 +308,7 @@ def _fwd_band_step(
     return m_new, l_i, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=FWD_LENGTH_ARGS)
 def fwd_kernel(
     Q, K, V, O, LSE, PLAN, plan_stride,
     sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
@@ -305,7 +323,7 @@ def fwd_kernel(
     DOT_PRECISION: tl.constexpr, NEG: tl.constexpr, PACK: tl.constexpr,
     TMA: tl.constexpr = False, BAND: tl.constexpr = False, EVEN_K: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False, HAS_BIAS: tl.constexpr = False, HAS_MASK: tl.constexpr = False,
-    HAS_SINKS: tl.constexpr = False,
+    HAS_SINKS: tl.constexpr = False, SPLIT: tl.constexpr = False, NQ1: tl.constexpr = False,
 ):  # fmt: skip
     """One (query tile, key split, head, batch) program: out and natural-log lse of its rows.
 
@@ -315,6 +333,9 @@ def fwd_kernel(
     With SPLITS > 1 (split-KV, for few query tiles) each program visits every SPLITS-th partial tile
     and one slice of the unmasked run, and writes float32 partial results that ``combine_kernel``
     merges; ``o_split``/``l_split`` are the element strides between the splits' partial buffers.
+    ``SPLIT`` (SPLITS > 1) is the compile-time switch: without it the kernel is built for one split,
+    so that the split count itself (a runtime value, like the lengths it follows) compiles nothing.
+    ``NQ1``: one query row (decoding a token), which the packed row indexing folds away.
 
     SPEC §9 (each behind its constexpr, so that other calls compile as before): ``SOFTCAP``
     (``softcap2`` = softcap·log2(e)), ``HAS_BIAS`` (``BIAS`` with element strides ``sb*``, 0 where
@@ -324,9 +345,12 @@ def fwd_kernel(
     """
     rule = (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
             row_len, window_y, window_x)  # fmt: skip
+    n_splits = SPLITS if SPLIT else 1
+    if NQ1:
+        Nq = 1
     pid0 = tl.num_programs(0) - 1 - tl.program_id(0)  # heavy (late) tiles first under causal
-    pid_m = pid0 // SPLITS
-    split = pid0 % SPLITS
+    pid_m = pid0 // n_splits
+    split = pid0 % n_splits
     b = tl.program_id(2)
     if PACK:
         # GQA packing (few queries): the rows of one tile are (query head of the group, query),
@@ -377,7 +401,7 @@ def fwd_kernel(
     full_lo = tl.load(row)
     full_hi = tl.load(row + 1)
     if BAND:  # plan.band_lists: [full_lo, full_hi, lo, hi], every tile of lo..hi-1 visited
-        for t in range(tl.load(row + 2) + split, tl.load(row + 3), SPLITS):
+        for t in range(tl.load(row + 2) + split, tl.load(row + 3), n_splits):
             m_i, l_i, acc = _fwd_band_step(
                 q, kd, vd, k_ptrs, v_ptrs, b, hk, t, full_lo, full_hi, offs_m, offs_n, offs_dq, offs_dv,
                 m_i, l_i, acc, qk_scale, skn, svn, Nk, rule, mod, row_ok,
@@ -386,10 +410,10 @@ def fwd_kernel(
             )  # fmt: skip
     else:  # plan.rows: [full_lo, full_hi, count, masked tile indices...]
         count = tl.load(row + 2)
-        per = tl.cdiv(full_hi - full_lo, SPLITS)
+        per = tl.cdiv(full_hi - full_lo, n_splits)
         full_lo = full_lo + split * per
         full_hi = tl.minimum(full_hi, full_lo + per)
-        for t in range(split, count, SPLITS):
+        for t in range(split, count, n_splits):
             start_n = tl.load(row + 3 + t) * BN
             m_i, l_i, acc = _fwd_step(
                 q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc,
@@ -426,7 +450,7 @@ def fwd_kernel(
     tl.store(lse_rows, lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLITS", *(a for a in FWD_SEQ_ARGS if a == "Nq")])
 def combine_kernel(
     OP,
     LP,
@@ -485,7 +509,7 @@ def combine_kernel(
 # --- backward -------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=[a for a in BWD_SEQ_ARGS if a == "Nq"])
 def bwd_prep_kernel(
     O,
     DO,
@@ -582,7 +606,7 @@ def _dkdv_step(
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=BWD_LENGTH_ARGS)
 def dkdv_kernel(
     Q, K, V, DO, LSE2, DELTA, DK, DV_, PLAN, plan_stride,
     sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdn, sdd,
@@ -716,7 +740,7 @@ def _dq_step(
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=BWD_LENGTH_ARGS)
 def dq_kernel(
     Q, K, V, DO, LSE2, DELTA, DQ, PLAN, plan_stride,
     sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdn, sdd,

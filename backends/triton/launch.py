@@ -73,8 +73,13 @@ def _pad(d: int) -> int:
     return max(16, 1 << math.ceil(math.log2(d)))
 
 
+def _on_gpu(device: torch.device) -> bool:
+    """A CUDA device (compiled kernels): configs, split-KV and TMA are chosen for it."""
+    return device.type == "cuda"
+
+
 def _capability(device: torch.device) -> tuple[int, int]:
-    if device.type == "cuda":
+    if _on_gpu(device):
         return torch.cuda.get_device_capability(device)
     return (0, 0)
 
@@ -83,7 +88,7 @@ def _cfgs(kernel: str, req: Request, x: torch.Tensor) -> list[configs.Cfg]:
     forced = configs.forced(kernel)
     if forced is not None:
         return [forced]
-    if interpret_mode() or x.device.type != "cuda":
+    if interpret_mode() or not _on_gpu(x.device):
         return [configs.INTERPRET[kernel]]
     d = max(_pad(req.dim_qk), _pad(req.dim_v))
     if kernel == "fwd" and req.nq <= 16:
@@ -110,7 +115,7 @@ def _tma_mode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: bool = 
     """
     env = settings.raw("ATTNHUB_TRITON_TMA")
     if not env:  # unset (or set empty): the default
-        if packed or interpret_mode() or q.device.type != "cuda" or _capability(q.device)[0] < 9:
+        if packed or interpret_mode() or not _on_gpu(q.device) or _capability(q.device)[0] < 9:
             return 0
         if q.dtype not in (torch.float16, torch.bfloat16):
             return 0
@@ -149,7 +154,7 @@ def _splits(programs: int, visits: int, device: torch.device) -> int:
     forced = settings.raw("ATTNHUB_TRITON_SPLITS")
     if forced:
         return max(1, min(int(forced), max(1, visits)))
-    if device.type != "cuda" or programs >= 2 * _sm_count(device) or visits < MIN_SPLIT_VISITS:
+    if not _on_gpu(device) or programs >= 2 * _sm_count(device) or visits < MIN_SPLIT_VISITS:
         return 1
     return max(1, min(triton_cdiv(4 * _sm_count(device), programs), visits // 4, 32))
 
@@ -159,11 +164,14 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _key(kernel: str, req: Request, x: torch.Tensor) -> tuple:
+    """The shape class a config is chosen (and tuned) for. No lengths: a call that differs only in
+    its lengths gets the same config, hence the same compiled kernel. Forwards of at most 16 query
+    rows (decoding) have their own candidates (``_cfgs``), so their own class."""
     rule = req.rule
     return (
         kernel, str(x.device), _capability(x.device), req.dtype, _pad(req.dim_qk), _pad(req.dim_v),
-        type(rule).__name__, getattr(rule, "causal", False), req.ndim, configs.bucket(req.nq),
-        configs.bucket(req.nk), interpret_mode(), _window_key(rule, req.ndim),
+        type(rule).__name__, getattr(rule, "causal", False), req.ndim, kernel == "fwd" and req.nq <= 16,
+        interpret_mode(), _window_key(rule, req.ndim),
         settings.raw("ATTNHUB_TRITON_TMA"), settings.raw(configs.CFG_SETTING[kernel]),
         req.softcap is not None, req.bias is not None, req.sinks, req.bias_grad,
     )  # fmt: skip
@@ -174,6 +182,11 @@ def _window_key(rule: Any, ndim: int) -> tuple:
     if not isinstance(rule, Local):
         return ()
     return (tuple(configs.bucket(w) for w in rule.windows(ndim)), rule.log2_stride)
+
+
+def _persist(x: torch.Tensor) -> bool:
+    """Compiled GPU calls use (and tuning records) picks on disk; the interpreter does not."""
+    return _on_gpu(x.device) and not interpret_mode()
 
 
 def _work(req: Request) -> int:
@@ -262,13 +275,15 @@ def _make_launch(
     tma = _tma_mode(q, k, v, packed=pack)
     # The band walk needs contiguous visits (pl.band) and a positive scale (its -inf masking).
     band = cfg.band and not pack and pl.band is not None and req.scale > 0 and not has_mask
-    # Element strides between the splits' partial buffers (contiguous, made in _launch_forward).
-    o_split, l_split = (b * hq * nq * dv, b * hq * nq) if splits > 1 else (0, 0)
+    # Element strides between the splits' partial buffers (made in _launch_forward), rounded up to
+    # a multiple of 16 so that Triton's divisibility specialisation does not follow the lengths.
+    o_split, l_split = (_round16(b * hq * nq * dv), _round16(b * hq * nq)) if splits > 1 else (0, 0)
     kwargs = dict(
         **scalars, SPLITS=splits, o_split=o_split, l_split=l_split,
         DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=cfg.bn, **consts,
         DOT_PRECISION=_dot_precision(q), NEG=req.scale < 0, PACK=pack, TMA=tma == DESCRIPTORS, BAND=band,
-        EVEN_K=band and k.shape[2] % cfg.bn == 0, num_warps=cfg.warps, num_stages=cfg.stages,
+        EVEN_K=_even_k(band, tma, k.shape[2], cfg.bn), SPLIT=splits > 1, NQ1=pack and nq == 1,
+        num_warps=cfg.warps, num_stages=cfg.stages,
     )  # fmt: skip
     if req.modified or has_mask:
         kwargs.update(
@@ -277,11 +292,33 @@ def _make_launch(
         )  # fmt: skip
     if cfg.maxnreg:
         kwargs["maxnreg"] = cfg.maxnreg
-    combine_kwargs = dict(DV=dv, BDV=_pad(dv), BM=16, BS=max(2, 1 << math.ceil(math.log2(splits))))
+    combine_kwargs = dict(DV=dv, BDV=_pad(dv), BM=16, BS=_combine_bs(splits))
     return _FwdLaunch(
         cfg, pl.band if band else pl.rows, (tiles * splits, heads, b), splits, tma, req.scale * LOG2E,
         kwargs, combine_kwargs,
     )  # fmt: skip
+
+
+def _round16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def _even_k(band: bool, tma: int, nk: int, bn: int) -> bool:
+    """The band walk's "no bounds masks on K/V loads" switch. TMA loads ignore it (descriptors
+    zero-fill past the end), so there it is always False: one compiled kernel for every key count.
+    Pointer loads keep it (a kernel for key counts that are a multiple of the key tile, one for the
+    others): the masks cost time on every visited tile."""
+    return band and tma != DESCRIPTORS and nk % bn == 0
+
+
+#: Split-KV factors up to this many are merged by one compiled combine kernel.
+COMBINE_SPLITS = 32
+
+
+def _combine_bs(splits: int) -> int:
+    """combine_kernel's split tile: fixed (not the split count's power of two, which follows the key
+    count) so that a new length compiles no new combine kernel; larger only for forced factors."""
+    return max(COMBINE_SPLITS, 1 << math.ceil(math.log2(splits)))
 
 
 def _prepare_forward(
@@ -301,7 +338,7 @@ def _prepare_forward(
             launches[cfg] = _make_launch(q, k, v, req, cfg)
         _launch_forward(launches[cfg], q, k, v, out, lse, mods, req)
 
-    cfg = configs.choose(_key("fwd", req, q), _cfgs("fwd", req, q), run, _work(req))
+    cfg = configs.choose(_key("fwd", req, q), _cfgs("fwd", req, q), run, _work(req), _persist(q))
     return launches.get(cfg) or _make_launch(q, k, v, req, cfg)
 
 
@@ -322,8 +359,11 @@ def _launch_forward(
     if splits == 1:
         o_buf, l_buf = out, lse
     else:  # fl.kwargs' o_split and l_split are these buffers' stride(0)
-        o_buf = torch.empty((splits, b, hq, nq, dv), dtype=torch.float32, device=q.device)
-        l_buf = torch.empty((splits, b, hq, nq), dtype=torch.float32, device=q.device)
+        o_split, l_split = fl.kwargs["o_split"], fl.kwargs["l_split"]
+        o_buf = torch.empty((splits, o_split), dtype=torch.float32, device=q.device)
+        o_buf = o_buf[:, : b * hq * nq * dv].view(splits, b, hq, nq, dv)
+        l_buf = torch.empty((splits, l_split), dtype=torch.float32, device=q.device)
+        l_buf = l_buf[:, : b * hq * nq].view(splits, b, hq, nq)
     o_strides = out.stride() if splits == 1 else o_buf.stride()[1:]
     kk, vv = k, v
     if fl.tma == DESCRIPTORS:
@@ -339,7 +379,7 @@ def _launch_forward(
         rows, plan_b, plan_h = mp.rows, mp.plan_b, mp.plan_h
         if fl.cfg.band and mp.band is not None and req.scale > 0:  # this mask's visits are bands
             rows = mp.band
-            kwargs = dict(kwargs, BAND=True, EVEN_K=nk % fl.cfg.bn == 0)
+            kwargs = dict(kwargs, BAND=True, EVEN_K=_even_k(True, fl.tma, nk, fl.cfg.bn))
     args = (
         q, kk, vv, o_buf, l_buf, rows, rows.stride(0), *q.stride(), *k.stride(), *v.stride(),
         *o_strides, hq, hq // hkv, nq, nk, fl.qk_scale,
@@ -443,9 +483,9 @@ def backward(
             BM=cfg.bm, BN=cfg.bn, num_warps=cfg.warps, num_stages=cfg.stages, **common, **extra,
         )  # fmt: skip
 
-    work = _work(req)
-    run_dkdv(configs.choose(_key("dkdv", req, q), _cfgs("dkdv", req, q), run_dkdv, work))
-    run_dq(configs.choose(_key("dq", req, q), _cfgs("dq", req, q), run_dq, work))
+    work, persist = _work(req), _persist(q)
+    run_dkdv(configs.choose(_key("dkdv", req, q), _cfgs("dkdv", req, q), run_dkdv, work, persist))
+    run_dq(configs.choose(_key("dq", req, q), _cfgs("dq", req, q), run_dq, work, persist))
     if req.bias is None and not req.sinks:
         return dq, dk, dvv
     dbias = None
