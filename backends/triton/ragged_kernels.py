@@ -22,6 +22,20 @@ import triton.language as tl
 
 LN2 = tl.constexpr(0.6931471805599453)
 
+# Integer arguments that follow the lengths, which Triton must not specialise on (it compiles a
+# variant per integer equal to 1 or divisible by 16): the padded lengths, offsets and sequence
+# count of the table kernel, the longest sequence ``MQ``, the split chunk and count, the window,
+# the block table's width ``sbt`` (max_seqlen_k / block size) and the lse/delta row strides
+# ``slb``/``slh`` (they follow Lq, the total token count of packed sequences: each new batch).
+# Per-sequence lengths are read from the table on the device and never compile anything. Other
+# strides, head counts and scales stay specialised; the split-KV partials' strides are rounded
+# to multiples of 16 on the host instead.
+LSE_STRIDE_ARGS = ["slb", "slh"]
+TABLE_LENGTH_ARGS = ["S", "Lq", "Lk", "q_offset", "k_offset"]
+FWD_LENGTH_ARGS = ["MQ", "CHUNK", "window", "sbt", *LSE_STRIDE_ARGS]
+COMBINE_LENGTH_ARGS = ["SPLITS", "MQ", *LSE_STRIDE_ARGS]
+BWD_LENGTH_ARGS = ["window", *LSE_STRIDE_ARGS]
+
 
 @triton.jit
 def _dot(a, b, DOT_PRECISION: tl.constexpr, acc=None):
@@ -153,7 +167,7 @@ def _kv_rows(K, V, BT, s, hk, rows, skb, skh, skn, svb, svh, svn, sbt, k_start,
     return k_rows, v_rows
 
 
-@triton.jit
+@triton.jit(do_not_specialize=TABLE_LENGTH_ARGS)
 def table_kernel(
     QL, KL, CUQ, CUK, TAB, S, Lq, Lk, q_offset, k_offset,
     HAS_QL: tl.constexpr, HAS_KL: tl.constexpr, VARLEN: tl.constexpr, LEFT: tl.constexpr,
@@ -251,7 +265,7 @@ def _fwd_tile(
     return m_new, l_i, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=FWD_LENGTH_ARGS)
 def fwd_kernel(
     Q, K, V, O, LSE, TAB, BT, SINKS,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, slb, slh, sbt, o_split, l_split,
@@ -338,7 +352,7 @@ def fwd_kernel(
     tl.store(l_rows, lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=COMBINE_LENGTH_ARGS)
 def combine_kernel(
     OP, LP, O, LSE, TAB, SINKS, SPLITS, MQ, op_split, lp_split, sob, soh, son, slb, slh,
     DV: tl.constexpr, BDV: tl.constexpr, BQ: tl.constexpr, BS: tl.constexpr, SINK: tl.constexpr,
@@ -346,7 +360,8 @@ def combine_kernel(
     """One (head, sequence) program: merge the split-KV partials of its rows (lse = logsumexp of
     the partial lse, out their weighted sum), the sink joined here, into O and LSE.
 
-    Partials are (SPLITS, S, H, MQ, DV) and (SPLITS, S, H, MQ), contiguous.
+    Partials are (S, H, MQ, DV) and (S, H, MQ), contiguous, per split; ``op_split``/``lp_split``
+    elements apart (rounded up to multiples of 16 by the host).
     """
     h = tl.program_id(0)
     s = tl.program_id(1)
@@ -426,7 +441,7 @@ def _dkdv_tile(
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=BWD_LENGTH_ARGS)
 def dkdv_kernel(
     Q, K, V, DO, LSE2, DELTA, DK, DV_, TAB,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, slb, slh,
@@ -527,7 +542,7 @@ def _dq_tile(
     return _dot(ds.to(kt.dtype), tl.trans(kt), DOT_PRECISION, dq)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=BWD_LENGTH_ARGS)
 def dq_kernel(
     Q, K, V, DO, LSE2, DELTA, DQ, TAB,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, slb, slh, sdqb, sdqh, sdqn,

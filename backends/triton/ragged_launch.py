@@ -122,7 +122,8 @@ class _FwdPlan:
     grid: tuple[int, int, int]
     fwd_tail: tuple  # fwd_kernel's scalars after its eight pointers
     fwd_meta: dict[str, Any]
-    buf_shape: tuple[int, ...]  # split-KV partial outputs (splits, S, Hq, MQ, Dv)
+    buf_split: tuple[int, int]  # split-KV partials, (splits, this) each: (S, Hq, MQ, Dv) and
+    # (S, Hq, MQ) contiguous at the start of each split's row (see _split_strides)
     combine_tail: tuple
     combine_meta: dict[str, Any]
     table_launcher: Relauncher = field(default_factory=Relauncher)
@@ -169,13 +170,18 @@ def _unit_last(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
 
 
+def _on_gpu(device: torch.device) -> bool:
+    """A CUDA device (compiled kernels): tile configs and split-KV are chosen for it."""
+    return device.type == "cuda"
+
+
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _fwd_cfg(x: torch.Tensor, d: int) -> tuple[int, int, int, int]:
     """(BM, BN, warps, stages) of the query-tiled forward."""
-    if interpret_mode() or x.device.type != "cuda":
+    if interpret_mode() or not _on_gpu(x.device):
         return 16, 16, 1, 1
     if TUNE["fwd"] is not None:
         return TUNE["fwd"]
@@ -198,16 +204,27 @@ def _decode_cfg(x: torch.Tensor, d_sum: int) -> tuple[int, int, int]:
     return bn, warps, stages
 
 
+#: Most split-KV chunks a decode forward uses (unless ATTNHUB_TRITON_SPLITS forces more): the
+#: combine kernel's split tile, fixed so that a new key length compiles no new combine kernel.
+MAX_SPLITS = 128
+
+
+def _split_strides(seqs: int, hq: int, max_q: int, dv: int) -> tuple[int, int]:
+    """Element strides between the splits' partial outputs and lse: their sizes rounded up to a
+    multiple of 16, so that Triton's divisibility specialisation does not follow the lengths."""
+    return -(-seqs * hq * max_q * dv // 16) * 16, -(-seqs * hq * max_q // 16) * 16
+
+
 def _splits(tiles: int, programs: int, device: torch.device) -> int:
     """Split-KV factor for packed (decode) programs: enough programs to fill the GPU, at least a
     few key tiles each. ``ATTNHUB_TRITON_SPLITS`` forces it (also under the interpreter)."""
     forced = settings.raw("ATTNHUB_TRITON_SPLITS")
     if forced:
         return max(1, min(int(forced), tiles))
-    if device.type != "cuda":
+    if not _on_gpu(device):
         return 1
     want = -(-TUNE["fill"] * _sm_count(device) // max(programs, 1))
-    return max(1, min(want, tiles // 4, 128))
+    return max(1, min(want, tiles // 4, MAX_SPLITS))
 
 
 def forward(
@@ -250,7 +267,7 @@ def _plan_forward(
         vb, vh, vn = v.stride(0) * seq_stride, v.stride(1), v.stride(2)
         sbt = 0
     pack = tp.max_q * group <= 64
-    interp = interpret_mode() or q.device.type != "cuda"
+    interp = interpret_mode() or not _on_gpu(q.device)
     if pack:
         bm = max(16, _pow2(tp.max_q * group))
         bn, warps, stages = (16, 1, 1) if interp else _decode_cfg(q, _pad(dqk) + _pad(dv))
@@ -273,9 +290,8 @@ def _plan_forward(
     # Outputs are allocated contiguous: (B, Hq, Nq, Dv) and (B, Hq, Nq); partials likewise.
     out_strides = (hq * nq * dv * seq_stride, nq * dv, dv)
     lse_strides = (hq * nq * seq_stride, nq)
-    buf_shape = (splits, tp.seqs, hq, tp.max_q, dv)
+    o_split, l_split = _split_strides(tp.seqs, hq, tp.max_q, dv) if splits > 1 else (0, 0)
     if splits > 1:
-        o_split, l_split = tp.seqs * hq * tp.max_q * dv, tp.seqs * hq * tp.max_q
         tail = (
             *qs, kb, kh, kn, vb, vh, vn, hq * tp.max_q * dv, tp.max_q * dv, dv, hq * tp.max_q, tp.max_q,
             sbt, o_split, l_split, *scalars,
@@ -284,10 +300,14 @@ def _plan_forward(
     else:
         tail = (*qs, kb, kh, kn, vb, vh, vn, *out_strides, *lse_strides, sbt, 0, 0, *scalars)
         combine_tail = ()
-    combine_meta = dict(DV=dv, BDV=_pad(dv), BQ=_pow2(tp.max_q), BS=max(2, _pow2(splits)), SINK=req.sinks)
+    # The combine's row tile follows the packed forward's (BM rows hold group x MQ), not MQ itself;
+    # its split tile is fixed (MAX_SPLITS): neither moves with the lengths.
+    combine_meta = dict(
+        DV=dv, BDV=_pad(dv), BQ=_pow2(bm // group), BS=max(MAX_SPLITS, _pow2(splits)), SINK=req.sinks
+    )
     return _FwdPlan(
-        tp, (b, hq, nq, dv), out_dtype, req.q_lengths, splits, grid, tail, meta, buf_shape, combine_tail,
-        combine_meta,
+        tp, (b, hq, nq, dv), out_dtype, req.q_lengths, splits, grid, tail, meta,
+        (o_split, l_split), combine_tail, combine_meta,
     )  # fmt: skip
 
 
@@ -309,8 +329,9 @@ def _run_forward(
     bt = ops.block_table if req.paged else tab
     sk = ops.sinks if req.sinks else tab
     if plan.splits > 1:
-        o_buf = torch.empty(plan.buf_shape, dtype=torch.float32, device=dev)
-        l_buf = torch.empty(plan.buf_shape[:4], dtype=torch.float32, device=dev)
+        splits, o_split, l_split = plan.splits, *plan.buf_split
+        o_buf = torch.empty((splits, o_split), dtype=torch.float32, device=dev)
+        l_buf = torch.empty((splits, l_split), dtype=torch.float32, device=dev)
         plan.fwd_launcher(kern.fwd_kernel, plan.grid, (q, k, v, o_buf, l_buf, tab, bt, sk, *plan.fwd_tail),
                           plan.fwd_meta)  # fmt: skip
         grid = (shape[1], plan.table.seqs, 1)  # 3-d: Relauncher's compiled launches read grid[2]
@@ -336,7 +357,7 @@ def forward_for_grad(
 
 def _bwd_cfgs(x: torch.Tensor, d: int) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
     """(BM, BN, warps, stages) of the dk/dv and dq kernels."""
-    if interpret_mode() or x.device.type != "cuda":
+    if interpret_mode() or not _on_gpu(x.device):
         return (16, 16, 1, 1), (16, 16, 1, 1)
     if TUNE["dkdv"] is not None and TUNE["dq"] is not None:
         return TUNE["dkdv"], TUNE["dq"]
