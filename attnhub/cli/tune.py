@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
 from attnhub.tuner import DTYPES, FAMILIES
+
+
+def _triton_tuning() -> contextlib.AbstractContextManager:
+    """The triton backend's config tuning, on while its timings run: a shape class met for the
+    first time times its candidate configs and records the pick (calls outside never tune)."""
+    try:
+        from attnhub_backends.triton import configs
+    except ImportError:  # triton not installed: nothing to tune
+        return contextlib.nullcontext()
+    return configs.tuning()
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -56,17 +68,18 @@ def tune(
     from attnhub.tuner import tune as run_tune
 
     try:
-        result = run_tune(
-            device,
-            quick=quick,
-            dtypes=_split(dtypes) if dtypes else None,
-            families=_split(family),
-            backends=list(_split(backends)) or None,
-            out=out,
-            warmup=warmup,
-            rep=rep,
-            progress=lambda line: click.echo(line, err=True),
-        )
+        with _triton_tuning():
+            result = run_tune(
+                device,
+                quick=quick,
+                dtypes=_split(dtypes) if dtypes else None,
+                families=_split(family),
+                backends=list(_split(backends)) or None,
+                out=out,
+                warmup=warmup,
+                rep=rep,
+                progress=lambda line: click.echo(line, err=True),
+            )
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"device: {result.device}")

@@ -4,7 +4,8 @@ A kernel compiles once per shape class, whatever the sequence lengths (docs/back
 "Compile latency"); Triton keeps what it compiled in its disk cache (``TRITON_CACHE_DIR``, default
 ``~/.triton/cache``), so a later process loads it instead of compiling. This command makes those
 first calls for the common classes: forward without gradient, forward and backward, for full,
-causal and sliding-window rules (with and without split-KV), and decoding (one query, GQA 32/8).
+causal and sliding-window rules (with and without split-KV), and decoding (one query, GQA 32/8,
+with and without split-KV).
 ``--tune`` also times the candidate configs of each class and records the picks for this GPU.
 """
 
@@ -26,9 +27,22 @@ def _ints(text: str) -> list[int]:
         raise click.BadParameter(f"comma-separated integers, got {text!r}") from None
 
 
+def _length_shifts() -> tuple[int, ...]:
+    """0, and 1 where the kernels specialise Nq or Nk (``kernels.FWD_SEQ_ARGS``/``BWD_SEQ_ARGS``
+    emptied): Triton then compiles lengths that are multiples of 16 and the others apart, so each
+    call is also made one token shorter."""
+    from attnhub_backends.triton import loader
+
+    mod = loader.kernels(interpret=False)
+    if {"Nq", "Nk"} <= set(mod.FWD_SEQ_ARGS) and {"Nq", "Nk"} <= set(mod.BWD_SEQ_ARGS):
+        return (0,)
+    return (0, 1)
+
+
 def variants(head_dim: int) -> list[tuple[str, dict[str, Any]]]:
     """(label, shape and rule) of each call made per dtype and head dim. The large calls come first:
-    under ``--tune`` a class is tuned at its first call, which needs enough work to time."""
+    under ``--tune`` a class is tuned at its first call, which needs enough work to time. Decoding
+    runs with split-KV (a long cache) and without (fewer than 16 key tiles)."""
     import attnhub
 
     heads = max(1, 2048 // head_dim)
@@ -36,12 +50,17 @@ def variants(head_dim: int) -> list[tuple[str, dict[str, Any]]]:
     few = dict(b=1, hq=2, hkv=2, nq=1024, nk=4096)  # few query tiles: split-KV
     rules = [("full", None), ("causal", attnhub.Causal()), ("local 256", attnhub.Local(256, causal=True))]
     out = []
-    for grad in (False, True):
-        for name, rule in rules:
-            for shape, tag in ((big, ""), (few, " split-KV")):
-                label = f"{'fwd+bwd' if grad else 'fwd'} {name}{tag}"
-                out.append((label, dict(shape, rule=rule, grad=grad)))
-    out.append(("decode GQA 32/8", dict(b=8, hq=32, hkv=8, nq=1, nk=8192, rule=None, grad=False)))
+    for shift in _length_shifts():
+        tag = f" L-{shift}" if shift else ""
+        for grad in (False, True):
+            for name, rule in rules:
+                for shape, kind in ((big, ""), (few, " split-KV")):
+                    label = f"{'fwd+bwd' if grad else 'fwd'} {name}{kind}{tag}"
+                    spec = dict(shape, nq=shape["nq"] - shift, nk=shape["nk"] - shift)
+                    out.append((label, dict(spec, rule=rule, grad=grad)))
+        for nk, kind in ((8192, "split-KV"), (1024, "short")):
+            spec = dict(b=8, hq=32, hkv=8, nq=1, nk=nk - shift, rule=None, grad=False)
+            out.append((f"decode GQA 32/8 {kind}{tag}", spec))
     return out
 
 
