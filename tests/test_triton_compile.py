@@ -301,7 +301,9 @@ def test_decode_lengths_share_one_forward_and_combine(h100) -> None:
     call = lambda nq, nk, b=1: _call(h100, nq, nk, hq=32, hkv=8, b=b, rule=Full())  # noqa: E731
     moves = [(1, 2048), (1, 1921), (1, 3001), (1, 8192), (1, 32768), (1, 20000)]
     groups = _moves_share_kernels(h100, moves, call)
-    groups |= _moves_share_kernels(h100, moves[:4], lambda nq, nk: call(nq, nk, b=8))
+    for nq, nk in moves[:4]:  # B = 8: other split factors, the same kernels
+        keys = call(nq, nk, b=8)
+        assert keys == groups[(_state(h100, keys), _classes(h100, nq, nk))], nk
     assert all(split for (split, _), _ in groups)
     assert _names(next(iter(groups.values()))) == ["combine_kernel", "fwd_kernel"]
     short = _moves_share_kernels(h100, [(1, 1001), (1, 1777), (1, 1920), (1, 16)], call)
@@ -445,7 +447,8 @@ def test_ragged_new_lengths_compile_nothing_new(h100) -> None:
     base = pad(1001, 1777, [1001, 500], [1777, 3])
     assert "ragged.dkdv_kernel" in _names(base) and "bwd_prep_kernel" in _names(base)
     for args in [(1001, 1777, [7, 1000], [1, 1776]), (1777, 3001, [1777, 1], [3001, 3001]),
-                 (1001, 1777, [1001, 500], [1777, 3], (5, 77)), (999, 4095, [9, 9], [4095, 0], (1024, 3))]:  # fmt: skip
+                 (1001, 1777, [1001, 500], [1777, 3], (5, 77)), (999, 4095, [9, 9], [4095, 0], (1024, 3)),
+                 (1024, 1777, [1024, 3], [1777, 5])]:  # fmt: skip
         keys = pad(*args)
         if _classes(h100, args[0], 1) == _classes(h100, 1001, 1):
             assert keys == base, args
@@ -454,7 +457,12 @@ def test_ragged_new_lengths_compile_nothing_new(h100) -> None:
         h100, lq=0, lk=0, varlen=(lens_q, lens_k), backward=True
     )
     base = packed([300, 77, 1000], [300, 77, 1000])
-    for lens in [([5, 900], [5, 900]), ([301, 78, 1001, 16], [301, 78, 1001, 16]), ([2001], [4001])]:
+    for lens in [
+        ([5, 900], [5, 900]),
+        ([301, 78, 1001, 16], [301, 78, 1001, 16]),
+        ([2001], [4001]),
+        ([304, 80, 1008], [300, 77, 1000]),
+    ]:  # a total of 1392 = 87 x 16
         keys = packed(*lens)
         if _classes(h100, sum(lens[0]), 1) == _classes(h100, 1377, 1):
             assert keys == base, lens
