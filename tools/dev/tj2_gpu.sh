@@ -9,7 +9,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-gpu-out}"; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 ATTNHUB_CACHE_DIR="$OUT/attnhub-cache"
+export PYTHONUNBUFFERED=1 ATTNHUB_CACHE_DIR="${ATTNHUB_CACHE_DIR:-/tmp/attnhub-cache}"
 if [ "${SEQ:-}" = specialised ]; then
   sed -i 's/^FWD_SEQ_ARGS = .*/FWD_SEQ_ARGS = []/; s/^BWD_SEQ_ARGS = .*/BWD_SEQ_ARGS = []/' backends/triton/kernels.py
 fi
@@ -21,7 +21,7 @@ timeout 50 python3 tools/dev/first_call.py > "$OUT/first_call.log" 2>&1
 echo "first_call rc=$?"; cat "$OUT/first_call.log"
 bench() {
   timeout 75 python3 -m attnhub.cli bench --backends triton --peers sdpa-cudnn --family dense \
-    --direction fwd,bwd --lengths 4096,16384 --out "$OUT/$1" > "$OUT/$1.log" 2>&1
+    --direction fwd,bwd --lengths 4096,16384 --out "/tmp/$1" > "$OUT/$1.log" 2>&1
   echo "bench $1 rc=$?"; tail -12 "$OUT/$1.log"
 }
 bench bench-dense
