@@ -36,15 +36,16 @@ def _random_spans(rng: random.Random, rows: int) -> tuple[tuple[int, int], ...]:
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 def test_planned_sum_is_the_ordered_float32_sum(out_dtype) -> None:
-    """Random spans (overlapping, with gaps), random out_from: bitwise the float32 sum taken in
-    contribution order, rounded once; rows nobody covers are 0; no NaN of the poison left."""
+    """Random spans (overlapping, with gaps), random out_from, deferred pairs or not: bitwise the
+    float32 sum taken in contribution order, rounded once; rows nobody covers are 0; no NaN of
+    the poison left."""
     rng = random.Random(3)
     g = torch.Generator().manual_seed(3)
     for _ in range(60):
         rows = rng.randint(1, 24)
         spans = _random_spans(rng, rows)
         out_from = rng.randint(0, len(spans))
-        plan = accumulate.plan(spans, rows, out_from)
+        plan = accumulate.plan(spans, rows, out_from, pairs=rng.random() < 0.5)
         parts = [torch.randn(1, 2, hi - lo, 3, generator=g).to(out_dtype) for lo, hi in spans]
         acc = poisoned((1, 2, rows, 3), torch.float32, "cpu")
         out = None if out_dtype == torch.float32 else poisoned((1, 2, rows, 3), out_dtype, "cpu")
@@ -66,14 +67,19 @@ def test_planned_sum_is_the_ordered_float32_sum(out_dtype) -> None:
 
 def test_plan_pieces() -> None:
     """Two calls over rows 0:8 and 4:12 of 16: copies, one sum, one rounding, zeros at 12:16."""
-    p = accumulate.plan(((0, 8), (4, 12)), 16)
+    p = accumulate.plan(((0, 8), (4, 12)), 16, pairs=False)
     P = accumulate.Piece
     assert p.pieces == (
         (P(0, 4, True, True), P(4, 8, True, False)),
         (P(4, 8, False, True), P(8, 12, True, True)),
     )
     assert p.zero == ((12, 16),) and p.cast == ()
-    travelling = accumulate.plan(((0, 8), (4, 12)), 16, out_from=1)
+    paired = accumulate.plan(((0, 8), (4, 12)), 16)  # rows 4:8: the second writes both, once
+    assert paired.pieces == (
+        (P(0, 4, True, True), P(4, 8, True, False, defer=True)),
+        (P(4, 8, False, True, pair=0), P(8, 12, True, True)),
+    )
+    travelling = accumulate.plan(((0, 8), (4, 12)), 16, out_from=1, pairs=False)
     assert travelling.pieces[0] == (P(0, 8, True, False),)
     assert travelling.cast == ((0, 4),)
 

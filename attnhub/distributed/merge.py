@@ -19,17 +19,23 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def merge_into(
-    acc_o: Any, acc_lse: Any, o_b: Any, lse_b: Any, lo: int, hi: int, fresh: bool, out: Any = None
-) -> None:
+    acc_o: Any, acc_lse: Any, o_b: Any, lse_b: Any, lo: int, hi: int, fresh: bool, out: Any = None,
+    prev: tuple[Any, Any] | None = None,
+) -> None:  # fmt: skip
     """Merge a block's (out, lse) into rows ``lo:hi``; ``fresh`` rows hold nothing yet (a copy).
-    ``out`` (another dtype than ``acc_o``): also write the merged rows there, rounded."""
+    ``out`` (another dtype than ``acc_o``): also write the merged rows there, rounded. ``prev``:
+    an earlier block's (out, lse) of these rows, not yet written: the rows become the merge of
+    the two (what a fresh copy of ``prev`` and a merge give, in one pass)."""
     a_o, a_l = acc_o[:, :, lo:hi], acc_lse[:, :, lo:hi]
     o_out = None if out is None else out[:, :, lo:hi]
     if _fused(acc_o):
         from attnhub.distributed import merge_kernel
 
-        merge_kernel.merge(a_o, a_l, o_b, lse_b, fresh, o_out)
+        merge_kernel.merge(a_o, a_l, o_b, lse_b, fresh, o_out, prev)
         return
+    if prev is not None:
+        a_o.copy_(prev[0])
+        a_l.copy_(prev[1])
     if fresh:
         a_o.copy_(o_b)
         a_l.copy_(lse_b)

@@ -46,6 +46,7 @@ class Forward:
         self.o = accumulate.new((b, h, lq, dv), acc, q.device)
         self.lse = accumulate.new((b, h, lq), acc, q.device)
         self.out = None if acc == q.dtype else accumulate.new((b, h, lq, dv), q.dtype, q.device)
+        self.deferred: dict[int, tuple[Any, Any, int]] = {}
 
     def step(self, t: int, q: Any, k: Any, v: Any) -> None:
         """Step ``t``'s calls on the keys ``k``, ``v`` at hand, merged into the rows."""
@@ -54,14 +55,25 @@ class Forward:
                 q[:, :, c.q_lo : c.q_hi], k[:, :, c.k_lo : c.k_hi], v[:, :, c.k_lo : c.k_hi], c,
                 self.scale, self.softcap, self.backend,
             )  # fmt: skip
-            for p in self.plan.pieces[self.first[t] + j]:
+            i = self.first[t] + j
+            for p in self.plan.pieces[i]:
                 a, z = p.lo - c.q_lo, p.hi - c.q_lo
                 out = self.out if p.last else None
-                merge.merge_into(self.o, self.lse, o_b[:, :, a:z], l_b[:, :, a:z], p.lo, p.hi, p.first, out)
+                if p.defer:  # merged with the next block of these rows, in one pass
+                    self.deferred[i] = (o_b, l_b, c.q_lo)
+                    continue
+                prev = None
+                if p.pair >= 0:
+                    o1, l1, lo1 = self.deferred[p.pair]
+                    prev = (o1[:, :, p.lo - lo1 : p.hi - lo1], l1[:, :, p.lo - lo1 : p.hi - lo1])
+                merge.merge_into(
+                    self.o, self.lse, o_b[:, :, a:z], l_b[:, :, a:z], p.lo, p.hi, p.first, out, prev
+                )
 
     def finish(self) -> tuple[Any, Any, Any]:
         """(out in q's dtype, O and lse in the accumulation dtype); rows no call reached: O = 0,
         lse = −inf."""
+        self.deferred.clear()
         for lo, hi in self.plan.zero:
             self.o[:, :, lo:hi].zero_()
             self.lse[:, :, lo:hi].fill_(float("-inf"))
@@ -121,7 +133,8 @@ def kv_plan(geo: Geometry, rule: object, src: int, steps: int, rows: int) -> tup
     for t in range(steps):
         first.append(len(spans))
         spans += [(c.k_lo, c.k_hi) for c in step_calls(geo, rule, (src + t) % geo.world, src)]
-    return accumulate.plan(tuple(spans), rows, first[-1]), tuple(first)
+    # No deferred pairs: the two contributions may come from two ranks.
+    return accumulate.plan(tuple(spans), rows, first[-1], pairs=False), tuple(first)
 
 
 def kv_accs(p: Plan, acc: tuple[Any, Any], out: tuple[Any, Any] | None) -> tuple[Acc, Acc]:
