@@ -13,9 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from attnhub.distributed import merge
-from attnhub.distributed.ring import Setup
-from attnhub.distributed.schedule import Call, chunk_ids, classify
+from attnhub.distributed import accumulate, merge, steps
+from attnhub.distributed.schedule import Call, Setup, chunk_ids, classify
 from attnhub.distributed.shard import unshard_local
 from attnhub.rules import Causal, Full, Local
 
@@ -66,29 +65,32 @@ class AllGatherAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, setup):  # type: ignore[override]
         kf, vf = _gather(k, setup), _gather(v, setup)
-        acc = merge.acc_dtype(q.dtype)
-        b, hq, lq, _ = q.shape
-        o = torch.zeros((b, hq, lq, v.shape[-1]), dtype=acc, device=q.device)
-        lse = torch.full((b, hq, lq), float("-inf"), dtype=acc, device=q.device)
         cs = calls(setup, kf.shape[2])
-        merge.forward_calls(q, kf, vf, cs, o, lse, setup.scale, setup.softcap, setup.backend, merge.Rows())
+        fwd = steps.Forward(q, v.shape[-1], [cs], setup.scale, setup.softcap, setup.backend)
+        fwd.step(0, q, kf, vf)
+        out, o, lse = fwd.finish()
         ctx.save_for_backward(q, kf, vf, o, lse)
         ctx.setup, ctx.calls = setup, cs
-        lse_out = lse.to(acc)
-        ctx.mark_non_differentiable(lse_out)
-        return o.to(q.dtype), lse_out
+        ctx.mark_non_differentiable(lse)
+        return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):  # type: ignore[override]
         q, kf, vf, o, lse = ctx.saved_tensors
-        s = ctx.setup
+        s, cs = ctx.setup, ctx.calls
         acc = merge.acc_dtype(q.dtype)
-        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-        dk = torch.zeros(kf.shape, dtype=acc, device=q.device)
-        dv = torch.zeros(vf.shape, dtype=acc, device=q.device)
-        merge.backward_calls(
-            q, kf, vf, o, lse, dout.contiguous(), ctx.calls, dq, dk, dv, s.scale, s.softcap, s.backend
+        bwd = steps.Backward(q, o, lse, dout.contiguous(), [cs], s.scale, s.softcap, s.backend)
+        grads = bwd.grads(0, q, kf, vf)
+        bwd.add_dq(0, grads)
+        # The sums stay in the accumulation dtype (out_from past the last call): all-reduced first.
+        plan = accumulate.plan(tuple((c.k_lo, c.k_hi) for c in cs), kf.shape[2], len(cs))
+        bufs = (
+            accumulate.new(tuple(kf.shape), acc, q.device),
+            accumulate.new(tuple(vf.shape), acc, q.device),
         )
+        dk, dv = steps.kv_accs(plan, bufs, None)
+        steps.add_kv(grads, 0, dk, dv)
+        dk, dv = dk.finish(), dv.finish()
         dist.all_reduce(dk, group=s.group)
         dist.all_reduce(dv, group=s.group)
-        return dq.to(q.dtype), _own(dk, s).to(kf.dtype), _own(dv, s).to(vf.dtype), None
+        return bwd.dq.finish(), _own(dk, s).to(kf.dtype), _own(dv, s).to(vf.dtype), None

@@ -93,11 +93,18 @@ def _grad_plan(q, k, v, call: Call, scale: float, softcap: float | None, backend
     )
 
 
+def flash_lse(lse: Any) -> Any:
+    """The merged lse as a flash-convention backward reads it: a fully masked row (lse = −inf)
+    has P = 0 in every block, and +inf gives exp(S − lse) = 0. Computed once per rank."""
+    return torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+
+
 def backward(
     q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, call: Call, scale: float,
-    softcap: float | None, backend: str,
+    softcap: float | None, backend: str, lse_flash: Any = None,
 ) -> tuple[Any, Any, Any]:  # fmt: skip
-    """(dq, dk, dv) of one block for the merged output ``o`` and lse ``lse`` (already sliced).
+    """(dq, dk, dv) of one block for the merged output ``o`` and lse ``lse`` (already sliced;
+    ``lse_flash``: the same rows of :func:`flash_lse`, computed here when not given).
 
     Flash-convention backends read strided row slices as they are (they copy what their kernels
     cannot stride over), so no slice is copied here; the dlse route gets contiguous inputs."""
@@ -105,10 +112,9 @@ def backward(
     be, req = plan.backend, plan.req
     kw = {"operands": operands_for(ex, plan.ad, q, req)} if plan.operands else {}
     if route == "flash":
-        # A fully masked row (lse = -inf) has P = 0 in every block: +inf gives exp(S - lse) = 0.
-        lse_in = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
-        o_in = o.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
-        grads = be.backward(q, k, v, o_in, lse_in, do, req, None, **kw)
+        lse_in = flash_lse(lse) if lse_flash is None else lse_flash
+        o_in = o.to(torch.float64 if q.dtype == torch.float64 else torch.float32)  # no copy: o is
+        grads = be.backward(q, k, v, o_in, lse_in, do, req, None, **kw)  # the float32 accumulator
         return grads[0], grads[1], grads[2]
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out_b, lse_b, saved = be.forward_for_grad(q, k, v, req, None, **kw)

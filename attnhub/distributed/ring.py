@@ -2,99 +2,86 @@
 
 Forward: at step ``t`` rank ``r`` holds the keys of rank ``(r − t) mod N``; it starts passing them
 on to ``r + 1`` (and receiving the next from ``r − 1``) before computing its calls on them, and
-waits only afterwards. Backward: a second ring carries K/V and, behind them, float32 dK/dV
-accumulators; after the last step each accumulator goes back to its owner. Steps after the last
-one any rank needs (``schedule.ring_steps``) are not run at all.
+waits only afterwards. Backward: a second ring carries K/V and, one step behind, the float32
+dK/dV sums: a rank computes its block gradients while the sums of the keys it holds arrive, adds
+its share and passes them on; at the last step the sums are rounded to the keys' dtype and go back
+to their owner. Steps after the last one any rank needs (``schedule.ring_steps``) are not run.
+What a rank does at each step, messages aside, is :mod:`attnhub.distributed.steps` (which the
+one-process simulation runs too). Message buffers are allocated once per call (two, used in turn).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from attnhub.distributed import comm, merge
-from attnhub.distributed.schedule import Geometry, ring_steps, step_calls
+from attnhub.distributed import accumulate, comm, merge, steps
+from attnhub.distributed.schedule import Setup
+
+__all__ = ["RingAttention", "Setup", "ring_backward", "ring_forward"]
 
 
-@dataclass(frozen=True)
-class Setup:
-    """Everything but the tensors: the group, the positions, the rule and the block backend."""
-
-    group: Any
-    rank: int
-    world: int
-    geo: Geometry
-    rule: object
-    scale: float
-    softcap: float | None
-    backend: str
-
-    @property
-    def steps(self) -> int:
-        return ring_steps(self.geo, self.rule)
-
-    def source(self, t: int) -> int:
-        return (self.rank - t) % self.world
-
-    def calls(self, t: int) -> list:
-        return step_calls(self.geo, self.rule, self.rank, self.source(t))
+def _pair(first: Any, n: int) -> list[Any]:
+    """``first`` and, when a message follows, a second buffer like it (used in turn)."""
+    return [first, torch.empty_like(first)] if n > 1 else [first]
 
 
-def ring_forward(q: Any, k: Any, v: Any, s: Setup) -> tuple[Any, Any]:
-    """(O, lse) of the local queries, both in the accumulation dtype."""
-    acc = merge.acc_dtype(q.dtype)
-    b, hq, lq, _ = q.shape
-    acc_o = torch.zeros((b, hq, lq, v.shape[-1]), dtype=acc, device=q.device)
-    acc_lse = torch.full((b, hq, lq), float("-inf"), dtype=acc, device=q.device)
+def ring_forward(q: Any, k: Any, v: Any, s: Setup) -> tuple[Any, Any, Any]:
+    """(out in q's dtype, O and lse in the accumulation dtype) of the local queries."""
+    fwd = steps.Forward(q, v.shape[-1], s.all_calls(), s.scale, s.softcap, s.backend)
     likes = [(tuple(k.shape), k.dtype), (tuple(v.shape), v.dtype)]
-    cur = comm.pack(k, v)
-    steps, rows = s.steps, merge.Rows()
-    for t in range(steps):
-        reqs, nxt = None, None
-        if t + 1 < steps:
-            nxt = torch.empty_like(cur)
-            reqs = comm.exchange(cur, (s.rank + 1) % s.world, nxt, (s.rank - 1) % s.world, s.group)
+    n, nxt, prv = s.steps, (s.rank + 1) % s.world, (s.rank - 1) % s.world
+    kv = _pair(comm.pack(k, v), n)
+    for t in range(n):
+        cur = kv[t % 2]
+        reqs = comm.exchange(cur, nxt, kv[(t + 1) % 2], prv, s.group) if t + 1 < n else None
         kt, vt = comm.unpack(cur, likes)
-        merge.forward_calls(q, kt, vt, s.calls(t), acc_o, acc_lse, s.scale, s.softcap, s.backend, rows)
+        fwd.step(t, q, kt, vt)
         comm.wait(reqs)
-        if nxt is not None:
-            cur = nxt
-    return acc_o, acc_lse
+    return fwd.finish()
 
 
 def ring_backward(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, s: Setup) -> tuple[Any, Any, Any]:
+    """(dq, dk, dv) of the local shards, in their dtypes."""
     acc = merge.acc_dtype(q.dtype)
-    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    bwd = steps.Backward(q, o, lse, do, s.all_calls(), s.scale, s.softcap, s.backend)
     likes = [(tuple(k.shape), k.dtype), (tuple(v.shape), v.dtype)]
     glikes = [(tuple(k.shape), acc), (tuple(v.shape), acc)]
-    cur = comm.pack(k, v)
-    dcur = torch.zeros(k.numel() + v.numel(), dtype=acc, device=q.device).view(torch.uint8)
-    nxt_rank, prev_rank = (s.rank + 1) % s.world, (s.rank - 1) % s.world
-    steps = s.steps
-    for t in range(steps):
-        reqs, nxt = None, None
-        if t + 1 < steps:
-            nxt = torch.empty_like(cur)
-            reqs = comm.exchange(cur, nxt_rank, nxt, prev_rank, s.group)
+    n, nxt, prv = s.steps, (s.rank + 1) % s.world, (s.rank - 1) % s.world
+    kv = _pair(comm.pack(k, v), n)
+    size = (k.numel() + v.numel()) * torch.empty((), dtype=acc).element_size()
+    sums = _pair(accumulate.new((size,), torch.uint8, q.device), n)
+    # The final dK/dV in the keys' dtype (the float32 sums themselves for float32 keys).
+    home = None if acc == k.dtype else torch.empty_like(kv[0])
+    kv_reqs = sum_reqs = None
+    for t in range(n):
+        cur, last = kv[t % 2], t + 1 == n
+        kv_reqs = comm.exchange(cur, nxt, kv[(t + 1) % 2], prv, s.group) if not last else None
         kt, vt = comm.unpack(cur, likes)
-        dkt, dvt = comm.unpack(dcur, glikes)
-        merge.backward_calls(q, kt, vt, o, lse, do, s.calls(t), dq, dkt, dvt, s.scale, s.softcap, s.backend)
-        comm.wait(reqs)
-        if t + 1 < steps:
-            cur = nxt
-            dnxt = torch.empty_like(dcur)
-            comm.wait(comm.exchange(dcur, nxt_rank, dnxt, prev_rank, s.group))
-            dcur = dnxt
-    back = steps - 1  # dcur holds the gradient of rank (rank - back)'s keys: send it home
+        grads = bwd.grads(t, q, kt, vt)
+        bwd.add_dq(t, grads)
+        comm.wait(sum_reqs)  # the sums of the keys at hand, from rank - 1 (at t = 0 our own)
+        plan, first = steps.kv_plan(s.geo, s.rule, s.source(t), n, k.shape[2])
+        out = comm.unpack(home, likes) if last and home is not None else None
+        dk, dv = steps.kv_accs(plan, comm.unpack(sums[t % 2], glikes), out)
+        steps.add_kv(grads, first[t], dk, dv)
+        if not last:
+            sum_reqs = comm.exchange(sums[t % 2], nxt, sums[(t + 1) % 2], prv, s.group)
+        comm.wait(kv_reqs)
+    dk.finish()
+    dv.finish()
+    final = sums[(n - 1) % 2] if home is None else home
+    back = n - 1  # final holds the gradient of rank (rank - back)'s keys: send it home
     if back % s.world:
-        home = torch.empty_like(dcur)
-        comm.wait(comm.exchange(dcur, (s.rank - back) % s.world, home, (s.rank + back) % s.world, s.group))
-        dcur = home
-    dk, dv = comm.unpack(dcur, glikes)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        arrived = torch.empty_like(final)
+        comm.wait(
+            comm.exchange(final, (s.rank - back) % s.world, arrived, (s.rank + back) % s.world, s.group)
+        )
+        final = arrived
+    dkf, dvf = comm.unpack(final, likes)
+    return bwd.dq.finish(), dkf, dvf
 
 
 class RingAttention(torch.autograd.Function):
@@ -103,13 +90,11 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, setup):  # type: ignore[override]
-        o, lse = ring_forward(q, k, v, setup)
+        out, o, lse = ring_forward(q, k, v, setup)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.setup = setup
-        out = o.to(q.dtype)
-        lse_out = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
-        ctx.mark_non_differentiable(lse_out)
-        return out, lse_out
+        ctx.mark_non_differentiable(lse)
+        return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):  # type: ignore[override]

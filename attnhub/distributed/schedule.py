@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from attnhub.errors import SpecError
 from attnhub.rules import Causal, Full, Local
@@ -135,6 +136,36 @@ def _step_calls(geo: Geometry, rule: object, rank: int, source: int) -> list[Cal
             else:
                 calls.append(Call(*box, rule, max(p - r, 0), max(r - p, 0)))
     return calls
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything of one rank's ring but the tensors: the group, the positions, the rule and
+    the block backend."""
+
+    group: Any
+    rank: int
+    world: int
+    geo: Geometry
+    rule: object
+    scale: float
+    softcap: float | None
+    backend: str
+
+    @property
+    def steps(self) -> int:
+        return ring_steps(self.geo, self.rule)
+
+    def source(self, t: int) -> int:
+        """The rank whose keys this rank holds at step ``t``."""
+        return (self.rank - t) % self.world
+
+    def calls(self, t: int) -> tuple[Call, ...]:
+        return step_calls(self.geo, self.rule, self.rank, self.source(t))
+
+    def all_calls(self) -> list[tuple[Call, ...]]:
+        """The calls of every step, in order."""
+        return [self.calls(t) for t in range(self.steps)]
 
 
 @lru_cache(maxsize=1024)

@@ -1,6 +1,8 @@
 """The per-rank schedule of N *virtual* ranks run in one process, without communication: the
-same calls and merges as :mod:`attnhub.distributed.ring`, for measuring the block kernels'
-efficiency and the skipped blocks on one device (benchmarks/ring_sim.py) and for GPU tests."""
+same per-step code as :mod:`attnhub.distributed.ring` (:mod:`attnhub.distributed.steps`: block
+calls, merges, planned gradient sums, final rounding), for measuring the block kernels'
+efficiency, the glue and the skipped blocks on one device (benchmarks/ring_sim.py) and for GPU
+tests."""
 
 from __future__ import annotations
 
@@ -8,10 +10,9 @@ from typing import Any
 
 import torch
 
-from attnhub.distributed import merge
+from attnhub.distributed import accumulate, merge, steps
 from attnhub.distributed.context import _shifts
-from attnhub.distributed.ring import Setup
-from attnhub.distributed.schedule import Geometry, chunks_per_rank
+from attnhub.distributed.schedule import Geometry, Setup, chunks_per_rank
 from attnhub.distributed.shard import shard, unshard_local
 from attnhub.request import parse_rule
 
@@ -34,37 +35,48 @@ def shards(x: Any, world: int, load_balance: str) -> list[Any]:
     return [shard(x, r, world, load_balance=load_balance) for r in range(world)]
 
 
-def forward(qs: list, ks: list, vs: list, sets: list[Setup]) -> list[tuple[Any, Any]]:
-    """Each virtual rank's merged (O, lse) in the accumulation dtype."""
+def forward(qs: list, ks: list, vs: list, sets: list[Setup]) -> list[tuple[Any, Any, Any]]:
+    """Each virtual rank's (out in q's dtype, merged O and lse in the accumulation dtype)."""
     results = []
     for s, q in zip(sets, qs):
-        acc = merge.acc_dtype(q.dtype)
-        b, hq, lq, _ = q.shape
-        o = torch.zeros((b, hq, lq, vs[0].shape[-1]), dtype=acc, device=q.device)
-        lse = torch.full((b, hq, lq), float("-inf"), dtype=acc, device=q.device)
-        rows = merge.Rows()
+        fwd = steps.Forward(q, vs[0].shape[-1], s.all_calls(), s.scale, s.softcap, s.backend)
         for t in range(s.steps):
             src = s.source(t)
-            merge.forward_calls(q, ks[src], vs[src], s.calls(t), o, lse, s.scale, s.softcap, s.backend, rows)
-        results.append((o, lse))
+            fwd.step(t, q, ks[src], vs[src])
+        results.append(fwd.finish())
     return results
 
 
-def backward(qs, ks, vs, fwd, dos, sets) -> tuple[list, list, list]:
-    """Each virtual rank's (dq, dk, dv) of the merged result, in the accumulation dtype."""
-    acc = merge.acc_dtype(qs[0].dtype)
-    dq = [torch.zeros(q.shape, dtype=acc, device=q.device) for q in qs]
-    dk = [torch.zeros(k.shape, dtype=acc, device=k.device) for k in ks]
-    dv = [torch.zeros(v.shape, dtype=acc, device=v.device) for v in vs]
-    for r, s in enumerate(sets):
-        o, lse = fwd[r]
-        for t in range(s.steps):
+def backward(
+    qs: list, ks: list, vs: list, fwd: list, dos: list, sets: list[Setup]
+) -> tuple[list, list, list]:
+    """Each virtual rank's (dq, dk, dv) of the merged result, in the inputs' dtypes.
+
+    Step by step, as the ring runs: at step ``t`` the dK/dV sums of rank ``src``'s keys are at
+    rank ``src + t``, which adds its share (the same order of additions as the real ring)."""
+    n = sets[0].steps
+    ranks = [
+        steps.Backward(q, o, lse, do, s.all_calls(), s.scale, s.softcap, s.backend)
+        for q, (_, o, lse), do, s in zip(qs, fwd, dos, sets)
+    ]
+    acc = merge.acc_dtype(ks[0].dtype)
+    sums = [tuple(accumulate.new(tuple(x.shape), acc, x.device) for x in kv) for kv in zip(ks, vs)]
+    outs = [
+        None if acc == ks[0].dtype else (torch.empty_like(k), torch.empty_like(v)) for k, v in zip(ks, vs)
+    ]
+    dk: list = [None] * len(ks)
+    dv: list = [None] * len(vs)
+    for t in range(n):
+        for r, s in enumerate(sets):
             src = s.source(t)
-            merge.backward_calls(
-                qs[r], ks[src], vs[src], o, lse, dos[r], s.calls(t), dq[r], dk[src], dv[src], s.scale,
-                s.softcap, s.backend,
-            )  # fmt: skip
-    return dq, dk, dv
+            grads = ranks[r].grads(t, qs[r], ks[src], vs[src])
+            ranks[r].add_dq(t, grads)
+            plan, first = steps.kv_plan(s.geo, s.rule, src, n, ks[src].shape[2])
+            acc_k, acc_v = steps.kv_accs(plan, sums[src], outs[src] if t + 1 == n else None)
+            steps.add_kv(grads, first[t], acc_k, acc_v)
+            if t + 1 == n:
+                dk[src], dv[src] = acc_k.finish(), acc_v.finish()
+    return [b.dq.finish() for b in ranks], dk, dv
 
 
 def run(q, k, v, do, world, **kw) -> dict[str, Any]:
@@ -76,6 +88,6 @@ def run(q, k, v, do, world, **kw) -> dict[str, Any]:
     dq, dk, dv = backward(qs, ks, vs, fwd, dos, sets)
     glue = lambda xs: unshard_local(xs, load_balance=lb)  # noqa: E731
     return {
-        "out": glue([o for o, _ in fwd]).to(q.dtype), "lse": glue([lse for _, lse in fwd]),
+        "out": glue([out for out, _, _ in fwd]), "lse": glue([lse for _, _, lse in fwd]),
         "dq": glue(dq), "dk": glue(dk), "dv": glue(dv),
     }  # fmt: skip

@@ -3,7 +3,8 @@ time, for one attnhub call on the whole sequence and for the simulated ring of N
 
     python tools/dev/ring_sim_profile.py --seq 32768 --heads 16 --worlds 2 4 [--backend triton]
 
-Prints, per case: wall ms (CUDA events), summed kernel ms, and the kernels taking most time.
+Prints, per case: wall ms (CUDA events), summed kernel ms, kernel ms by kind (attention blocks,
+lse merges, other glue: gradient sums, copies, fills, casts), and the kernels taking most time.
 """
 
 from __future__ import annotations
@@ -30,6 +31,19 @@ def wall_ms(fn, repeat=5) -> float:
     return a.elapsed_time(b) / repeat
 
 
+ATTENTION = ("fwd_kernel", "dkdv_kernel", "dq_kernel", "bwd_prep", "combine_kernel", "attn", "flash")
+
+
+def category(name: str) -> str:
+    """'attention' (the block kernels), 'merge' (the fused lse merge) or 'glue' (the rest:
+    gradient sums, copies, fills, casts)."""
+    if "_merge" in name:
+        return "merge"
+    if any(a in name for a in ATTENTION):
+        return "attention"
+    return "glue"
+
+
 def kernels(fn, top=8) -> None:
     fn()
     torch.cuda.synchronize()
@@ -43,6 +57,11 @@ def kernels(fn, top=8) -> None:
             per[ev.name[:90]][1] += 1
     total = sum(t for t, _ in per.values())
     print(f"    kernels {total:.3f} ms in {sum(n for _, n in per.values())} launches")
+    cats: dict = defaultdict(lambda: [0.0, 0])
+    for name, (t, n) in per.items():
+        cats[category(name)][0] += t
+        cats[category(name)][1] += n
+    print("    by kind: " + ", ".join(f"{c} {t:.3f} ms x{n}" for c, (t, n) in sorted(cats.items())))
     for name, (t, n) in sorted(per.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"      {t:8.3f} ms  x{n:3d}  {name}")
 
