@@ -262,3 +262,19 @@ def test_sdpa_flash_bound_call_pins_the_kernel(monkeypatch, causal):
     with pytest.raises(RuntimeError):
         fn(q, k[..., :8], v, None)  # head dims differ: torch raises inside the pin
     assert _flag_state() == before
+
+
+def test_flags_around_without_the_five_flag_layout():
+    """The generic pin (a torch with other than five SDPA flags) pins during the call, restores after."""
+    flags = sdpa_backend._Flags("FLASH_ATTENTION")
+    flags.getters, flags.setters, flags.wanted = flags.getters[:4], flags.setters[:4], flags.wanted[:4]
+    before = _flag_state()
+    seen = []
+
+    def fn(q, k, v):
+        seen.append(_flag_state()[:4])
+        raise ValueError("inside")
+
+    with pytest.raises(ValueError, match="inside"):
+        flags.around(fn)(None, None, None)
+    assert seen == [flags.wanted] and _flag_state() == before
