@@ -31,6 +31,16 @@ def best_us(fns: dict, n: int = 300, rounds: int = 30) -> dict:
     return best
 
 
+def _calls(q, k, v, aten) -> dict:
+    d = q.shape[-1]
+    return {
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "aten": lambda: aten(q, k, v, 0.0, True, scale=d**-0.5),
+        "auto": lambda: attnhub.attention(q, k, v, mask="causal"),
+        "sdpa-cpu": lambda: attnhub.attention(q, k, v, mask="causal", backend="sdpa-cpu"),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", action="store_true")
@@ -39,13 +49,7 @@ def main() -> None:
     aten = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     for b, h, n, d in [(1, 1, 16, 32), (1, 8, 128, 64)]:
         for grad in (False, True):
-            q, k, v = (torch.randn(b, h, n, d, requires_grad=grad) for _ in range(3))
-            fns = {
-                "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                "aten": lambda: aten(q, k, v, 0.0, True, scale=d**-0.5),
-                "auto": lambda: attnhub.attention(q, k, v, mask="causal"),
-                "sdpa-cpu": lambda: attnhub.attention(q, k, v, mask="causal", backend="sdpa-cpu"),
-            }
+            fns = _calls(*(torch.randn(b, h, n, d, requires_grad=grad) for _ in range(3)), aten)
             for fn in fns.values():
                 fn()
             t = best_us(fns, 300 if n < 100 else 60, 30 if n < 100 else 15)
