@@ -44,12 +44,12 @@ def _inputs(shape, dtype="float32", seed=0, grad=False, peaked=False, lk=None):
 
 
 def _rel(got, want):
-    got, want = got.detach().double(), want.detach().double()
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
     return ((got - want).abs().max() / (want.abs().max() or 1.0)).item()
 
 
 def _reference(q, k, v, **kw):
-    ref = [x.detach().double().requires_grad_(x.requires_grad) for x in (q, k, v)]
+    ref = [x.detach().double().cpu().requires_grad_(x.requires_grad) for x in (q, k, v)]
     kw = {n: a for n, a in kw.items() if n != "backend"}
     return ref, attnhub.attention(*ref, backend="reference", **kw)
 
@@ -278,3 +278,31 @@ def test_flags_around_without_the_five_flag_layout():
     with pytest.raises(ValueError, match="inside"):
         flags.around(fn)(None, None, None)
     assert seen == [flags.wanted] and _flag_state() == before
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gqa", [False, True])
+@pytest.mark.parametrize("name", ["sdpa-flash", "sdpa-efficient", "sdpa-cudnn"])
+def test_sdpa_cuda_bound_calls(name, gqa):
+    """On a GPU: each SDPA kernel's bound call (the vendor fast path) on the issue's small shapes
+    gives the reference's result, keeps SDPA's flags as it found them, and takes transposed views."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    g = torch.Generator(device="cuda").manual_seed(14)
+    for b, h, lq, lk in [(1, 8, 1, 512), (1, 8, 128, 128), (8, 12, 512, 512)]:
+        hk = h // 4 if gqa else h
+        q = torch.randn(b, h, lq, 64, device="cuda", dtype=torch.float16, generator=g)
+        k, v = (torch.randn(b, hk, lk, 64, device="cuda", dtype=torch.float16, generator=g) for _ in range(2))
+        exp = attnhub.explain(q, k, v, mask="causal", backend=name)
+        if exp.chosen is None:  # declined: said why, and refused when named
+            reasons = next(x.reasons for x in exp.verdicts if x.name == name)
+            assert reasons and all(r.strip() for r in reasons)
+            continue
+        plan = _bound(q, k, v, backend=name)
+        assert plan.call is not plan.execute
+        before = _flag_state()
+        _, want = _reference(q, k, v, mask="causal")
+        for x in (q, q.transpose(-1, -2).contiguous().transpose(-1, -2)):
+            got = attnhub.attention(x, k, v, mask="causal", backend=name)
+            assert _rel(got, want) < TOL["float16"], (name, b, h, lq, lk)
+            assert _flag_state() == before
