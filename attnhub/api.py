@@ -135,6 +135,11 @@ def _mask_key(mask: Any) -> Any:
     raise TypeError  # not a mask: validated (and rejected) without the cache
 
 
+def _cacheable_scale(scale: Any) -> bool:
+    """True for a scale whose value its key holds: None or a Python (or NumPy float64) number."""
+    return scale is None or isinstance(scale, (float, int))
+
+
 def _plan(q, k, v, mask, sync, scale, layout, return_lse, backend, extras: Extras = NO_EXTRAS) -> _Plan:
     """The plan for this call signature: from the dispatch cache (so that a repeated call skips
     validation and backend choice), else validated, dispatched and cached.
@@ -143,10 +148,12 @@ def _plan(q, k, v, mask, sync, scale, layout, return_lse, backend, extras: Extra
     included (``scale=1`` and ``scale=True`` hash alike, but only one is valid), so that a key
     that was cached after validation is only ever found again by arguments that validate the same.
     Arguments of which no key can be built (of the wrong type or framework) skip the cache and are
-    rejected by :func:`build_request`.
+    rejected by :func:`build_request`; so does a ``scale`` array, whose value is read on every call.
     """
     ad = adapter_for(q)
     try:
+        if not _cacheable_scale(scale):
+            raise TypeError  # an array's value may change in place: validated on every call
         key = (
             ad.call_key(q, k, v), _mask_key(mask), sync, scale, type(scale), layout, return_lse,
             type(return_lse), backend, override_state(),
@@ -214,7 +221,7 @@ def attention(
         if extras is not NO_EXTRAS:
             return torch_ops.eager_call(q, k, v, mask, sync, scale, layout, backend, return_lse, extras)
         return torch_ops.attention(q, k, v, mask, sync, scale, layout, backend, return_lse)
-    if extras is NO_EXTRAS:
+    if extras is NO_EXTRAS and (scale is None or _cacheable_scale(scale)):
         # The fast path: one key, one dict lookup, the plan's pre-bound call (see _plan).
         try:
             key = (

@@ -306,3 +306,16 @@ def test_sdpa_cuda_bound_calls(name, gqa):
             got = attnhub.attention(x, k, v, mask="causal", backend=name)
             assert _rel(got, want) < TOL["float16"], (name, b, h, lq, lk)
             assert _flag_state() == before
+
+
+def test_a_scale_array_is_read_on_every_call():
+    """A one-element scale array may change in place between calls: never a stale cached value."""
+    q, k, v = _inputs((1, 2, 8, 16), seed=15)
+    s = torch.tensor(0.5)
+    first = attnhub.attention(q, k, v, mask="causal", scale=s)
+    s.fill_(2.0)
+    _, want = _reference(q, k, v, mask="causal", scale=2.0)
+    again = attnhub.attention(q, k, v, mask="causal", scale=s)
+    assert _rel(again, want) < TOL["float32"] and not torch.equal(first, again)
+    for scale in (np.float32(2.0), np.float64(2.0), 2):  # numbers: cached or not, the same result
+        assert _rel(attnhub.attention(q, k, v, mask="causal", scale=scale), want) < TOL["float32"]
