@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from attnhub import fastpath
 from attnhub.backend import Backend, serves_legacy
 from attnhub.dispatch import CACHE, DISPATCHER, Explanation, _disabled, explain_request, override_state
 from attnhub.errors import AttnhubError, BackendError, SpecError
@@ -27,7 +28,7 @@ class _Plan:
 
     __slots__ = (
         "req", "breq", "ad", "backend", "run", "reshape_in", "reshape_out", "lse_shape", "out_shape",
-        "lse_dtype", "guard_bias", "empty", "mask_array", "legacy", "operands", "bias_from_mask",
+        "lse_dtype", "guard_bias", "empty", "mask_array", "legacy", "operands", "bias_from_mask", "call",
     )  # fmt: skip
 
     def __init__(self, req: Request, ad: Adapter, backend: Backend, bias_from_mask: bool = False) -> None:
@@ -61,6 +62,15 @@ class _Plan:
             and (req.framework == "tensorflow" or (req.framework == "torch" and grads))
         ):
             self.run = backend.forward
+        #: What a call with this signature runs: ``call(q, k, v, mask, extras)`` returns what
+        #: :meth:`execute` returns. A plain request (canonical 1-d bhsd arrays, a rule, no §9-§11
+        #: argument, no lse) gets a pre-bound callable (:func:`attnhub.fastpath.bind`).
+        self.call = self.execute
+        if not (
+            self.reshape_in or self.empty or self.mask_array or self.legacy or self.operands
+            or self.guard_bias or bias_from_mask or req.return_lse or req.modified
+        ):  # fmt: skip
+            self.call = fastpath.bind(self)
 
     def execute(self, q: Any, k: Any, v: Any, mask: Any, extras: Extras = NO_EXTRAS) -> Any:
         req, ad = self.req, self.ad
@@ -125,6 +135,11 @@ def _mask_key(mask: Any) -> Any:
     raise TypeError  # not a mask: validated (and rejected) without the cache
 
 
+def _cacheable_scale(scale: Any) -> bool:
+    """True for a scale whose value its key holds: None or a Python (or NumPy float64) number."""
+    return scale is None or isinstance(scale, (float, int))
+
+
 def _plan(q, k, v, mask, sync, scale, layout, return_lse, backend, extras: Extras = NO_EXTRAS) -> _Plan:
     """The plan for this call signature: from the dispatch cache (so that a repeated call skips
     validation and backend choice), else validated, dispatched and cached.
@@ -133,10 +148,12 @@ def _plan(q, k, v, mask, sync, scale, layout, return_lse, backend, extras: Extra
     included (``scale=1`` and ``scale=True`` hash alike, but only one is valid), so that a key
     that was cached after validation is only ever found again by arguments that validate the same.
     Arguments of which no key can be built (of the wrong type or framework) skip the cache and are
-    rejected by :func:`build_request`.
+    rejected by :func:`build_request`; so does a ``scale`` array, whose value is read on every call.
     """
     ad = adapter_for(q)
     try:
+        if not _cacheable_scale(scale):
+            raise TypeError  # an array's value may change in place: validated on every call
         key = (
             ad.call_key(q, k, v), _mask_key(mask), sync, scale, type(scale), layout, return_lse,
             type(return_lse), backend, override_state(),
@@ -204,8 +221,19 @@ def attention(
         if extras is not NO_EXTRAS:
             return torch_ops.eager_call(q, k, v, mask, sync, scale, layout, backend, return_lse, extras)
         return torch_ops.attention(q, k, v, mask, sync, scale, layout, backend, return_lse)
-    plan = _plan(q, k, v, mask, sync, scale, layout, return_lse, backend, extras)
-    return plan.execute(q, k, v, mask, extras)
+    if extras is NO_EXTRAS and (scale is None or _cacheable_scale(scale)):
+        # The fast path: one key, one dict lookup, the plan's pre-bound call (see _plan).
+        try:
+            key = (
+                adapter_for(q).call_key(q, k, v), _mask_key(mask), sync, scale, type(scale), layout,
+                return_lse, type(return_lse), backend, override_state(), None,
+            )  # fmt: skip
+            hit = CACHE.recent.get(key)
+        except (TypeError, AttributeError, AttnhubError):  # planned below, which says what is wrong
+            hit = None
+        if hit is not None:
+            return hit.call(q, k, v, mask, extras)
+    return _plan(q, k, v, mask, sync, scale, layout, return_lse, backend, extras).call(q, k, v, mask, extras)
 
 
 def _empty_result(

@@ -13,6 +13,13 @@ query heads or not, whether gradients are needed, and the query and key lengths 
 :func:`lookup` takes the class with the same fields whose lengths are nearest in log space,
 at most :data:`MAX_DISTANCE` octaves away in total; none that near means no measurement.
 
+*Sized* classes (``request_class(req, sized=True)``) also hold ``round(log2(B * Hq))``: the
+tuner's host-bound classes (small shapes where a call costs host time, not GPU time; issue 21).
+They are narrow on purpose: one applies to a request of the same fields within
+:data:`SIZED_DISTANCE` octave in total over Lq, Lk and B·Hq, and is then preferred over the
+unsized classes; so a small class never captures a big request (whose B·Hq or lengths differ by
+more), and a small request that no sized class matches falls back to the unsized classes.
+
 Profiles are JSON: one ships with the package for each device measured by the maintainers
 (``attnhub/profiles/<slug>.json``), and ``attnhub tune`` writes the user's
 (``<cache dir>/profiles/<slug>.json``; the cache dir is ``ATTNHUB_CACHE_DIR``, default
@@ -47,6 +54,8 @@ from attnhub.rules import Causal, ExplicitMask, Full, Local
 SCHEMA = "attnhub-profile/1"
 #: How far (in octaves of Lq plus octaves of Lk) a measured class may be from the request's.
 MAX_DISTANCE = 2
+#: How far (octaves of Lq, Lk and B·Hq together) a sized (host-bound) class may be from a request.
+SIZED_DISTANCE = 1
 #: Shipped profiles, one per measured device.
 SHIPPED_DIR = Path(__file__).with_name("profiles")
 
@@ -159,8 +168,9 @@ def rule_kind(rule: Any) -> str:
     return type(rule).__name__.lower()
 
 
-def request_class(req: Request) -> tuple[tuple, int, int]:
-    """(family, Lq octave, Lk octave): the class a request's measurements are filed under."""
+def request_class(req: Request, sized: bool = False) -> tuple:
+    """(family, Lq octave, Lk octave): the class a request's measurements are filed under; with
+    ``sized``, (family, Lq octave, Lk octave, B·Hq octave), a host-bound class."""
     kind = rule_kind(req.rule)
     family = (
         req.framework,
@@ -173,25 +183,30 @@ def request_class(req: Request) -> tuple[tuple, int, int]:
         req.heads_q != req.heads_kv,
         bool(req.needs_grad or req.mask_needs_grad),
     )
+    if sized:
+        return family, _octave(req.nq), _octave(req.nk), _octave(req.batch * req.heads_q)
     return family, _octave(req.nq), _octave(req.nk)
 
 
-def class_to_json(cls: tuple[tuple, int, int]) -> dict[str, Any]:
-    family, lq, lk = cls
-    return {**dict(zip(FAMILY_FIELDS, family)), "lq": lq, "lk": lk}
+def class_to_json(cls: tuple) -> dict[str, Any]:
+    family, lq, lk, *bh = cls
+    return {**dict(zip(FAMILY_FIELDS, family)), "lq": lq, "lk": lk, **({"bh": bh[0]} if bh else {})}
 
 
-def class_from_json(d: dict[str, Any]) -> tuple[tuple, int, int]:
+def class_from_json(d: dict[str, Any]) -> tuple:
     family = tuple(d[f] for f in FAMILY_FIELDS)
+    if "bh" in d:
+        return family, int(d["lq"]), int(d["lk"]), int(d["bh"])
     return family, int(d["lq"]), int(d["lk"])
 
 
-def class_text(cls: tuple[tuple, int, int]) -> str:
-    family, lq, lk = cls
+def class_text(cls: tuple) -> str:
+    family, lq, lk, *bh = cls
     d = dict(zip(FAMILY_FIELDS, family))
     return (
         f"{d['framework']}/{d['device_type']} {d['dtype']} {d['rule']} D<={d['dim']}"
         f"{' gqa' if d['gqa'] else ''}{' grad' if d['grad'] else ''} Lq~2^{lq} Lk~2^{lk}"
+        + (f" B*Hq~2^{bh[0]}" if bh else "")
     )
 
 
@@ -210,26 +225,41 @@ class Entry:
 @dataclass
 class Profile:
     device: str
-    #: family -> {(lq, lk): Entry}
-    classes: dict[tuple, dict[tuple[int, int], Entry]] = field(default_factory=dict)
+    #: family -> {(lq, lk): Entry, and (lq, lk, bh): Entry for sized classes}
+    classes: dict[tuple, dict[tuple[int, ...], Entry]] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
 
-    def add(self, cls: tuple[tuple, int, int], entry: Entry) -> None:
-        family, lq, lk = cls
-        self.classes.setdefault(family, {})[(lq, lk)] = entry
+    def add(self, cls: tuple, entry: Entry) -> None:
+        self.classes.setdefault(cls[0], {})[tuple(cls[1:])] = entry
 
-    def nearest(self, cls: tuple[tuple, int, int]) -> tuple[tuple[tuple, int, int], Entry] | None:
-        family, lq, lk = cls
+    def nearest(self, cls: tuple) -> tuple[tuple, Entry] | None:
+        """The measured class that applies to ``cls`` and its entry: for a sized ``cls`` (with the
+        B·Hq octave) the nearest sized class within :data:`SIZED_DISTANCE`, else (and for an
+        unsized ``cls``) the nearest unsized class within :data:`MAX_DISTANCE`; or None."""
+        family, lq, lk, *bh = cls
         row = self.classes.get(family)
         if not row:
             return None
-        best = min(row, key=lambda p: (abs(p[0] - lq) + abs(p[1] - lk), p))
-        if abs(best[0] - lq) + abs(best[1] - lk) > MAX_DISTANCE:
+        if bh:
+            sized = [p for p in row if len(p) == 3]
+            if sized:
+                best = min(sized, key=lambda p: (_dist(p, (lq, lk, bh[0])), p))
+                if _dist(best, (lq, lk, bh[0])) <= SIZED_DISTANCE:
+                    return (family, *best), row[best]
+        plain = [p for p in row if len(p) == 2]
+        if not plain:
+            return None
+        best = min(plain, key=lambda p: (_dist(p, (lq, lk)), p))
+        if _dist(best, (lq, lk)) > MAX_DISTANCE:
             return None
         return (family, *best), row[best]
 
     def __len__(self) -> int:
         return sum(len(r) for r in self.classes.values())
+
+
+def _dist(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    return sum(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
 def _read_file(path: Path, key: str, into: Profile) -> None:
@@ -268,7 +298,7 @@ class Measured:
     """The times that apply to a request: its nearest measured class in this device's profile."""
 
     device: str
-    cls: tuple[tuple, int, int]
+    cls: tuple
     ms: dict[str, float | None]
     source: str
     exact: bool
@@ -286,17 +316,17 @@ def lookup(req: Request) -> Measured | None:
     prof = load(key)
     if not prof.classes:
         return None
-    cls = request_class(req)
+    cls = request_class(req, sized=True)
     hit = prof.nearest(cls)
     if hit is None:
         return None
     found, entry = hit
-    return Measured(key, found, dict(entry.ms), entry.source, found == cls)
+    return Measured(key, found, dict(entry.ms), entry.source, found == cls[: len(found)])
 
 
 def record(
     key: str,
-    results: list[tuple[tuple[tuple, int, int], dict[str, float | None], str]],
+    results: list[tuple[tuple, dict[str, float | None], str]],
     meta: dict,
     out: Path | None = None,
 ) -> Path:

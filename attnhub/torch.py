@@ -218,7 +218,7 @@ def _route(q, k, v, attn_mask, is_causal, scale) -> tuple[torch.Tensor, str]:
     qc, kc, vc, mask = _fold(q, k, v, attn_mask, is_causal)
     # What attnhub.attention does, keeping the plan to name its backend.
     plan = _plan(qc, kc, vc, mask, "none_front", scale, "bhsd", False, _backend)
-    out = plan.execute(qc, kc, vc, mask)
+    out = plan.call(qc, kc, vc, mask)
     return out.reshape(*q.shape[:-1], v.shape[-1]), plan.backend.name
 
 

@@ -6,10 +6,21 @@ timed on random inputs through ``attnhub.attention(..., backend=NAME)``, forward
 and backward together for the cases that need gradients. The times land in the device's profile
 (:mod:`attnhub.profile`), which ``backend="auto"`` then follows. :func:`measure_request` times one
 request's candidates the same way (``ATTNHUB_AUTOTUNE``).
+
+A candidate's cost on CUDA is max(GPU time per call, host time per call): the GPU time is
+``triton.testing.do_bench``'s median (CUDA events around each call, the L2 cache flushed between
+calls), which leaves out the Python and launch work that the host does per call; the host time is
+the wall clock of a back-to-back loop of :data:`HOST_CALLS` calls, synchronized only before and
+after, the fastest of :data:`HOST_ROUNDS` (:func:`host_ms`). A caller's loop of calls runs at the
+slower of the two, so at small sizes (the ``host`` family of the grid, filed as sized classes) the
+backend with the least host time wins. The loop is skipped where the GPU time is at least
+:data:`HOST_BOUND_MS` (no backend's host time comes near it). On the CPU the timed call's wall
+clock already holds both.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import platform
 import sys
@@ -19,14 +30,17 @@ from pathlib import Path
 from typing import Any
 
 from attnhub import profile
-from attnhub.bench.grid import Case, default_grid
+from attnhub.bench.grid import Case, default_grid, host_grid
 from attnhub.request import Request
 from attnhub.rules import Causal, Full
 
 DTYPES = ("bfloat16", "float16")
-FAMILIES = ("dense", "local", "decode")
+FAMILIES = ("dense", "local", "decode", "host")
 #: do_bench warm-up and repetitions (ms) per device type.
 TIMING = {"cuda": (25, 100), "cpu": (5, 20)}
+#: Host time: calls per back-to-back loop, loops (the fastest counts), and the GPU time (ms) from
+#: which on it is not measured.
+HOST_CALLS, HOST_ROUNDS, HOST_BOUND_MS = 50, 5, 1.0
 
 
 def cpu_grid(quick: bool = False, dtype: str = "float32") -> list[Case]:
@@ -59,15 +73,21 @@ def tune_grid(
     device: str = "cuda", quick: bool = False, dtypes: tuple[str, ...] | None = None, families=FAMILIES
 ) -> list[Case]:
     """The cases ``attnhub tune`` times: the bench grid (its backward cases timed as forward and
-    backward together) per dtype on CUDA, :func:`cpu_grid` on the CPU."""
+    backward together) and the host-bound cases (family "host") per dtype on CUDA, :func:`cpu_grid`
+    on the CPU."""
     if device == "cpu":
         return [c for dt in dtypes or ("float32",) for c in cpu_grid(quick, dt)]
     cases = []
     for dt in dtypes or DTYPES:
-        for c in default_grid(quick, dt):
+        for c in default_grid(quick, dt) + host_grid(dt):
             if c.family in families:
                 cases.append(replace(c, direction="fwdbwd") if c.direction == "bwd" else c)
     return cases
+
+
+def case_class(case: Case, req: Request) -> tuple:
+    """The profile class a case's times are filed under: sized for the host-bound family."""
+    return profile.request_class(req, sized=case.family == "host")
 
 
 def case_request(case: Case, device: str) -> Request:
@@ -124,7 +144,8 @@ def _device_type(device: str) -> str:
 def time_candidates(
     case: Case, names: list[str], device: str, warmup: int | None = None, rep: int | None = None
 ) -> tuple[dict[str, float | None], dict[str, str]]:
-    """Milliseconds per backend name on ``case`` (None where it failed, with the error)."""
+    """Milliseconds per backend name on ``case`` (None where it failed, with the error): on CUDA
+    max(GPU time, host time) per call (see the module docstring)."""
     from attnhub.bench.timing import time_case
 
     w, r = TIMING[_device_type(device)]
@@ -132,10 +153,48 @@ def time_candidates(
     errors: dict[str, str] = {}
     for name in names:
         res = time_case(name, case, _runner, warmup or w, rep or r, device=device)
-        times[name] = None if res.ms is None else round(res.ms, 5)
+        ms = res.ms
+        if ms is not None and _device_type(device) == "cuda" and ms < HOST_BOUND_MS:
+            ms = max(ms, host_ms(name, case, device))
+        times[name] = None if ms is None else round(ms, 5)
         if res.error:
             errors[name] = res.error
     return times, errors
+
+
+def host_ms(name: str, case: Case, device: str, calls: int = HOST_CALLS, rounds: int = HOST_ROUNDS) -> float:
+    """Wall-clock ms per call of ``calls`` back-to-back calls of backend ``name`` on ``case``
+    (forward, or forward and backward), synchronized only before and after; the fastest of
+    ``rounds`` loops, after a warm-up loop."""
+    import time
+
+    import torch
+
+    from attnhub.bench.runners import make_inputs
+
+    fn = _runner(name, case)
+    q, k, v, do = make_inputs(case, device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def step() -> Any:
+        if case.direction == "fwd":
+            return fn(q, k, v)
+        for x in (q, k, v):
+            x.grad = None
+        return fn(q, k, v).backward(do)
+
+    best = float("inf")
+    # Forward cases run under no_grad as time_case runs them (entered once: not a per-call cost).
+    with torch.no_grad() if case.direction == "fwd" else contextlib.nullcontext():
+        for i in range(rounds + 1):
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                step()
+            sync()
+            if i:  # the first loop warms up
+                best = min(best, (time.perf_counter() - t0) * 1e3 / calls)
+    return best
 
 
 def tune(
@@ -169,7 +228,7 @@ def tune(
         torch.cuda.set_device(dev)
     say = progress or (lambda line: None)
     cases = tune_grid(_device_type(dev), quick, dtypes, families)
-    found: list[tuple[tuple[tuple, int, int], dict[str, float | None], str]] = []
+    found: list[tuple[tuple, dict[str, float | None], str]] = []
     result = TuneResult(Path(), key)
     for i, case in enumerate(cases, 1):
         req = case_request(case, dev)
@@ -178,7 +237,7 @@ def tune(
             say(f"[{i}/{len(cases)}] {case.label()}: no candidate")
             continue
         times, errors = time_candidates(case, names, dev, warmup, rep)
-        cls = profile.request_class(req)
+        cls = case_class(case, req)
         found.append((cls, times, case.label()))
         result.classes.append((profile.class_text(cls), times))
         cells = ", ".join(

@@ -4,7 +4,8 @@ Run: python benchmarks/host_overhead.py [--calls 200] [--rounds 20] [--backend t
 
 Method: a loop of ``--calls`` calls at each shape, wall clock from before the first call to after
 the loop, ``torch.cuda.synchronize()`` only before the loop starts and after it ends; the fastest
-of ``--rounds`` rounds (the least disturbed). The shapes are the issue's small ones, where the
+of ``--rounds`` rounds (the least disturbed), the columns' rounds interleaved so that a disturbance
+hits them alike. The shapes are the issue's small ones, where the
 kernels take a few microseconds: as long as the host issues launches slower than the GPU runs
 them, the loop's time is host time. Where a row's GPU time per call (printed beside it, measured
 with CUDA events) is close to its host time, the GPU is the bottleneck and the row is no host
@@ -25,17 +26,19 @@ import attnhub
 SHAPES = [(1, 8, 1, 512), (1, 8, 128, 128), (8, 12, 512, 512)]  # (B, H, Lq, Lk), D = 64
 
 
-def loop_us(fn, calls: int, rounds: int, cuda: bool) -> float:
-    best = float("inf")
+def loop_us(fns: dict, calls: int, rounds: int, cuda: bool) -> dict:
+    """Per function, the fastest of ``rounds`` loops of ``calls`` calls (us per call), interleaved."""
+    best = dict.fromkeys(fns, float("inf"))
     for _ in range(rounds):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if cuda:
-            torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        for name, fn in fns.items():
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            if cuda:
+                torch.cuda.synchronize()
+            best[name] = min(best[name], (time.perf_counter() - t0) / calls * 1e6)
     return best
 
 
@@ -69,7 +72,7 @@ def main() -> None:
     shapes = SHAPES
     if not cuda:  # the float64 reference on (8, 12, 512, 512) takes seconds a call
         shapes = SHAPES[:2]
-        args.calls, args.rounds = min(args.calls, 20), min(args.rounds, 3)
+        args.calls, args.rounds = min(args.calls, 20), min(args.rounds, 10)
     print(f"device: {torch.cuda.get_device_name() if cuda else 'CPU (no CUDA: kernels included; (8, 12, 512, 512) left out)'}; "
           f"{args.calls} calls a loop, best of {args.rounds}; us per call")  # fmt: skip
     head = f"{'(B, H, Lq, Lk)':<20} {'attnhub auto':>12} {'attnhub named':>14} {'SDPA':>8} {'auto-SDPA':>10}"
@@ -82,7 +85,7 @@ def main() -> None:
         for fn in fns.values():  # compile, autotune, fill the caches
             for _ in range(3):
                 fn()
-        t = {n: loop_us(fn, args.calls, args.rounds, cuda) for n, fn in fns.items()}
+        t = loop_us(fns, args.calls, args.rounds, cuda)
         row = f"{str((b, h, lq, lk)):<20} {t['auto']:>12.1f} {t['named']:>14.1f} {t['sdpa']:>8.1f}"
         row += f" {t['auto'] - t['sdpa']:>10.1f}"
         if cuda:

@@ -20,7 +20,7 @@ def _ref(q, k, v):
     return torch.softmax(s, -1) @ v
 
 
-@pytest.mark.parametrize("backend", ["triton", "auto"])
+@pytest.mark.parametrize("backend", ["triton", "auto", "sdpa-flash", "sdpa-efficient"])
 def test_capture_and_replay_with_new_inputs(backend):
     torch.manual_seed(0)
     shape = (2, 4, 128, 64)

@@ -332,3 +332,52 @@ def test_autotune_is_off_by_default(torch_pair):
     attnhub.attention(q, q, q)
     assert torch_pair["t_auto_slow"].runs == 1 and torch_pair["t_auto_fast"].runs == 0
     assert not profile.user_profile_path(cpu_key()).exists()
+
+
+# --- sized (host-bound) classes: narrow, preferred where they apply (issue 21) -------------------
+
+
+def sized_req(b=1, h=2, n=8):
+    return request_from_shapes((b, h, n, 16), (b, h, n, 16), (b, h, n, 16))
+
+
+def test_a_sized_class_applies_near_its_size_and_beats_the_unsized_one(pair):
+    small = profile.request_class(sized_req(1, 2, 8), sized=True)  # B*Hq = 2: octave 1
+    assert len(small) == 4 and small[:3] == profile.request_class(sized_req(1, 2, 8))
+    profile.record(
+        cpu_key(),
+        [
+            (profile.request_class(sized_req(1, 2, 8)), {"t_prof_high": 1.0, "t_prof_low": 2.0}, "big"),
+            (small, {"t_prof_high": 2.0, "t_prof_low": 1.0}, "small"),
+        ],
+        {},
+    )
+    hit = profile.lookup(sized_req(1, 2, 8))
+    assert hit is not None and hit.exact and hit.cls == small and hit.ms["t_prof_low"] == 1.0
+    assert attnhub.explain(*qkv()).chosen == "t_prof_low"  # qkv(): (1, 2, 8, 16)
+    near = profile.lookup(sized_req(1, 4, 8))  # B*Hq one octave up: still the small class
+    assert near is not None and not near.exact and near.cls == small
+    # Two octaves away in B*Hq, or one in B*Hq and one in length: the unsized class.
+    for far in (sized_req(2, 4, 8), sized_req(1, 4, 16), sized_req(16, 16, 8)):
+        got = profile.lookup(far)
+        assert got is not None and len(got.cls) == 3 and got.ms["t_prof_high"] == 1.0, far
+    text = str(attnhub.explain(*qkv()))
+    assert "B*Hq~2^1" in text
+
+
+def test_a_sized_class_alone_does_not_capture_big_requests(pair):
+    small = profile.request_class(sized_req(1, 2, 8), sized=True)
+    profile.record(cpu_key(), [(small, {"t_prof_high": 2.0, "t_prof_low": 1.0}, "small")], {})
+    assert profile.lookup(sized_req(8, 8, 8)) is None  # B*Hq = 64: 5 octaves away
+    rng = np.random.default_rng(1)
+    big = [rng.standard_normal((8, 8, 8, 16)).astype(np.float32) for _ in range(3)]
+    assert attnhub.explain(*big).chosen == "t_prof_high"  # priority, as without a profile
+
+
+def test_sized_classes_round_trip_through_json():
+    cls = profile.request_class(sized_req(8, 12, 512), sized=True)
+    d = profile.class_to_json(cls)
+    assert d["bh"] == 7 and profile.class_from_json(d) == cls
+    plain = profile.request_class(sized_req(8, 12, 512))
+    assert "bh" not in profile.class_to_json(plain)
+    assert profile.class_from_json(profile.class_to_json(plain)) == plain

@@ -124,3 +124,73 @@ def test_tune_cuda_decode_auto_picks_the_fastest_measured(cache_dir):
     assert exp.measured is not None and exp.measured.exact, str(exp)
     assert exp.chosen == min(measured, key=measured.get), str(exp)
     assert "CHOSEN (measured" in str(exp)
+
+
+def test_tune_grid_holds_the_host_bound_classes_sized():
+    from attnhub import tuner
+    from attnhub.bench.grid import HOST_SHAPES
+
+    cases = tuner.tune_grid("cuda", quick=True, dtypes=("float16",), families=("host",))
+    assert [(c.batch, c.heads_q, c.len_q, c.len_k) for c in cases] == list(HOST_SHAPES)
+    assert all(c.direction == "fwd" and c.dim == 64 and c.dtype == "float16" for c in cases)
+    assert {c.family for c in tuner.tune_grid("cuda", quick=True)} == set(tuner.FAMILIES)
+    for c in tuner.tune_grid("cuda", quick=True, dtypes=("bfloat16",)):
+        cls = tuner.case_class(c, tuner.case_request(c, "cuda:0"))
+        assert len(cls) == (4 if c.family == "host" else 3), c
+
+
+def test_a_candidates_cost_is_the_slower_of_gpu_and_host_time(monkeypatch):
+    """On CUDA: max(GPU time, host time of a back-to-back loop); no loop where the GPU time is long."""
+    from attnhub import tuner
+    from attnhub.bench import timing
+    from attnhub.bench.grid import host_grid
+
+    gpu = {"fast-gpu": 0.01, "slow-gpu": 2.0, "broken": None}
+    monkeypatch.setattr(
+        timing, "time_case", lambda name, case, *a, **kw: timing.Result(name, case, ms=gpu[name])
+    )
+    looped = []
+
+    def host(name, case, device):
+        looped.append(name)
+        return 0.05
+
+    monkeypatch.setattr(tuner, "host_ms", host)
+    case = host_grid("float16")[0]
+    times, _ = tuner.time_candidates(case, list(gpu), "cuda:0")
+    assert times == {"fast-gpu": 0.05, "slow-gpu": 2.0, "broken": None}
+    assert looped == ["fast-gpu"]
+    times, _ = tuner.time_candidates(case, ["fast-gpu"], "cpu")  # wall clock already holds both
+    assert times == {"fast-gpu": 0.01} and looped == ["fast-gpu"]
+
+
+def test_host_ms_times_a_loop_of_calls():
+    pytest.importorskip("torch")
+    from attnhub import tuner
+    from attnhub.bench.grid import Case
+    from attnhub.rules import Causal
+
+    case = Case("host", 1, 1, 1, 4, 4, 8, Causal(), "none_front", "float32", "fwd")
+    ms = tuner.host_ms("reference", case, "cpu", calls=3, rounds=2)
+    assert 0 < ms < 1000
+
+
+@pytest.mark.gpu
+def test_tune_cuda_host_classes_apply_to_small_requests_only(cache_dir):
+    """On a GPU: the host-bound classes, tuned, decide auto at their sizes, and not at big ones."""
+    import torch
+
+    result = attnhub.tune("cuda", dtypes=("float16",), families=("host",), warmup=5, rep=20)
+    assert len(result.classes) == 3, result.classes
+    for (b, h, lq, lk), (_, times) in zip(
+        [(1, 8, 1, 512), (1, 8, 128, 128), (8, 12, 512, 512)], result.classes
+    ):
+        measured = {n: t for n, t in times.items() if t is not None}
+        q = torch.randn(b, h, lq, 64, device="cuda", dtype=torch.float16)
+        k = torch.randn(b, h, lk, 64, device="cuda", dtype=torch.float16)
+        exp = attnhub.explain(q, k, k, mask="causal")
+        assert exp.measured is not None and exp.measured.exact and len(exp.measured.cls) == 4, str(exp)
+        assert exp.chosen == min(measured, key=measured.get), str(exp)
+    big = torch.randn(64, 32, 512, 64, device="cuda", dtype=torch.float16)
+    exp = attnhub.explain(big, big, big, mask="causal")
+    assert exp.measured is None or len(exp.measured.cls) == 3, str(exp)

@@ -124,3 +124,18 @@ def default_grid(quick: bool = False, dtype: str = "bfloat16") -> list[Case]:
     for lk in (8192,) if quick else (8192, 32768):
         cases.append(Case("decode", 8, 32, 8, 1, lk, 128, Full(), "none_end", dtype, "fwd"))
     return cases
+
+
+#: The host-bound shapes of issue 21 (B, H, Lq, Lk), D = 64: a call costs microseconds of GPU time,
+#: so what it costs the host decides which backend is fastest.
+HOST_SHAPES = ((1, 8, 1, 512), (1, 8, 128, 128), (8, 12, 512, 512))
+
+
+def host_grid(dtype: str = "bfloat16") -> list[Case]:
+    """Small causal forward cases (family "host"), filed by the tuner as sized classes
+    (:func:`attnhub.profile.request_class` with ``sized=True``) so that they apply only to requests
+    of about their size."""
+    return [
+        Case("host", b, h, h, lq, lk, 64, Causal(), "none_front", dtype, "fwd")
+        for b, h, lq, lk in HOST_SHAPES
+    ]

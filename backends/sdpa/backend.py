@@ -6,11 +6,17 @@
   the same function about 5x slower, so it is not offered.
 - ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn``: torch's original
   ``scaled_dot_product_attention`` (the C function, never a patched ``torch.nn.functional``
-  attribute) inside ``torch.nn.attention.sdpa_kernel`` pinned to one kernel. Whether the kernel
-  takes a request (dtype, head dims, GPU, GQA, mask) is asked of torch itself
-  (``torch.backends.cuda.can_use_*``), so the answer follows the installed torch.
+  attribute) with SDPA's kernel flags pinned to one kernel (what ``torch.nn.attention.sdpa_kernel``
+  does, in about a tenth of its host time: :class:`_Flags`). Whether the kernel takes a request
+  (dtype, head dims, GPU, GQA, mask) is asked of torch itself (``torch.backends.cuda.can_use_*``),
+  so the answer follows the installed torch.
 
 Gradients are torch autograd's own through the kernel's backward; lse carries none.
+
+``bind(req)`` (attnhub/fastpath.py) gives the call of one request with every decision that
+depends on the request alone taken once: a repeated small call then costs about what calling SDPA
+directly costs (issue 21). It falls back to the general path per call for inputs whose strides
+the kernels do not take.
 """
 
 from __future__ import annotations
@@ -18,12 +24,13 @@ from __future__ import annotations
 import importlib.util
 import threading
 import warnings
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, ClassVar
 
 from attnhub.backend import Backend
 from attnhub.request import Request
-from attnhub_backends.sdpa.masks import rule_plan, torch_rule_mask
+from attnhub_backends.sdpa.masks import RulePlan, rule_plan, torch_rule_mask
 
 _HALF = ("float16", "bfloat16")
 
@@ -93,6 +100,38 @@ class _SdpaBase(Backend):
     def _compute(self, q: Any, k: Any, v: Any, req: Request, mask: Any) -> tuple[Any, Any]:
         raise NotImplementedError
 
+    def bind(self, req: Request) -> Callable[[Any, Any, Any, Any], tuple[Any, Any]]:
+        """``fn(q, k, v, mask)``: what ``run(q, k, v, req, mask)`` does, decided once for ``req``."""
+        fast = self._bind_fast(req)
+        compute = self._compute
+
+        def general(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
+            return compute(q, k, v, req, mask)
+
+        return general if fast is None else fast(general)
+
+    def _bind_fast(self, req: Request) -> Callable[[Any], Any] | None:
+        """A maker of the fast call given the general one (used for strides it does not take), or
+        None where ``req`` needs the general path."""
+        return None
+
+
+def _unit_last_stride(q: Any, k: Any, v: Any) -> bool:
+    """True when the kernels read q, k, v as they are (``is_contiguous`` first: cheaper to ask)."""
+    return (
+        (q.is_contiguous() or q.stride(-1) == 1) and (k.is_contiguous() or k.stride(-1) == 1)
+        and (v.is_contiguous() or v.stride(-1) == 1)
+    )  # fmt: skip
+
+
+def _plain(req: Request, plan: RulePlan) -> bool:
+    """True for a request the fast calls serve: no mask array, no materialised rule mask, equal head
+    dims, and no negative scale under is_causal (negated at call time by the general path)."""
+    return (
+        plan.why_not is None and not plan.materialise and not plan.explicit and req.dim_qk == req.dim_v
+        and not (plan.causal and req.scale < 0)
+    )  # fmt: skip
+
 
 class SdpaCpu(_SdpaBase):
     """torch's fused CPU attention kernel for torch CPU tensors."""
@@ -157,9 +196,7 @@ class SdpaCpu(_SdpaBase):
             q, k = F.pad(q, (0, d - req.dim_qk)), F.pad(k, (0, d - req.dim_qk))
             v = F.pad(v, (0, d - dv))
         q, scale = _positive_scale(q, req.scale, plan.causal)
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, plan.causal, attn_mask=attn_mask, scale=scale
-        )
+        out, lse = _cpu_kernel()(q, k, v, 0.0, plan.causal, attn_mask=attn_mask, scale=scale)
         if out.shape[-1] != dv:
             out = out[..., :dv]
         if out.dtype != in_dtype:
@@ -170,12 +207,102 @@ class SdpaCpu(_SdpaBase):
             lse = lse.masked_fill(empty.expand(lse.shape), float("-inf"))
         return out, lse
 
+    def _bind_fast(self, req: Request) -> Callable[[Any], Any] | None:
+        plan = rule_plan(req)
+        if not _plain(req, plan) or (req.needs_grad and req.dtype in _HALF):
+            return None  # masks, padding, negation, the float32 backward: the general path
+        kernel, causal, scale = _cpu_kernel(), plan.causal, req.scale
+
+        def make(general: Callable) -> Callable:
+            def fast(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
+                if _unit_last_stride(q, k, v):
+                    return kernel(q, k, v, 0.0, causal, scale=scale)
+                return general(q, k, v, mask)
+
+            return fast
+
+        return make
+
+
+@lru_cache(maxsize=1)
+def _cpu_kernel() -> Callable[..., Any]:
+    """torch's fused CPU kernel through its generated Python binding (``torch._scaled_dot_product_
+    flash_attention_for_cpu``: about 2 us less host time a call than ``torch.ops.aten``'s)."""
+    import torch
+
+    found = getattr(torch, "_scaled_dot_product_flash_attention_for_cpu", None)
+    return found if found is not None else torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+class _Flags:
+    """SDPA's kernel flags, pinned to one kernel and restored: what
+    ``torch.nn.attention.sdpa_kernel(kernel)`` does (it sets the same flags) without its generator,
+    list and enum work (about 10 us of host time a call on a slow CPU). Each pin returns the state
+    it replaced, so nested and concurrent pins restore what they found, as ``sdpa_kernel``'s do."""
+
+    __slots__ = ("getters", "setters", "wanted")
+
+    def __init__(self, kernel: str) -> None:
+        import torch
+        from torch.nn.attention import _backend_names
+
+        names = list(_backend_names.items())
+        self.getters = [getattr(torch._C, f"_get_{n}_sdp_enabled") for n, _ in names]
+        self.setters = [getattr(torch._C, f"_set_sdp_use_{n}") for n, _ in names]
+        self.wanted = [member == kernel for _, member in names]
+
+    def pin(self) -> list[bool]:
+        saved = [g() for g in self.getters]
+        for setter, on in zip(self.setters, self.wanted):
+            setter(on)
+        return saved
+
+    def restore(self, saved: list[bool]) -> None:
+        for setter, on in zip(self.setters, saved):
+            setter(on)
+
+    def around(self, fn: Callable[[Any, Any, Any], Any]) -> Callable[[Any, Any, Any], Any]:
+        """``fn(q, k, v)`` run pinned; unrolled for torch's five flags (a third of the loops' cost)."""
+        if len(self.getters) != 5:
+
+            def pinned(q: Any, k: Any, v: Any) -> Any:
+                saved = self.pin()
+                try:
+                    return fn(q, k, v)
+                finally:
+                    self.restore(saved)
+
+            return pinned
+        g0, g1, g2, g3, g4 = self.getters
+        s0, s1, s2, s3, s4 = self.setters
+        w0, w1, w2, w3, w4 = self.wanted
+
+        def pinned5(q: Any, k: Any, v: Any) -> Any:
+            a, b, c, d, e = g0(), g1(), g2(), g3(), g4()
+            s0(w0), s1(w1), s2(w2), s3(w3), s4(w4)
+            try:
+                return fn(q, k, v)
+            finally:
+                s0(a), s1(b), s2(c), s3(d), s4(e)
+
+        return pinned5
+
+
+@lru_cache(maxsize=8)
+def _flags(kernel: str) -> _Flags | None:
+    """The flags pinning ``kernel`` (an ``SDPBackend`` member name); None where this torch keeps
+    them differently (``sdpa_kernel`` is used then)."""
+    try:
+        return _Flags(kernel)
+    except (ImportError, AttributeError):
+        return None
+
 
 _PROBE_LOCK = threading.Lock()
 
 
 class _SdpaCuda(_SdpaBase):
-    """One of SDPA's CUDA kernels, pinned with ``sdpa_kernel``."""
+    """One of SDPA's CUDA kernels, pinned with :class:`_Flags` (``sdpa_kernel``'s flags)."""
 
     device_types: ClassVar[tuple[str, ...]] = ("cuda",)
     priority: ClassVar[int] = 40
@@ -269,11 +396,46 @@ class _SdpaCuda(_SdpaBase):
         # probe assumed them.
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
         q, scale = _positive_scale(q, req.scale, plan.causal)
-        with sdpa_kernel(getattr(SDPBackend, self.kernel)):
+        flags = _flags(self.kernel)
+        if flags is None:
+            with sdpa_kernel(getattr(SDPBackend, self.kernel)):
+                out = torch._C._nn.scaled_dot_product_attention(
+                    q, k, v, attn_mask, 0.0, plan.causal, scale=scale, enable_gqa=mode == "gqa"
+                )
+            return out, None
+        saved = flags.pin()
+        try:
             out = torch._C._nn.scaled_dot_product_attention(
                 q, k, v, attn_mask, 0.0, plan.causal, scale=scale, enable_gqa=mode == "gqa"
             )
+        finally:
+            flags.restore(saved)
         return out, None
+
+    def _bind_fast(self, req: Request) -> Callable[[Any], Any] | None:
+        import torch
+
+        plan = rule_plan(req)
+        flags = _flags(self.kernel)
+        if flags is None or not _plain(req, plan) or self._gqa_mode(req) not in ("none", "gqa"):
+            return None
+        sdpa = torch._C._nn.scaled_dot_product_attention
+        causal, scale, gqa = plan.causal, req.scale, self._gqa_mode(req) == "gqa"
+
+        def make(general: Callable) -> Callable:
+            def kernel(q: Any, k: Any, v: Any) -> Any:
+                return sdpa(q, k, v, None, 0.0, causal, scale=scale, enable_gqa=gqa)
+
+            pinned = flags.around(kernel)
+
+            def fast(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
+                if _unit_last_stride(q, k, v):
+                    return pinned(q, k, v), None
+                return general(q, k, v, mask)
+
+            return fast
+
+        return make
 
 
 @lru_cache(maxsize=512)

@@ -1,0 +1,67 @@
+"""The pre-bound call of a plain request: what a repeated ``attnhub.attention`` call runs after its
+one dict lookup (issue 21: at host-bound sizes a vendor kernel must cost at most its own host time
+plus a few microseconds).
+
+A plan (:class:`attnhub.api._Plan`) is made once per call signature: the arrays' types, shapes,
+dtypes, devices, ``requires_grad`` and layouts, torch's grad mode, every keyword and the dispatch
+overrides (``use_backend``, ``ATTNHUB_BACKEND``, ``ATTNHUB_DISABLE``) are its cache key, so the
+validation outcome and the backend choice are functions of the key. What a call with that key
+runs is decided here once:
+
+- a backend with a ``bind(req)`` method (torch's SDPA kernels, ``attnhub_backends.sdpa``) gives a
+  callable ``fn(q, k, v, mask) -> (out, lse)`` that does exactly what its ``run(q, k, v, req,
+  mask)`` does for that request, with every decision that depends on the request alone taken at
+  bind time; anything that depends on the arrays' values or strides is still checked per call
+  inside it;
+- any other backend is called through the plan's ``run`` (the backend's ``forward``, or its
+  ``run`` with the framework's autograd glue when gradients are needed), as :meth:`_Plan.execute`
+  calls it.
+
+Only plain requests are bound: canonical 1-d ``bhsd`` arrays (no layout move), a rule (no mask
+array), no SPEC §9-§11 argument, no lse, not empty. Every other request runs
+:meth:`_Plan.execute`. The result is checked like every call's (:func:`attnhub.api.check_result`),
+and a backend's exception is named as in ``execute``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def bind(plan: Any) -> Callable[..., Any]:
+    """``call(q, k, v, mask, extras)`` for a plain request's plan: its result as ``plan.execute``'s."""
+    from attnhub.api import backend_error, check_result, passes_through
+
+    req, ad, backend = plan.req, plan.ad, plan.backend
+    name, shape = backend.name, plan.out_shape
+    fn, problem = _backend_call(plan), ad.result_problem
+
+    def call(q: Any, k: Any, v: Any, mask: Any, extras: Any = None) -> Any:
+        try:
+            out = fn(q, k, v, None)[0]
+        except Exception as exc:
+            if passes_through(exc):
+                raise
+            raise backend_error(name, req, f"raised {type(exc).__name__}: {exc}") from exc
+        if problem(out, shape, None, q) is not None:  # what check_result asks first
+            check_result(ad, name, req, out, None, shape, False, q)
+        return out
+
+    call.plan = plan  # type: ignore[attr-defined]  # for tests and explain-style introspection
+    return call
+
+
+def _backend_call(plan: Any) -> Callable[[Any, Any, Any, Any], Any]:
+    """``fn(q, k, v, mask) -> (out, lse)``: the backend's bound call, or its plan's ``run``."""
+    req, backend, run = plan.req, plan.backend, plan.run
+    binder = getattr(backend, "bind", None)
+    if binder is not None and run == backend.run:
+        bound = binder(req)
+        if bound is not None:
+            return bound
+
+    def fn(q: Any, k: Any, v: Any, mask: Any) -> Any:
+        return run(q, k, v, req, mask)
+
+    return fn
