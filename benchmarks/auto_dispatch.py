@@ -1,0 +1,83 @@
+"""``backend="auto"`` against every candidate it could have picked, on the dense bench grid (issue 21).
+
+Run (GPU): python benchmarks/auto_dispatch.py [--dtype bfloat16,float16] [--rounds 3] [--json out.json]
+
+For each dense grid case (D = 64 and 128, full and causal, L = 1k..16k, forward and backward) the
+runners are: ``auto``; each attnhub backend by name (``triton``, ``sdpa-cudnn``, ``sdpa-flash``,
+``sdpa-efficient``: the candidates auto chooses among; a backend that declines the request, such as
+the SDPA backends for bfloat16 gradients, is no candidate); and torch's raw cuDNN SDPA for context
+(``peer:sdpa-cudnn``, not a candidate where attnhub declines it). The runners are timed in
+``--rounds`` interleaved rounds (``attnhub.bench.timing.time_case``: triton's do_bench median) and
+each keeps its fastest round, so that clock drift between two timings of the same kernel does not
+read as a dispatch loss. Printed per case: auto's time, the fastest candidate, and their ratio
+(fastest candidate time / auto time; the target is >= 0.97).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import replace
+
+from attnhub.bench.grid import default_grid
+from attnhub.bench.runners import attnhub_forward, runner
+from attnhub.bench.timing import time_case
+
+CANDIDATES = ("triton", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient")
+
+
+def make(name: str, case):  # noqa: ANN001, ANN201 - time_case's factory signature
+    if name.startswith("peer:"):
+        return runner(name.removeprefix("peer:"), case)
+    return attnhub_forward(name, case)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dtype", default="bfloat16,float16")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--rep", type=int, default=40)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    names = ("auto", *CANDIDATES, "peer:sdpa-cudnn")
+    rows = []
+    for dtype in args.dtype.split(","):
+        cases = [
+            c for c in default_grid(False, dtype) if c.family == "dense" and c.direction in ("fwd", "bwd")
+        ]
+        worst = math.inf
+        for n, case in enumerate(cases, 1):
+            best: dict[str, float] = {}
+            errors: dict[str, str] = {}
+            for _ in range(args.rounds):
+                for name in names:
+                    if name in errors:
+                        continue
+                    res = time_case(name, replace(case), make, args.warmup, args.rep)
+                    if res.error:
+                        errors[name] = res.error
+                    else:
+                        best[name] = min(best.get(name, math.inf), res.ms)
+            cands = {k: v for k, v in best.items() if k in CANDIDATES}
+            top = min(cands, key=cands.get)
+            ratio = cands[top] / best["auto"]
+            worst = min(worst, ratio)
+            peer = best.get("peer:sdpa-cudnn")
+            label = f"{case.direction} D={case.dim} L={case.len_q} {case.rule}"
+            print(
+                f"[{n}/{len(cases)}] {dtype} {label:32s} auto {best['auto']:.3f} ms; fastest candidate "
+                f"{top} {cands[top]:.3f} ms; ratio {ratio:.3f}"
+                + (f"; raw cuDNN SDPA {peer:.3f} ms" if peer else ""),
+                flush=True,
+            )
+            rows.append({"dtype": dtype, "case": label, "ms": best, "declined": errors, "ratio": ratio})
+        print(f"{dtype}: lowest ratio {worst:.3f} over {len(cases)} cases")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
