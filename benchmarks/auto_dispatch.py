@@ -33,6 +33,10 @@ def make(name: str, case):  # noqa: ANN001, ANN201 - time_case's factory signatu
     return attnhub_forward(name, case)
 
 
+def _label(case) -> str:  # noqa: ANN001
+    return f"{case.direction} D={case.dim} L={case.len_q} {case.rule}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dtype", default="bfloat16,float16")
@@ -40,6 +44,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--rep", type=int, default=40)
     ap.add_argument("--json", default="")
+    ap.add_argument(
+        "--only", default="", help="keep cases whose label contains this, e.g. 'fwd D=128 L=8192 Full'"
+    )
     args = ap.parse_args()
     names = ("auto", *CANDIDATES, "peer:sdpa-cudnn")
     rows = []
@@ -65,7 +72,7 @@ def main() -> None:
             ratio = cands[top] / best["auto"]
             worst = min(worst, ratio)
             peer = best.get("peer:sdpa-cudnn")
-            label = f"{case.direction} D={case.dim} L={case.len_q} {case.rule}"
+            label = _label(case)
             print(
                 f"[{n}/{len(cases)}] {dtype} {label:32s} auto {best['auto']:.3f} ms; fastest candidate "
                 f"{top} {cands[top]:.3f} ms; ratio {ratio:.3f}"
