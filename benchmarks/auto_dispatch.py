@@ -9,8 +9,9 @@ the SDPA backends for bfloat16 gradients, is no candidate); and torch's raw cuDN
 (``peer:sdpa-cudnn``, not a candidate where attnhub declines it). The runners are timed in
 ``--rounds`` interleaved rounds (``attnhub.bench.timing.time_case``: triton's do_bench median), each
 round starting with the next runner (no runner always goes first), and each keeps its fastest
-round, so that clock drift between two timings of the same kernel does not read as a dispatch loss. Printed per case: auto's time, the fastest candidate, and their ratio
-(fastest candidate time / auto time; the target is >= 0.97).
+round, so that clock drift between two timings of the same kernel does not read as a dispatch loss.
+Printed per case: auto's time, the fastest candidate, and their ratio (fastest candidate time /
+auto time; the target is >= 0.97).
 """
 
 from __future__ import annotations
