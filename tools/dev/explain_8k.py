@@ -1,6 +1,6 @@
 """What auto picks, and the measured times it follows, at B=2 H=16 L=8k D=128 full (bf16, f16).
 
-    python tools/dev/explain_8k.py
+python tools/dev/explain_8k.py
 """
 
 import torch
