@@ -164,6 +164,23 @@ def test_a_candidates_cost_is_the_slower_of_gpu_and_host_time(monkeypatch):
     assert times == {"fast-gpu": 0.01} and looped == ["fast-gpu"]
 
 
+def test_host_bound_cases_are_timed_by_their_loop_alone(monkeypatch):
+    """The host family stands for loops of small calls: its cost is the loop's time per call even
+    where the flushed-cache GPU time is longer; other cases keep max(GPU, loop)."""
+    from dataclasses import replace
+
+    from attnhub import tuner
+    from attnhub.bench import timing
+    from attnhub.bench.grid import host_grid
+
+    monkeypatch.setattr(timing, "time_case", lambda name, case, *a, **kw: timing.Result(name, case, ms=0.04))
+    monkeypatch.setattr(tuner, "host_ms", lambda name, case, device: 0.025)
+    case = host_grid("float16")[0]
+    assert case.family == "host"
+    assert tuner.time_candidates(case, ["k"], "cuda")[0] == {"k": 0.025}
+    assert tuner.time_candidates(replace(case, family="dense"), ["k"], "cuda")[0] == {"k": 0.04}
+
+
 def test_host_ms_times_a_loop_of_calls():
     pytest.importorskip("torch")
     from attnhub import tuner
