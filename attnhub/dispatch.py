@@ -259,11 +259,20 @@ class Dispatcher:
         hit = self.cache.get(key)
         if hit is not None:
             return hit
+        mode, name = _mode(backend)
+        table = REGISTRY.backends()
+        if name is not None and name in table:
+            # A named backend: only its own verdict decides (explain_request would examine, and
+            # import, every backend: a third of a second on a first call on the GPU host).
+            reasons = backend_reasons(table[name], req, _disabled())
+            if reasons:
+                raise BackendUnsupported(name, reasons)
+            self.cache.put(key, table[name])
+            return table[name]
         exp = explain_request(req, backend)
         if exp.mode == "auto" and exp.measured is None and settings.value("ATTNHUB_AUTOTUNE"):
             exp = _autotune(req, exp)
         if exp.chosen is None:
-            mode, name = _mode(backend)
             if name is not None:
                 reasons = next(v.reasons for v in exp.verdicts if v.name == name)
                 raise BackendUnsupported(name, reasons)

@@ -141,3 +141,26 @@ def test_cache_is_thread_safe(counting, small_cache):
         t.join()
     assert not errors
     assert len(small_cache) <= small_cache.maxsize
+
+
+def test_a_named_backend_is_chosen_from_its_own_verdict_alone(monkeypatch):
+    """A first call naming its backend examines that backend only (explain_request would import and
+    probe every registered backend); a named backend that declines still says why."""
+    seen: list[str] = []
+    real = dispatch_mod.backend_reasons
+
+    def spy(b, req, disabled):  # noqa: ANN001, ANN202
+        seen.append(b.name)
+        return real(b, req, disabled)
+
+    monkeypatch.setattr(dispatch_mod, "backend_reasons", spy)
+    DISPATCHER.clear()
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 2, 5, 8)) for _ in range(3))
+    out = attnhub.attention(q, k, v, mask="causal", backend="reference")
+    assert seen == ["reference"]
+    ref = attnhub.attention(q, k, v, mask="causal")  # auto: every backend examined
+    assert len(seen) > 2
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
+    with pytest.raises(attnhub.BackendUnsupported, match="triton"):
+        attnhub.attention(q, k, v, backend="triton")  # NumPy arrays: the triton backend declines
