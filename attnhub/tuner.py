@@ -294,7 +294,10 @@ def measure_request(req: Request, names: list[str]) -> Path | None:
     key = profile.device_key(req.device)
     if key is None or not can_measure(req):
         return None
-    tried = (key, profile.request_class(req))
+    # Filed as a sized class (B·Hq too): one request's times decide only for requests near its size,
+    # never for a much larger (or smaller) batch of the same lengths, which is timed on its own.
+    cls = profile.request_class(req, sized=True)
+    tried = (key, cls)
     if tried in _tried:  # measured before in this process without a usable result
         return None
     _tried.add(tried)
@@ -317,4 +320,4 @@ def measure_request(req: Request, names: list[str]) -> Path | None:
     if all(t is None for t in times.values()):
         return None
     meta = {"command": "ATTNHUB_AUTOTUNE (measured on first use)"}
-    return profile.record(key, [(profile.request_class(req), times, case.label())], meta)
+    return profile.record(key, [(cls, times, case.label())], meta)

@@ -325,6 +325,27 @@ def test_autotune_measures_an_unknown_class_on_first_call(torch_pair, monkeypatc
     assert torch_pair["t_auto_slow"].runs == runs
 
 
+def test_autotune_decides_only_near_the_measured_size(torch_pair, monkeypatch):
+    """A class measured on first use holds the request's B·Hq: a batch far larger with the same
+    lengths is measured on its own, not decided by the small one's times."""
+    import torch
+
+    from attnhub import tuner
+
+    monkeypatch.setattr(tuner, "_tried", set())  # this process's earlier tests measured (1, 2, 16, 8)
+    monkeypatch.setenv("ATTNHUB_DISABLE", "reference,sdpa-cpu")
+    monkeypatch.setenv("ATTNHUB_AUTOTUNE", "1")
+    small = torch.randn(1, 2, 16, 8)
+    attnhub.attention(small, small, small)
+    hit = profile.lookup(attnhub.explain(small, small, small).request)
+    assert hit is not None and len(hit.cls) == 4  # sized: (family, Lq, Lk, B·Hq octaves)
+    runs = torch_pair["t_auto_slow"].runs
+    big = torch.randn(16, 8, 16, 8)  # B·Hq 128 against 2: six octaves away
+    attnhub.attention(big, big, big)
+    assert torch_pair["t_auto_slow"].runs > runs  # timed again for its own size
+    assert attnhub.explain(big, big, big).measured.cls[3] == 7
+
+
 def test_autotune_is_off_by_default(torch_pair):
     import torch
 
