@@ -55,3 +55,17 @@ def reads(monkeypatch):
 
     monkeypatch.setattr(readings, "host_values", counted)
     return seen
+
+
+@pytest.fixture(scope="module")
+def sdpa_registered():
+    """The sdpa-* plugin registered for a test module, as its entry point does once installed."""
+    from attnhub import REGISTRY
+    from attnhub_backends import sdpa as sdpa_plugin
+
+    if "sdpa-cpu" in REGISTRY.backends():  # installed with its entry point
+        yield
+        return
+    REGISTRY.register_plugin(sdpa_plugin)
+    yield
+    REGISTRY.unregister_plugin(sdpa_plugin)

@@ -13,21 +13,13 @@ from attnhub import REGISTRY, Backend, BackendError, hookimpl  # noqa: E402
 from attnhub.api import _plan  # noqa: E402
 from attnhub.dispatch import CACHE  # noqa: E402
 from attnhub.extras import NONE, Extras  # noqa: E402
-from attnhub_backends import sdpa as sdpa_plugin  # noqa: E402
 from attnhub_backends.sdpa import backend as sdpa_backend  # noqa: E402
 
 TOL = {"float64": 1e-10, "float32": 2e-5, "bfloat16": 1.6e-2, "float16": 2e-3}
 GRAD_TOL = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 4e-2, "float16": 8e-3}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _registered():
-    if "sdpa-cpu" in REGISTRY.backends():  # installed with its entry point
-        yield
-        return
-    REGISTRY.register_plugin(sdpa_plugin)
-    yield
-    REGISTRY.unregister_plugin(sdpa_plugin)
+pytestmark = pytest.mark.usefixtures("sdpa_registered")
 
 
 def _inputs(shape, dtype="float32", seed=0, grad=False, peaked=False, lk=None):

@@ -13,17 +13,8 @@ torch = pytest.importorskip("torch")
 import attnhub  # noqa: E402
 import attnhub.torch as at  # noqa: E402
 from attnhub import REGISTRY, BackendUnsupported, Causal, Local  # noqa: E402
-from attnhub_backends import sdpa as sdpa_plugin  # noqa: E402
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _registered():
-    if "sdpa-cpu" in REGISTRY.backends():  # installed with its entry point
-        yield
-        return
-    REGISTRY.register_plugin(sdpa_plugin)
-    yield
-    REGISTRY.unregister_plugin(sdpa_plugin)
+pytestmark = pytest.mark.usefixtures("sdpa_registered")
 
 
 TOL = {"float64": (1e-10, 1e-9), "float32": (2e-5, 1e-4), "bfloat16": (1.6e-2, 4e-2), "float16": (2e-3, 8e-3)}
