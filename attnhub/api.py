@@ -140,6 +140,15 @@ def _cacheable_scale(scale: Any) -> bool:
     return scale is None or isinstance(scale, (float, int))
 
 
+def _call_key(ad, q, k, v, mask, sync, scale, layout, return_lse, backend, extras_key) -> tuple:  # noqa: ANN001
+    """The dispatch cache's key of a call (see :func:`_plan`), built in one place for the planned
+    path and the fast path of :func:`attention`, so that the two always find the same entry."""
+    return (
+        ad.call_key(q, k, v), _mask_key(mask), sync, scale, type(scale), layout, return_lse,
+        type(return_lse), backend, override_state(), extras_key,
+    )  # fmt: skip
+
+
 def _plan(q, k, v, mask, sync, scale, layout, return_lse, backend, extras: Extras = NO_EXTRAS) -> _Plan:
     """The plan for this call signature: from the dispatch cache (so that a repeated call skips
     validation and backend choice), else validated, dispatched and cached.
@@ -154,11 +163,8 @@ def _plan(q, k, v, mask, sync, scale, layout, return_lse, backend, extras: Extra
     try:
         if not _cacheable_scale(scale):
             raise TypeError  # an array's value may change in place: validated on every call
-        key = (
-            ad.call_key(q, k, v), _mask_key(mask), sync, scale, type(scale), layout, return_lse,
-            type(return_lse), backend, override_state(),
-            extras.key(ad) if extras is not NO_EXTRAS else None,
-        )  # fmt: skip
+        extras_key = extras.key(ad) if extras is not NO_EXTRAS else None
+        key = _call_key(ad, q, k, v, mask, sync, scale, layout, return_lse, backend, extras_key)
         hit = CACHE.recent.get(key)
         if hit is None:
             hit = CACHE.get(key)
@@ -224,10 +230,7 @@ def attention(
     if extras is NO_EXTRAS and (scale is None or _cacheable_scale(scale)):
         # The fast path: one key, one dict lookup, the plan's pre-bound call (see _plan).
         try:
-            key = (
-                adapter_for(q).call_key(q, k, v), _mask_key(mask), sync, scale, type(scale), layout,
-                return_lse, type(return_lse), backend, override_state(), None,
-            )  # fmt: skip
+            key = _call_key(adapter_for(q), q, k, v, mask, sync, scale, layout, return_lse, backend, None)
             hit = CACHE.recent.get(key)
         except (TypeError, AttributeError, AttnhubError):  # planned below, which says what is wrong
             hit = None
