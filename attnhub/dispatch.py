@@ -259,7 +259,7 @@ class Dispatcher:
         hit = self.cache.get(key)
         if hit is not None:
             return hit
-        mode, name = _mode(backend)
+        _, name = _mode(backend)
         table = REGISTRY.backends()
         if name is not None and name in table:
             # A named backend: only its own verdict decides (explain_request would examine, and

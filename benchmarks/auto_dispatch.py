@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import replace
 
 from attnhub.bench.grid import default_grid
 from attnhub.bench.runners import attnhub_forward, runner
@@ -64,7 +63,7 @@ def main() -> None:
                 for name in names[r % len(names) :] + names[: r % len(names)]:  # each round starts elsewhere
                     if name in errors:
                         continue
-                    res = time_case(name, replace(case), make, args.warmup, args.rep)
+                    res = time_case(name, case, make, args.warmup, args.rep)
                     if res.error:
                         errors[name] = res.error
                     else:
