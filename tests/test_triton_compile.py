@@ -31,7 +31,7 @@ from attnhub_backends.triton import configs, launch, loader, ragged_launch
 from attnhub_backends.triton.modifiers import Mods
 
 KERNELS = ("fwd_kernel", "combine_kernel", "bwd_prep_kernel", "dkdv_kernel", "dq_kernel")
-RAGGED_KERNELS = ("table_kernel", "fwd_kernel", "combine_kernel", "dkdv_kernel", "dq_kernel")
+RAGGED_KERNELS = ("table_kernel", "fwd_kernel", "dkdv_kernel", "dq_kernel")
 SEQ_NAMES = ("Nq", "Nk")
 #: "as built": the kernels as declared; "Nq/Nk specialised": as if FWD_SEQ_ARGS and BWD_SEQ_ARGS
 #: were emptied (Triton specialising every dense kernel's Nq and Nk again).
@@ -472,13 +472,14 @@ def test_ragged_new_lengths_compile_nothing_new(h100) -> None:
 def test_ragged_decode_lengths_share_kernels(h100) -> None:
     """Decoding from a paged cache (one query per sequence, GQA 8/2): a longer cache (more key
     tiles, another split factor and chunk, a wider block table) or other sequence lengths compile
-    nothing once split-KV is on; the combine kernel's tiles are fixed."""
+    nothing once split-KV is on; the split merge's tiles are fixed."""
 
     def call(max_k: int, kl: list[int], b: int = 2) -> set[tuple]:
         return _ragged(h100, lq=1, lk=max_k, b=b, k_lengths=kl, paged=16, rule=Full())
 
     base = call(4096, [4096, 100])
-    assert "ragged.combine_kernel" in _names(base)  # split-KV on
+    (fwd,) = [key for key in base if key[0] == "ragged.fwd_kernel"]
+    assert "True" in dict(zip(h100.names(fwd), fwd[1], strict=True))["SPLIT"]  # split-KV on
     for max_k, kl, b in [(4096, [1, 4000], 2), (8192, [8192, 8000], 2), (32768, [5, 32768], 2),
                          (65536, [65536] * 4, 4), (20000, [19999, 3], 2)]:  # fmt: skip
         assert call(max_k, kl, b) == base, (max_k, b)

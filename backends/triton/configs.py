@@ -85,6 +85,19 @@ _SMALL_Q: dict[int, list[Cfg]] = {
 }
 
 
+# Boolean masks at head dim 128 (16-bit): the index-list walk. On the H100 the padded causal mask
+# case (B 8, H 16, L 4k) ran 1.05 ms with 128 x 64 x 8 warps x 3 stages against 1.25 ms for the
+# band walk that dense causal calls prefer there (tools/dev/probe_s3.py, part maskcfg).
+_MASK_128 = [Cfg(128, 64, 8, 3), Cfg(64, 64, 4, 3)]
+
+
+def mask_candidates(head_dim: int, elem_size: int, capability: tuple[int, int]) -> list[Cfg] | None:
+    """Forward candidates for a boolean mask, or None where the dense list serves."""
+    if elem_size != 2 or not 64 < head_dim <= 128:
+        return None
+    return _MASK_128 if capability[0] >= 9 else [_older(c) for c in _MASK_128]
+
+
 def small_q_candidates(head_dim: int, elem_size: int) -> list[Cfg]:
     """Candidates for a forward with at most 16 query rows."""
     found = _SMALL_Q[4 if elem_size >= 4 else 2]

@@ -93,6 +93,10 @@ def _cfgs(kernel: str, req: Request, x: torch.Tensor) -> list[configs.Cfg]:
     d = max(_pad(req.dim_qk), _pad(req.dim_v))
     if kernel == "fwd" and req.nq <= 16:
         return configs.small_q_candidates(d, x.element_size())
+    if kernel == "fwd" and isinstance(req.rule, ExplicitMask):
+        found = configs.mask_candidates(d, x.element_size(), _capability(x.device))
+        if found is not None:
+            return found
     if kernel == "fwd" and isinstance(req.rule, Local) and x.element_size() == 2 and d <= 128:
         return configs.local_candidates(d, _capability(x.device))
     return configs.candidates(kernel, d, x.element_size(), _capability(x.device))

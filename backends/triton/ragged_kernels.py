@@ -32,8 +32,7 @@ LN2 = tl.constexpr(0.6931471805599453)
 # to multiples of 16 on the host instead.
 LSE_STRIDE_ARGS = ["slb", "slh"]
 TABLE_LENGTH_ARGS = ["S", "Lq", "Lk", "q_offset", "k_offset"]
-FWD_LENGTH_ARGS = ["MQ", "CHUNK", "window", "sbt", *LSE_STRIDE_ARGS]
-COMBINE_LENGTH_ARGS = ["SPLITS", "MQ", *LSE_STRIDE_ARGS]
+FWD_LENGTH_ARGS = ["MQ", "CHUNK", "Lq", "Lk", "q_offset", "k_offset", "window", "sbt", *LSE_STRIDE_ARGS]
 BWD_LENGTH_ARGS = ["window", *LSE_STRIDE_ARGS]
 
 
@@ -167,20 +166,17 @@ def _kv_rows(K, V, BT, s, hk, rows, skb, skh, skn, svb, svh, svn, sbt, k_start,
     return k_rows, v_rows
 
 
-@triton.jit(do_not_specialize=TABLE_LENGTH_ARGS)
-def table_kernel(
-    QL, KL, CUQ, CUK, TAB, S, Lq, Lk, q_offset, k_offset,
-    HAS_QL: tl.constexpr, HAS_KL: tl.constexpr, VARLEN: tl.constexpr, LEFT: tl.constexpr,
-    SYNC: tl.constexpr, BS: tl.constexpr,
-):  # fmt: skip
-    """The sequence table (see the module docstring) from lengths or cu_seqlens, in one launch.
+@triton.jit
+def _entry(QL, KL, CUQ, CUK, s, ok, Lq, Lk, q_offset, k_offset,
+           HAS_QL: tl.constexpr, HAS_KL: tl.constexpr, VARLEN: tl.constexpr, LEFT: tl.constexpr,
+           SYNC: tl.constexpr):  # fmt: skip
+    """The table entries of sequence(s) ``s`` (a scalar or a block; ``ok``: which exist) from
+    lengths or cu_seqlens: ``q_start, q_len, k_start, k_len, aq, bq, ak, bk``.
 
     Positions follow SPEC §2 on each valid segment (``M = max(q_len, k_len)``), offsets added
     (none_front); ``LEFT``: valid tokens at the end of the padded rows.
     """
-    s = tl.program_id(0) * BS + tl.arange(0, BS)
-    ok = s < S
-    zero = tl.zeros([BS], dtype=tl.int32)
+    zero = s * 0
     if VARLEN:
         q_start = tl.load(CUQ + s, mask=ok, other=0)
         q_len = tl.load(CUQ + s + 1, mask=ok, other=0) - q_start
@@ -217,6 +213,22 @@ def table_kernel(
         else:
             bq = zero
             bk = zero
+    return q_start, q_len, k_start, k_len, aq, bq, ak, bk
+
+
+@triton.jit(do_not_specialize=TABLE_LENGTH_ARGS)
+def table_kernel(
+    QL, KL, CUQ, CUK, TAB, S, Lq, Lk, q_offset, k_offset,
+    HAS_QL: tl.constexpr, HAS_KL: tl.constexpr, VARLEN: tl.constexpr, LEFT: tl.constexpr,
+    SYNC: tl.constexpr, BS: tl.constexpr,
+):  # fmt: skip
+    """The sequence table (see the module docstring) of the backward kernels, in one launch (the
+    forward computes its program's entry in place: :func:`_entry`)."""
+    s = tl.program_id(0) * BS + tl.arange(0, BS)
+    ok = s < S
+    q_start, q_len, k_start, k_len, aq, bq, ak, bk = _entry(
+        QL, KL, CUQ, CUK, s, ok, Lq, Lk, q_offset, k_offset, HAS_QL, HAS_KL, VARLEN, LEFT, SYNC
+    )
     row = TAB + s * 8
     tl.store(row, q_start, mask=ok)
     tl.store(row + 1, q_len, mask=ok)
@@ -267,25 +279,33 @@ def _fwd_tile(
 
 @triton.jit(do_not_specialize=FWD_LENGTH_ARGS)
 def fwd_kernel(
-    Q, K, V, O, LSE, TAB, BT, SINKS,
+    Q, K, V, O, LSE, OP, LP, CNT, QL, KL, CUQ, CUK, BT, SINKS,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, slb, slh, sbt, o_split, l_split,
-    GROUP, MQ, CHUNK, qk_scale, cap, window,
+    GROUP, MQ, CHUNK, Lq, Lk, q_offset, k_offset, qk_scale, cap, window,
     DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr,
     RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
     PACK: tl.constexpr, SPLIT: tl.constexpr, PAGED: tl.constexpr, BLOCK: tl.constexpr,
     SOFTCAP: tl.constexpr, SINK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_QL: tl.constexpr, HAS_KL: tl.constexpr, VARLEN: tl.constexpr, LEFT: tl.constexpr,
+    SYNC: tl.constexpr, BR: tl.constexpr = 16, BSP: tl.constexpr = 1,
 ):  # fmt: skip
     """One (query tile or key chunk, head, sequence) program: out and lse of its rows.
 
-    ``PACK`` (few queries): axis 1 is the kv head and the tile's rows are (query head of the group,
-    query), so the keys are read once for the group; axis 0 is then the key chunk (``SPLIT``:
-    chunks of ``CHUNK`` key tiles, partial results in float32 for ``combine_kernel``, written at
-    ``split * o_split`` / ``split * l_split`` with rows counted from 0). Otherwise axis 1 is the
-    query head and axis 0 the query tile, and results go to the rows of ``O``/``LSE``.
+    The program's table entry is computed in place from the lengths (:func:`_entry`), so a
+    forward is one launch. ``PACK`` (few queries): axis 1 is the kv head and the tile's rows are
+    (query head of the group, query), so the keys are read once for the group; axis 0 is then the
+    key chunk (``SPLIT``: chunks of ``CHUNK`` key tiles). A split writes float32 partial results to
+    ``OP``/``LP`` ((S, H, MQ, DV) and (S, H, MQ) per split, ``o_split``/``l_split`` elements apart)
+    and counts itself done in ``CNT`` (one int32 per (sequence, kv head), zero on entry); the last
+    split of a group merges the partials into ``O`` and ``LSE`` (:func:`_merge_splits`) and sets its
+    counter back to zero. Otherwise axis 1 is the query head and axis 0 the query tile, and results
+    go straight to the rows of ``O``/``LSE``.
     """
     s = tl.program_id(2)
-    q_start, q_len, k_start, k_len, aq, bq, ak, bk = _seq(TAB, s)
+    q_start, q_len, k_start, k_len, aq, bq, ak, bk = _entry(
+        QL, KL, CUQ, CUK, s, s >= 0, Lq, Lk, q_offset, k_offset, HAS_QL, HAS_KL, VARLEN, LEFT, SYNC
+    )
     r = tl.arange(0, BM)
     if PACK:
         hk = tl.program_id(1)
@@ -344,57 +364,82 @@ def fwd_kernel(
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
-    row = i if SPLIT else q_start + i
-    o_rows = O + split * o_split + s.to(tl.int64) * sob + h.to(tl.int64) * soh + row.to(tl.int64) * son
-    tl.store(o_rows[:, None] + dv_[None, :], out.to(O.dtype.element_ty),
-             mask=row_ok[:, None] & (dv_ < DV)[None, :])  # fmt: skip
-    l_rows = LSE + split * l_split + s.to(tl.int64) * slb + h.to(tl.int64) * slh + row
-    tl.store(l_rows, lse, mask=row_ok)
+    d_ok = (dv_ < DV)[None, :]
+    if SPLIT:
+        prow = (s.to(tl.int64) * (GROUP * tl.num_programs(1)) + h) * MQ + i  # partial rows, from 0
+        tl.store(OP + split * o_split + prow[:, None] * DV + dv_[None, :], out, mask=row_ok[:, None] & d_ok)
+        tl.store(LP + split * l_split + prow, lse, mask=row_ok)
+        tl.debug_barrier()  # every thread's partial is written before the count says so
+        counter = CNT + s * tl.num_programs(1) + hk
+        if tl.atomic_add(counter, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+            _merge_splits(
+                OP, LP, O, LSE, SINKS, s, hk, q_start, q_len, GROUP, MQ, o_split, l_split, sob, soh, son, slb,
+                slh, DV, BDV, BR, BSP, SINK,
+            )  # fmt: skip
+            tl.atomic_xchg(counter, 0)  # ready for the next launch on this workspace
+    else:
+        o_rows = O + s.to(tl.int64) * sob + h.to(tl.int64) * soh + (q_start + i).to(tl.int64) * son
+        tl.store(o_rows[:, None] + dv_[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok)
+        tl.store(LSE + s.to(tl.int64) * slb + h.to(tl.int64) * slh + q_start + i, lse, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=COMBINE_LENGTH_ARGS)
-def combine_kernel(
-    OP, LP, O, LSE, TAB, SINKS, SPLITS, MQ, op_split, lp_split, sob, soh, son, slb, slh,
-    DV: tl.constexpr, BDV: tl.constexpr, BQ: tl.constexpr, BS: tl.constexpr, SINK: tl.constexpr,
+@triton.jit
+def _merge_splits(
+    OP, LP, O, LSE, SINKS, s, hk, q_start, q_len, GROUP, MQ, o_split, l_split, sob, soh, son, slb, slh,
+    DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr, BSP: tl.constexpr, SINK: tl.constexpr,
 ):  # fmt: skip
-    """One (head, sequence) program: merge the split-KV partials of its rows (lse = logsumexp of
-    the partial lse, out their weighted sum), the sink joined here, into O and LSE.
+    """Merge every split's partials of the (sequence ``s``, kv head ``hk``) group into O and LSE:
+    lse = logsumexp of the splits' lse (and the sink's logit), out = their outs weighted by
+    exp(lse_split - lse).
 
-    Partials are (S, H, MQ, DV) and (S, H, MQ), contiguous, per split; ``op_split``/``lp_split``
-    elements apart (rounded up to multiples of 16 by the host).
+    Rows are the packed forward's (query head of the group, query), ``BR`` of them; ``BSP`` splits
+    are read at once as a (split, row, head dim) block, so the merge costs a few memory round trips,
+    not two per split. Read through L2 (``.cg``): other programs wrote the partials.
     """
-    h = tl.program_id(0)
-    s = tl.program_id(1)
-    H = tl.num_programs(0)
-    q_start = tl.load(TAB + s * 8)
-    q_len = tl.load(TAB + s * 8 + 1)
-    i = tl.arange(0, BQ)
-    sp = tl.arange(0, BS)
-    d = tl.arange(0, BDV)
-    ok = i < q_len
-    base = (s.to(tl.int64) * H + h) * MQ
-    lp = tl.load(LP + sp[:, None] * lp_split + base + i[None, :], mask=(sp < SPLITS)[:, None] & ok[None, :],
-                 other=float("-inf"))  # fmt: skip
-    m = tl.max(lp, 0)
+    splits = tl.num_programs(0)
+    r = tl.arange(0, BR)
+    h = hk * GROUP + r // MQ
+    i = r % MQ
+    ok = (i < q_len) & (r < MQ * GROUP)
+    prow = (s.to(tl.int64) * (GROUP * tl.num_programs(1)) + h) * MQ + i
+    sp = tl.arange(0, BSP)
+    dv_ = tl.arange(0, BDV)
+    m = tl.full([BR], float("-inf"), dtype=tl.float32)
+    for c in range(0, splits, BSP):
+        at = ((c + sp) < splits)[:, None] & ok[None, :]
+        lk = tl.load(LP + (c + sp).to(tl.int64)[:, None] * l_split + prow[None, :], mask=at,
+                     other=float("-inf"), cache_modifier=".cg")  # fmt: skip
+        m = tl.maximum(m, tl.max(lk, 0))
     if SINK:
-        m = tl.maximum(m, tl.load(SINKS + h).to(tl.float32))
+        sink = tl.load(SINKS + h, mask=ok, other=float("-inf")).to(tl.float32)
+        m = tl.maximum(m, sink)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.sum(tl.exp(lp - m_safe[None, :]), 0)
+    total = tl.zeros([BR], dtype=tl.float32)
+    acc = tl.zeros([BR, BDV], dtype=tl.float32)
+    for c in range(0, splits, BSP):
+        at = ((c + sp) < splits)[:, None] & ok[None, :]
+        lk = tl.load(LP + (c + sp).to(tl.int64)[:, None] * l_split + prow[None, :], mask=at,
+                     other=float("-inf"), cache_modifier=".cg")  # fmt: skip
+        o_ptrs = (
+            OP
+            + (c + sp).to(tl.int64)[:, None, None] * o_split
+            + prow[None, :, None] * DV
+            + dv_[None, None, :]
+        )
+        o = tl.load(o_ptrs, mask=at[:, :, None] & (dv_ < DV)[None, None, :], other=0.0, cache_modifier=".cg")
+        w = tl.exp(lk - m_safe[None, :])
+        total += tl.sum(w, 0)
+        acc += tl.sum(w[:, :, None] * o, 0)
     if SINK:
-        total += tl.exp(tl.load(SINKS + h).to(tl.float32) - m_safe)
+        total += tl.exp(sink - m_safe)
     empty = total == 0.0
-    inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, total))
-    acc = tl.zeros([BQ, BDV], dtype=tl.float32)
-    for k in range(0, SPLITS):
-        ls = tl.load(LP + k * lp_split + base + i, mask=ok, other=float("-inf"))
-        w = tl.exp(ls - m_safe) * inv
-        o = tl.load(OP + k * op_split + (base + i[:, None]) * DV + d[None, :],
-                    mask=ok[:, None] & (d < DV)[None, :] & (w > 0.0)[:, None], other=0.0)  # fmt: skip
-        acc += w[:, None] * o
+    out = acc / tl.where(empty, 1.0, total)[:, None]
     lse = tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, total)))
     rows = (q_start + i).to(tl.int64)
-    tl.store(O + s.to(tl.int64) * sob + h.to(tl.int64) * soh + rows[:, None] * son + d[None, :],
-             acc.to(O.dtype.element_ty), mask=ok[:, None] & (d < DV)[None, :])  # fmt: skip
+    o_rows = O + s.to(tl.int64) * sob + h.to(tl.int64) * soh + rows * son
+    tl.store(
+        o_rows[:, None] + dv_[None, :], out.to(O.dtype.element_ty), mask=ok[:, None] & (dv_ < DV)[None, :]
+    )
     tl.store(LSE + s.to(tl.int64) * slb + h.to(tl.int64) * slh + rows, lse, mask=ok)
 
 

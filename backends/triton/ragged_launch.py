@@ -88,16 +88,15 @@ def _table_plan(req: Request, q: torch.Tensor, k: torch.Tensor, ops: Any) -> _Ta
 
 
 def _run_table(
-    tp: _TablePlan, req: Request, ops: Any, device: torch.device, launcher: Relauncher,
-    kern: ModuleType | None = None,
-) -> torch.Tensor:  # fmt: skip
+    tp: _TablePlan, req: Request, ops: Any, device: torch.device, launcher: Relauncher
+) -> torch.Tensor:
     """Launch the table kernel of ``tp``: the (S, 8) table on ``device``, no host copy."""
     tab = torch.empty((max(tp.seqs, 1), 8), dtype=torch.int32, device=device)
     ql = ops.q_lengths if req.q_lengths else tab
     kl = ops.k_lengths if req.k_lengths else tab
     cuq = ops.cu_seqlens_q if req.varlen else tab
     cuk = ops.cu_seqlens_k if req.varlen else tab
-    launcher((kern or _kernels()).table_kernel, tp.grid, (ql, kl, cuq, cuk, tab, *tp.scalars), tp.meta)
+    launcher(_kernels().table_kernel, tp.grid, (ql, kl, cuq, cuk, tab, *tp.scalars), tp.meta)
     return tab
 
 
@@ -110,9 +109,10 @@ def seq_table(req: Request, q: torch.Tensor, k: torch.Tensor, ops: Any) -> Table
 @dataclass
 class _FwdPlan:
     """Everything a forward launch needs beyond the tensors, fixed for one call signature (tile
-    sizes, split-KV factor, strides, constexprs), with its kernels relaunched without Triton's
+    sizes, split-KV factor, strides, constexprs), with its kernel relaunched without Triton's
     per-call binding (see relaunch.py): decoding steps repeat one signature, and are short enough
-    for the host's cost per call to show."""
+    for the host's cost per call to show. A forward is one launch: the kernel computes its table
+    entry in place and the last split of each group merges the partials."""
 
     table: _TablePlan
     out_shape: tuple[int, ...]
@@ -120,15 +120,14 @@ class _FwdPlan:
     zero_fill: bool  # q_lengths: padded rows are never visited, out and lse start at 0 and -inf
     splits: int
     grid: tuple[int, int, int]
-    fwd_tail: tuple  # fwd_kernel's scalars after its eight pointers
+    fwd_tail: tuple  # fwd_kernel's scalars after its pointers
     fwd_meta: dict[str, Any]
     buf_split: tuple[int, int]  # split-KV partials, (splits, this) each: (S, Hq, MQ, Dv) and
     # (S, Hq, MQ) contiguous at the start of each split's row (see _split_strides)
-    combine_tail: tuple
-    combine_meta: dict[str, Any]
-    table_launcher: Relauncher = field(default_factory=Relauncher)
+    counters: int  # split-KV: one done-counter per (sequence, kv head)
     fwd_launcher: Relauncher = field(default_factory=Relauncher)
-    combine_launcher: Relauncher = field(default_factory=Relauncher)
+    #: split-KV workspaces (partials and zeroed counters) by CUDA stream (see _workspace)
+    spaces: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 _PLANS: OrderedDict[tuple, _FwdPlan] = OrderedDict()
@@ -204,8 +203,8 @@ def _decode_cfg(x: torch.Tensor, d_sum: int) -> tuple[int, int, int]:
     return bn, warps, stages
 
 
-#: Most split-KV chunks a decode forward uses (unless ATTNHUB_TRITON_SPLITS forces more): the
-#: combine kernel's split tile, fixed so that a new key length compiles no new combine kernel.
+#: Most split-KV chunks a decode forward uses (unless ATTNHUB_TRITON_SPLITS forces more): the last
+#: split of each group reads every split's partials, so more would lengthen that tail.
 MAX_SPLITS = 128
 
 
@@ -280,8 +279,12 @@ def _plan_forward(
         bm, bn, warps, stages = _fwd_cfg(q, max(_pad(dqk), _pad(dv)))
         splits, chunk = 1, 0
         grid = (-(-tp.max_q // bm), hq, tp.seqs)
+    # The split merge reads (BSP splits, BR rows, Dv) blocks of at most 8192 elements; BSP does not
+    # follow the split count, so that a new cache length compiles nothing.
+    br = _pow2(tp.max_q * group) if pack else 16
+    bsp = max(1, min(MAX_SPLITS, 8192 // (br * _pad(dv))))
     meta = dict(
-        DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=bn, **consts, PACK=pack,
+        BR=br, BSP=bsp, DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=bn, **consts, PACK=pack,
         SPLIT=splits > 1, PAGED=bool(req.paged), BLOCK=req.paged or 1, SOFTCAP=req.softcap is not None,
         SINK=req.sinks, DOT_PRECISION=_dot_precision(q), num_warps=warps, num_stages=stages,
     )  # fmt: skip
@@ -290,25 +293,44 @@ def _plan_forward(
     # Outputs are allocated contiguous: (B, Hq, Nq, Dv) and (B, Hq, Nq); partials likewise.
     out_strides = (hq * nq * dv * seq_stride, nq * dv, dv)
     lse_strides = (hq * nq * seq_stride, nq)
-    o_split, l_split = _split_strides(tp.seqs, hq, tp.max_q, dv) if splits > 1 else (0, 0)
     if splits > 1:
-        tail = (
-            *qs, kb, kh, kn, vb, vh, vn, hq * tp.max_q * dv, tp.max_q * dv, dv, hq * tp.max_q, tp.max_q,
-            sbt, o_split, l_split, *scalars,
-        )  # fmt: skip
-        combine_tail = (splits, tp.max_q, o_split, l_split, *out_strides, *lse_strides)
+        o_split, l_split = _split_strides(tp.seqs, hq, tp.max_q, dv)
     else:
-        tail = (*qs, kb, kh, kn, vb, vh, vn, *out_strides, *lse_strides, sbt, 0, 0, *scalars)
-        combine_tail = ()
-    # The combine's row tile follows the packed forward's (BM rows hold group x MQ), not MQ itself;
-    # its split tile is fixed (MAX_SPLITS): neither moves with the lengths.
-    combine_meta = dict(
-        DV=dv, BDV=_pad(dv), BQ=_pow2(bm // group), BS=max(MAX_SPLITS, _pow2(splits)), SINK=req.sinks
-    )
-    return _FwdPlan(
-        tp, (b, hq, nq, dv), out_dtype, req.q_lengths, splits, grid, tail, meta,
-        (o_split, l_split), combine_tail, combine_meta,
+        o_split, l_split = 0, 0
+    tail = (
+        *qs, kb, kh, kn, vb, vh, vn, *out_strides, *lse_strides, sbt, o_split, l_split, *scalars[:3],
+        *tp.scalars[1:], *scalars[3:],
     )  # fmt: skip
+    table_meta = {name: val for name, val in tp.meta.items() if name != "BS"}
+    return _FwdPlan(
+        tp, (b, hq, nq, dv), out_dtype, req.q_lengths, splits, grid, tail, {**meta, **table_meta},
+        (o_split, l_split), tp.seqs * hkv if splits > 1 else 0,
+    )  # fmt: skip
+
+
+def _workspace(plan: _FwdPlan, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(partial outs, partial lse, counters) of a split-KV forward.
+
+    The kernel leaves its counters at zero, so on a GPU one workspace per stream serves every call
+    of the plan (calls on one stream run in order); a CUDA graph capture gets its own (the graph
+    keeps it), and the interpreter a fresh one per call."""
+    stream = -1
+    if device.type == "cuda" and not torch._C._cuda_isCurrentStreamCapturing():
+        stream = torch._C._cuda_getCurrentRawStream(device.index)
+        found = plan.spaces.get(stream)
+        if found is not None:
+            return found
+    o_split, l_split = plan.buf_split
+    made = (
+        torch.empty((plan.splits, o_split), dtype=torch.float32, device=device),
+        torch.empty((plan.splits, l_split), dtype=torch.float32, device=device),
+        torch.zeros((plan.counters,), dtype=torch.int32, device=device),
+    )
+    if stream != -1:
+        if len(plan.spaces) >= 8:  # streams come and go: keep a few
+            plan.spaces.pop(next(iter(plan.spaces)))
+        plan.spaces[stream] = made
+    return made
 
 
 def _run_forward(
@@ -324,22 +346,18 @@ def _run_forward(
         lse = torch.empty(shape[:3], dtype=torch.float32, device=dev)
     if plan.table.seqs == 0 or 0 in shape[1:3]:
         return out, lse
-    kern = _kernels()
-    tab = _run_table(plan.table, req, ops, dev, plan.table_launcher, kern)
-    bt = ops.block_table if req.paged else tab
-    sk = ops.sinks if req.sinks else tab
-    if plan.splits > 1:
-        splits, o_split, l_split = plan.splits, *plan.buf_split
-        o_buf = torch.empty((splits, o_split), dtype=torch.float32, device=dev)
-        l_buf = torch.empty((splits, l_split), dtype=torch.float32, device=dev)
-        plan.fwd_launcher(kern.fwd_kernel, plan.grid, (q, k, v, o_buf, l_buf, tab, bt, sk, *plan.fwd_tail),
-                          plan.fwd_meta)  # fmt: skip
-        grid = (shape[1], plan.table.seqs, 1)  # 3-d: Relauncher's compiled launches read grid[2]
-        plan.combine_launcher(kern.combine_kernel, grid, (o_buf, l_buf, out, lse, tab, sk, *plan.combine_tail),
-                              plan.combine_meta)  # fmt: skip
-    else:
-        plan.fwd_launcher(kern.fwd_kernel, plan.grid, (q, k, v, out, lse, tab, bt, sk, *plan.fwd_tail),
-                          plan.fwd_meta)  # fmt: skip
+    # Pointers a constexpr leaves unread get ``lse`` (Triton needs some tensor there).
+    ql = ops.q_lengths if req.q_lengths else lse
+    kl = ops.k_lengths if req.k_lengths else lse
+    cuq = ops.cu_seqlens_q if req.varlen else lse
+    cuk = ops.cu_seqlens_k if req.varlen else lse
+    bt = ops.block_table if req.paged else lse
+    sk = ops.sinks if req.sinks else lse
+    o_buf, l_buf, cnt = _workspace(plan, dev) if plan.splits > 1 else (lse, lse, lse)
+    plan.fwd_launcher(
+        _kernels().fwd_kernel, plan.grid, (q, k, v, out, lse, o_buf, l_buf, cnt, ql, kl, cuq, cuk, bt, sk,
+                                           *plan.fwd_tail), plan.fwd_meta,
+    )  # fmt: skip
     return out, lse
 
 
