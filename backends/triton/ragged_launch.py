@@ -208,6 +208,11 @@ def _decode_cfg(x: torch.Tensor, d_sum: int) -> tuple[int, int, int]:
 MAX_SPLITS = 128
 
 
+#: Elements of one (splits, rows, head dim) block of the split merge (see _plan_forward). On the
+#: H100 512 to 8192 gave the same decode times within noise (tools/dev/probe_s3.py, part merge).
+MERGE_BLOCK = 8192
+
+
 def _split_strides(seqs: int, hq: int, max_q: int, dv: int) -> tuple[int, int]:
     """Element strides between the splits' partial outputs and lse: their sizes rounded up to a
     multiple of 16, so that Triton's divisibility specialisation does not follow the lengths."""
@@ -279,10 +284,10 @@ def _plan_forward(
         bm, bn, warps, stages = _fwd_cfg(q, max(_pad(dqk), _pad(dv)))
         splits, chunk = 1, 0
         grid = (-(-tp.max_q // bm), hq, tp.seqs)
-    # The split merge reads (BSP splits, BR rows, Dv) blocks of at most 8192 elements; BSP does not
-    # follow the split count, so that a new cache length compiles nothing.
+    # The split merge reads (BSP splits, BR rows, Dv) blocks of MERGE_BLOCK elements: a few memory
+    # round trips. BSP does not follow the split count, so that a new cache length compiles nothing.
     br = _pow2(tp.max_q * group) if pack else 16
-    bsp = max(1, min(MAX_SPLITS, 8192 // (br * _pad(dv))))
+    bsp = max(1, min(MAX_SPLITS, MERGE_BLOCK // (br * _pad(dv))))
     meta = dict(
         BR=br, BSP=bsp, DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=bn, **consts, PACK=pack,
         SPLIT=splits > 1, PAGED=bool(req.paged), BLOCK=req.paged or 1, SOFTCAP=req.softcap is not None,

@@ -238,6 +238,42 @@ def part_maskcfg() -> None:
     print(f"  cfg {cfg:18s} mask {t_mask:7.3f} ms  causal {t_causal:7.3f} ms")
 
 
+def part_merge() -> None:
+    """GPU time per decode call (CUDA graph of 20 calls, so no host time) at the MERGE_BLOCK the
+    environment's MB sets: contiguous 8k and 32k, paged (block 16 and 64) 32k."""
+    import os
+
+    from attnhub_backends.triton import ragged_launch
+
+    ragged_launch.MERGE_BLOCK = int(os.environ.get("MB", ragged_launch.MERGE_BLOCK))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    row = []
+    for lk, block in ((8192, 0), (32768, 0), (32768, 16), (32768, 64)):
+        q = torch.randn(4, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (
+            torch.randn(4, 8, lk, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2)
+        )
+        kl = torch.full((4,), lk, dtype=torch.int32, device="cuda")
+        table = None
+        if block:
+            k, v = (
+                x.permute(0, 2, 1, 3).reshape(4 * lk // block, block, 8, 128).contiguous() for x in (k, v)
+            )
+            table = torch.arange(4 * lk // block, dtype=torch.int32, device="cuda").reshape(4, -1)
+
+        def call(q=q, k=k, v=v, kl=kl, table=table):
+            return attnhub.attention_kvcache(q, k, v, kl, block_table=table, mask=None, backend="triton")
+
+        call()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(20):
+                call()
+        us = gpu_us(graph.replay, 10) / 20
+        row.append(f"{'paged' + str(block) if block else 'contig'} {lk // 1024}k {us:6.1f} us")
+    print(f"  MERGE_BLOCK {ragged_launch.MERGE_BLOCK:5d}: " + ", ".join(row))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", default="host,kvcache,padding")
