@@ -372,7 +372,9 @@ def test_bias_and_mask_lengths_in_one_class_compile_nothing_new(h100) -> None:
             return _call(h100, nq, nk, backward=True, mods=mods, bias=(1, 1, nq, nk), bias_grad=True)
         mask = torch.ones(1, 2, nq, nk, dtype=torch.bool).view(torch.uint8)
         rule = ExplicitMask("bool", (1, 2, nq, nk))
-        return _call(h100, nq, nk, backward=True, rule=rule, mods=Mods(mask=mask))
+        # 48 batch entries: enough (query tile, head) programs at every length here (3 query tiles
+        # of 128 rows at Lq = 301) that split-KV stays off
+        return _call(h100, nq, nk, b=48, backward=True, rule=rule, mods=Mods(mask=mask))
 
     for kind, strides in (("bias", {"sbm"}), ("mask", {"smm", "smh"})):
         base = call(1777, 1001, kind)
