@@ -289,6 +289,24 @@ if CHILD:
         m = padding_mask(2, 48, 48, [48, 19])
         run_case(mask=m, lq=48, lk=48, hq=4, hkv=2)
 
+    @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+    def test_padding_shaped_masks_run_as_lengths(monkeypatch, dtype) -> None:
+        """Masks that are padding patterns (mask_forms.py) run forward on the ragged kernels (the
+        call is recorded) and match the dense formula, gradients included (mask backward)."""
+        from attnhub_backends.triton import ragged_launch
+
+        calls = []
+        real = ragged_launch.forward
+        monkeypatch.setattr(ragged_launch, "forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+        i, j = torch.arange(40)[:, None], torch.arange(40)[None, :]
+        left = torch.stack([(i >= 40 - n) & (j >= 40 - n) & (j <= i) for n in (40, 13)])[:, None]
+        i = torch.arange(24)[:, None]  # queries at the end of longer key sequences (bottom-right)
+        end = torch.stack([j <= i + 16, (i < 10) & (j < 20) & (j <= i + 10)])[:, None]
+        for m in (padding_mask(2, 40, 40, [40, 13]), left, end, padding_mask(1, 40, 40, [29], causal=False)):
+            before = len(calls)
+            run_case(dtype=dtype, mask=m, lq=m.shape[2], lk=m.shape[3], hq=4, hkv=2, boost=3.0)
+            assert len(calls) > before
+
     def test_bool_mask_per_head_random_and_rows_empty() -> None:
         g = torch.Generator().manual_seed(5)
         m = torch.rand(2, 2, 40, 36, generator=g) > 0.5

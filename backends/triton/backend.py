@@ -104,6 +104,7 @@ class TritonBackend(Backend):
     def forward(
         self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
     ) -> tuple[Any, Any]:
+        req, operands = _as_lengths(req, mask, operands)
         if req.ragged:
             from attnhub_backends.triton import ragged_launch
 
@@ -116,7 +117,10 @@ class TritonBackend(Backend):
         self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
     ) -> tuple[Any, Any, Any]:
         """Half-precision inputs: the kernel writes a float32 output; the backward's rowsum(dO·O)
-        reads it, the caller gets it rounded to the input dtype (the same rounding as forward)."""
+        reads it, the caller gets it rounded to the input dtype (the same rounding as forward). A
+        padding-shaped mask runs forward as lengths; the backward keeps the mask kernels (faster
+        there on the H100), which read the same lse."""
+        req, operands = _as_lengths(req, mask, operands)
         if req.ragged:
             from attnhub_backends.triton import ragged_launch
 
@@ -152,3 +156,21 @@ class TritonBackend(Backend):
         from attnhub_backends.triton import launch, modifiers
 
         return launch.backward(q, k, v, out, lse, dout, req, mods=modifiers.from_call(req, mask, operands))
+
+
+def _as_lengths(req: Request, mask: Any, operands: Any) -> tuple[Request, Any]:
+    """(request, operands) as lengths where ``mask`` is a padding pattern (mask_forms.py), else as
+    given."""
+    from attnhub_backends.triton import mask_forms
+
+    if mask is None or not mask_forms.eligible(req):
+        return req, operands
+    form = mask_forms.lengths_form(mask.reshape(req.rule.shape), req)  # type: ignore[union-attr]
+    if form is None:
+        return req, operands
+    from attnhub_backends.triton.ragged_checks import reasons
+
+    as_lengths = form.request(req)
+    if reasons(as_lengths):
+        return req, operands
+    return as_lengths, form.operands()
