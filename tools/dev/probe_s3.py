@@ -232,10 +232,14 @@ def part_maskcfg() -> None:
     i = torch.arange(L, device="cuda")[:, None]
     j = torch.arange(L, device="cuda")[None, :]
     mask = (j <= i) & (i < n[:, None, None, None]) & (j < n[:, None, None, None])
-    cfg = os.environ.get("ATTNHUB_TRITON_FWD_CFG", "default")
+    cfg = "/".join(os.environ.get(f"ATTNHUB_TRITON_{k}_CFG", "-") for k in ("FWD", "DKDV", "DQ"))
     t_mask = tt.do_bench(lambda: attnhub.attention(q, k, v, mask=mask, backend="triton"), rep=200)
     t_causal = tt.do_bench(lambda: attnhub.attention(q, k, v, mask="causal", backend="triton"), rep=200)
-    print(f"  cfg {cfg:18s} mask {t_mask:7.3f} ms  causal {t_causal:7.3f} ms")
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+    out = attnhub.attention(qg, kg, vg, mask=mask, backend="triton")
+    do = torch.randn_like(out)
+    t_bwd = tt.do_bench(lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True), rep=200)
+    print(f"  cfg {cfg:30s} mask fwd {t_mask:7.3f} ms  bwd {t_bwd:7.3f} ms  causal fwd {t_causal:7.3f} ms")
 
 
 def part_merge() -> None:
