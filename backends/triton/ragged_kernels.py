@@ -1,8 +1,10 @@
 """Triton kernels for ragged sequences (SPEC §10-§11): per-entry lengths, packed sequences, paged
 KV caches and split-KV decoding, 1-d only.
 
-Every kernel reads a per-sequence table ``TAB`` (int32, 8 columns, built on the host by
-``ragged_launch.seq_table``): ``q_start, q_len, k_start, k_len, aq, bq, ak, bk``. Sequence ``s``
+Every kernel works from a sequence's table entry ``q_start, q_len, k_start, k_len, aq, bq, ak, bk``
+(:func:`_entry`, from the lengths or cu_seqlens on the device): the forward computes its program's
+entry in place (one launch), the backward kernels read the (S, 8) int32 table ``TAB`` that
+``table_kernel`` writes once per backward (``ragged_launch.seq_table``). Sequence ``s``
 is rows ``q_start .. q_start + q_len`` of batch entry ``s`` of q (``sqb = 0`` for packed
 sequences, where ``q_start`` is the cu_seqlens offset) against rows ``k_start .. k_start + k_len``
 of k and v. Within the valid segment, query ``i`` sits at position ``aq * i + bq`` and key ``j``

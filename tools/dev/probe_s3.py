@@ -278,6 +278,36 @@ def part_merge() -> None:
     print(f"  MERGE_BLOCK {ragged_launch.MERGE_BLOCK:5d}: " + ", ".join(row))
 
 
+def part_raggedcfg() -> None:
+    """The ragged forward's tile config (ragged_launch.TUNE["fwd"]) on the bench's padded mask case
+    (run as lengths) and its packed varlen case: forward ms per config."""
+    import triton.testing as tt
+
+    from attnhub.bench import workloads
+    from attnhub.bench.grid import Case
+    from attnhub.rules import Causal
+    from attnhub_backends.triton import ragged_launch
+
+    cases = {
+        "padding": Case("padding", 8, 16, 16, 4096, 4096, 128, Causal()),
+        "varlen": Case("varlen", 1, 16, 16, 16384, 16384, 128, Causal()),
+    }
+    runs = {}
+    for name, case in cases.items():
+        q, k, v, _ = workloads.make_inputs(case, "cuda")
+        runs[name] = (workloads.attnhub_runner("triton", case), q, k, v)
+    for cfg in [None, (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 64, 8, 4),
+                (128, 32, 8, 3), (64, 128, 4, 3), (128, 128, 4, 2)]:  # fmt: skip
+        ragged_launch.TUNE["fwd"] = cfg
+        row = []
+        for name, (fn, q, k, v) in runs.items():
+            try:
+                row.append(f"{name} {tt.do_bench(lambda fn=fn, q=q, k=k, v=v: fn(q, k, v), rep=150):7.3f} ms")
+            except Exception as exc:  # a config that does not fit is reported
+                row.append(f"{name} n/a ({type(exc).__name__})")
+        print(f"  ragged fwd cfg {str(cfg):20s} " + ", ".join(row))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", default="host,kvcache,padding")
