@@ -308,6 +308,40 @@ def part_raggedcfg() -> None:
         print(f"  ragged fwd cfg {str(cfg):20s} " + ", ".join(row))
 
 
+def part_pin() -> None:
+    """Which part of attnhub's pinned cuDNN call costs host time at (8, 12, 512, 512) fp16 causal:
+    the flags pinned per call or once, the scale given or not, enable_gqa given or not; rounds
+    interleaved in a fresh process."""
+    import attnhub_backends.sdpa.backend as sb
+
+    q, k, v = (torch.randn(8, 12, 512, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    sdpa = torch._C._nn.scaled_dot_product_attention
+    flags = sb._flags("CUDNN_ATTENTION")
+    per_call = flags.around(lambda q, k, v: sdpa(q, k, v, None, 0.0, True, scale=0.125, enable_gqa=False))
+    per_call_plain = flags.around(lambda q, k, v: sdpa(q, k, v, None, 0.0, True))
+    rows = {
+        "F.sdpa default": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "C default": lambda: sdpa(q, k, v, None, 0.0, True),
+        "C default scale": lambda: sdpa(q, k, v, None, 0.0, True, scale=0.125),
+        "C default scale gqa=False": lambda: sdpa(q, k, v, None, 0.0, True, scale=0.125, enable_gqa=False),
+        "pinned per call (attnhub)": lambda: per_call(q, k, v),
+        "pinned per call, plain": lambda: per_call_plain(q, k, v),
+    }
+    best = dict.fromkeys(rows, float("inf"))
+    for _ in range(8):
+        for name, fn in rows.items():
+            best[name] = min(best[name], loop_us(fn, 200, 1))
+    saved = flags.pin()
+    try:
+        once = {"pinned once, C plain": rows["C default"], "pinned once, scale": rows["C default scale"]}
+        for name, fn in once.items():
+            best[name] = loop_us(fn, 200, 8)
+    finally:
+        flags.restore(saved)
+    for name, us in best.items():
+        print(f"  {name:30s} loop {us:7.1f} us")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", default="host,kvcache,padding")
