@@ -86,3 +86,15 @@ def test_verdict_cached_per_mask_version() -> None:
     assert _form(m) is first
     m[0, 0, 31, 0] = False  # in place: a new version, a new verdict
     assert _form(m) is None
+
+
+def test_capture_uses_a_warm_up_verdict_and_recognises_nothing(monkeypatch) -> None:
+    """Under a CUDA graph capture (simulated) a mask seen eagerly keeps its verdict (the lengths
+    tensors are already on the device); a new mask is not compared (no host read): None."""
+    seen = _pattern(32, 32, [32, 7, 1], [32, 7, 1], "right", True)
+    warm = _form(seen)
+    assert warm is not None
+    monkeypatch.setattr(mask_forms, "_capturing", lambda mask: True)
+    monkeypatch.setattr(mask_forms, "_recognise", lambda *a: pytest.fail("recognised under capture"))
+    assert _form(seen) is warm
+    assert _form(_pattern(32, 32, [5, 7, 1], [5, 7, 1], "right", True)) is None

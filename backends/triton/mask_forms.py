@@ -11,7 +11,8 @@ against 1.05 ms with the mask (tools/dev/probe_s3.py).
 
 The whole mask is compared once per mask identity (cached like mask_summary's plans: data pointer,
 version, shape, strides, device), so a mask passed to every layer is checked once; anything else
-keeps the mask kernels. Not under a CUDA graph capture (the verdict is read on the host).
+keeps the mask kernels. A CUDA graph capture uses the verdict of an eager warm-up call with the
+same mask and recognises nothing itself (that reads a verdict on the host).
 """
 
 from __future__ import annotations
@@ -68,18 +69,25 @@ def lengths_form(mask: Any, req: Request) -> LengthsForm | None:
 
     if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1:
         return None
-    if mask.is_cuda and torch.cuda.is_current_stream_capturing():
-        return None
     key = (mask.data_ptr(), mask._version, tuple(mask.shape), mask.stride(), str(mask.device))
     hit = _CACHE.get(key)
     if hit is not None:
         _CACHE.move_to_end(key)
-        return hit[1]
+        return hit[1]  # also under a capture: a warm-up call's verdict, no host read
+    if _capturing(mask):
+        return None  # recognising reads a verdict on the host: the mask kernels take it
     form = _recognise(mask[:, 0], req.batch)
     _CACHE[key] = (mask, form)
     if len(_CACHE) > CACHE_SIZE:
         _CACHE.popitem(last=False)
     return form
+
+
+def _capturing(mask: Any) -> bool:
+    """A CUDA graph capture is under way on the mask's device (no host read may happen)."""
+    import torch
+
+    return bool(mask.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def _recognise(m: Any, batch: int) -> LengthsForm | None:
