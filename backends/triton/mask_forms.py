@@ -25,6 +25,7 @@ from typing import Any
 from attnhub.operands import Operands
 from attnhub.request import Request
 from attnhub.rules import Causal, ExplicitMask, Full, Rule
+from attnhub_backends.triton.mask_summary import mask_key
 
 #: Masks whose verdicts are kept (each entry holds its mask alive, so its memory is not reused).
 CACHE_SIZE = 4
@@ -69,7 +70,7 @@ def lengths_form(mask: Any, req: Request) -> LengthsForm | None:
 
     if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1:
         return None
-    key = (mask.data_ptr(), mask._version, tuple(mask.shape), mask.stride(), str(mask.device))
+    key = mask_key(mask)
     hit = _CACHE.get(key)
     if hit is not None:
         _CACHE.move_to_end(key)

@@ -64,7 +64,8 @@ def summary(mask: Any, block_m: int, block_n: int) -> np.ndarray:
     return cls.cpu().numpy()
 
 
-def _key(mask: Any) -> tuple:
+def mask_key(mask: Any) -> tuple:
+    """A mask's identity for the caches of its plans and verdicts (here and mask_forms.py)."""
     return (mask.data_ptr(), mask._version, tuple(mask.shape), mask.stride(), str(mask.device))
 
 
@@ -85,7 +86,7 @@ def mask_plan(
 ) -> MaskPlan:
     """The cached :class:`MaskPlan` of ``mask`` joined with ``rule``'s plan (``transposed``: per key
     tile, for the dk/dv kernel)."""
-    mkey = _key(mask)
+    mkey = mask_key(mask)
     entry = _CACHE.get(mkey)
     if entry is None:
         entry = _CACHE[mkey] = (mask, {})

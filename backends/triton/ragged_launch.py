@@ -57,13 +57,17 @@ class Table:
     max_k: int  # longest sequence of keys
 
 
+#: Sequences per program of the table kernel.
+TABLE_BS = 128
+
+
 @dataclass(frozen=True)
 class _TablePlan:
     """The table kernel's launch for one call signature."""
 
     grid: tuple[int, int, int]
     scalars: tuple  # seqs, Lq, Lk, q_offset, k_offset
-    meta: dict[str, Any]
+    meta: dict[str, Any]  # how entries are computed: the constexprs of _entry (table and forward)
     seqs: int
     max_q: int
     max_k: int
@@ -78,32 +82,29 @@ def _table_plan(req: Request, q: torch.Tensor, k: torch.Tensor, ops: Any) -> _Ta
     else:
         seqs, lq, lk = req.batch, q.shape[2], req.seq_k[0]
         max_q, max_k = lq, lk
-    bs = 128
     meta = dict(
         HAS_QL=req.q_lengths, HAS_KL=req.k_lengths, VARLEN=req.varlen, LEFT=req.padding_side == "left",
-        SYNC=req.sync, BS=bs,
+        SYNC=req.sync,
     )  # fmt: skip
-    grid = (max(1, -(-seqs // bs)), 1, 1)  # 3-d: Relauncher's compiled launches read grid[2]
+    grid = (max(1, -(-seqs // TABLE_BS)), 1, 1)
     return _TablePlan(grid, (seqs, lq, lk, req.q_offset, req.k_offset), meta, seqs, max_q, max_k)
 
 
-def _run_table(
-    tp: _TablePlan, req: Request, ops: Any, device: torch.device, launcher: Relauncher
-) -> torch.Tensor:
+def _run_table(tp: _TablePlan, req: Request, ops: Any, device: torch.device) -> torch.Tensor:
     """Launch the table kernel of ``tp``: the (S, 8) table on ``device``, no host copy."""
     tab = torch.empty((max(tp.seqs, 1), 8), dtype=torch.int32, device=device)
     ql = ops.q_lengths if req.q_lengths else tab
     kl = ops.k_lengths if req.k_lengths else tab
     cuq = ops.cu_seqlens_q if req.varlen else tab
     cuk = ops.cu_seqlens_k if req.varlen else tab
-    launcher(_kernels().table_kernel, tp.grid, (ql, kl, cuq, cuk, tab, *tp.scalars), tp.meta)
+    _kernels().table_kernel[tp.grid](ql, kl, cuq, cuk, tab, *tp.scalars, **tp.meta, BS=TABLE_BS)
     return tab
 
 
 def seq_table(req: Request, q: torch.Tensor, k: torch.Tensor, ops: Any) -> Table:
     """Build the sequence table with one launch (no device-to-host copy)."""
     tp = _table_plan(req, q, k, ops)
-    return Table(_run_table(tp, req, ops, q.device, Relauncher()), tp.seqs, tp.max_q, tp.max_k)
+    return Table(_run_table(tp, req, ops, q.device), tp.seqs, tp.max_q, tp.max_k)
 
 
 @dataclass
@@ -294,7 +295,6 @@ def _plan_forward(
         SINK=req.sinks, DOT_PRECISION=_dot_precision(q), num_warps=warps, num_stages=stages,
     )  # fmt: skip
     qs = (q.stride(0) * seq_stride, q.stride(1), q.stride(2))
-    scalars = (group, tp.max_q, chunk, req.scale * LOG2E, cap, window)
     # Outputs are allocated contiguous: (B, Hq, Nq, Dv) and (B, Hq, Nq); partials likewise.
     out_strides = (hq * nq * dv * seq_stride, nq * dv, dv)
     lse_strides = (hq * nq * seq_stride, nq)
@@ -303,12 +303,11 @@ def _plan_forward(
     else:
         o_split, l_split = 0, 0
     tail = (
-        *qs, kb, kh, kn, vb, vh, vn, *out_strides, *lse_strides, sbt, o_split, l_split, *scalars[:3],
-        *tp.scalars[1:], *scalars[3:],
+        *qs, kb, kh, kn, vb, vh, vn, *out_strides, *lse_strides, sbt, o_split, l_split, group, tp.max_q,
+        chunk, *tp.scalars[1:], req.scale * LOG2E, cap, window,
     )  # fmt: skip
-    table_meta = {name: val for name, val in tp.meta.items() if name != "BS"}
     return _FwdPlan(
-        tp, (b, hq, nq, dv), out_dtype, req.q_lengths, splits, grid, tail, {**meta, **table_meta},
+        tp, (b, hq, nq, dv), out_dtype, req.q_lengths, splits, grid, tail, {**meta, **tp.meta},
         (o_split, l_split), tp.seqs * hkv if splits > 1 else 0,
     )  # fmt: skip
 
@@ -320,6 +319,7 @@ def _workspace(plan: _FwdPlan, device: torch.device) -> tuple[torch.Tensor, torc
     of the plan (calls on one stream run in order); a CUDA graph capture gets its own (the graph
     keeps it), and the interpreter a fresh one per call."""
     stream = -1
+    # device.type, not _on_gpu: tests that pretend a GPU for CPU tensors patch _on_gpu
     if device.type == "cuda" and not torch._C._cuda_isCurrentStreamCapturing():
         stream = torch._C._cuda_getCurrentRawStream(device.index)
         found = plan.spaces.get(stream)
