@@ -144,7 +144,8 @@ def _call_key(ad, q, k, v, mask, sync, scale, layout, return_lse, backend, extra
     """The dispatch cache's key of a call (see :func:`_plan`), built in one place for the planned
     path and the fast path of :func:`attention`, so that the two always find the same entry."""
     return (
-        ad.call_key(q, k, v), _mask_key(mask), sync, scale, type(scale), layout, return_lse,
+        ad.call_key(q, k, v), mask if mask is None or mask.__class__ is str else _mask_key(mask),
+        sync, scale, type(scale), layout, return_lse,
         type(return_lse), backend, override_state(), extras_key,
     )  # fmt: skip
 

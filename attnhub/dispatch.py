@@ -29,12 +29,14 @@ def use_backend(name: str) -> Iterator[None]:
         _forced.reset(token)
 
 
+_backend_env = settings.key_reader("ATTNHUB_BACKEND")
+_disable_env = settings.key_reader("ATTNHUB_DISABLE")
+
+
 def override_state() -> tuple:
-    """What besides the request decides the choice: use_backend and the two environment variables."""
-    return (_forced.get(), _raw("ATTNHUB_BACKEND"), _raw("ATTNHUB_DISABLE"))  # on every call: no generator
-
-
-_raw = settings.raw
+    """What besides the request decides the choice: use_backend and the two environment variables
+    (their raw values: read on every call, so C-level reads and no parsing)."""
+    return (_forced.get(), _backend_env(), _disable_env())
 
 
 def _disabled() -> frozenset[str]:

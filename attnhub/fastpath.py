@@ -20,7 +20,9 @@ runs is decided here once:
 Only plain requests are bound: canonical 1-d ``bhsd`` arrays (no layout move), a rule (no mask
 array), no SPEC §9-§11 argument, no lse, not empty. Every other request runs
 :meth:`_Plan.execute`. The result is checked like every call's (:func:`attnhub.api.check_result`),
-and a backend's exception is named as in ``execute``.
+and a backend's exception is named as in ``execute``. A bound callable marked ``fixed_result =
+True`` (a framework op whose result type, shape, dtype and device follow from the inputs' ones,
+which the plan's key fixes) has its result checked on the plan's first call only.
 """
 
 from __future__ import annotations
@@ -48,8 +50,23 @@ def bind(plan: Any) -> Callable[..., Any]:
             check_result(ad, name, req, out, None, shape, False, q)
         return out
 
-    call.plan = plan  # type: ignore[attr-defined]  # for tests and explain-style introspection
-    return call
+    def unchecked(q: Any, k: Any, v: Any, mask: Any, extras: Any = None) -> Any:
+        try:
+            return fn(q, k, v, None)[0]
+        except Exception as exc:
+            if passes_through(exc):
+                raise
+            raise backend_error(name, req, f"raised {type(exc).__name__}: {exc}") from exc
+
+    def first(q: Any, k: Any, v: Any, mask: Any, extras: Any = None) -> Any:
+        out = call(q, k, v, mask, extras)
+        plan.call = unchecked  # checked once: later calls of this key give the same kind of result
+        return out
+
+    chosen = first if getattr(fn, "fixed_result", False) else call
+    for f in (call, unchecked, first):
+        f.plan = plan  # type: ignore[attr-defined]  # for tests and explain-style introspection
+    return chosen
 
 
 def _backend_call(plan: Any) -> Callable[[Any, Any, Any, Any], Any]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 from attnhub.errors import AttnhubError
@@ -208,6 +208,18 @@ def _environ_reader() -> Callable[[str], str | None]:
 
 
 _read = _environ_reader()
+
+
+def key_reader(name: str) -> Callable[[], Any]:
+    """A zero-argument reader of ``name``'s raw value for cache keys: two reads give equal results
+    exactly when the variable did not change (bytes or None on POSIX, ``os.environ``'s text
+    elsewhere); a C-level call, as override keys are read on every call."""
+    if name not in SETTINGS:
+        raise KeyError(f"{name} is not a declared attnhub setting (attnhub/settings.py)")
+    data = getattr(os.environ, "_data", None)
+    if os.name == "posix" and isinstance(data, dict):
+        return partial(data.get, os.fsencode(name))
+    return partial(os.environ.get, name)
 
 
 def external(name: str) -> str | None:

@@ -230,6 +230,8 @@ def test_sdpa_flash_bound_call_pins_the_kernel(monkeypatch, causal):
     restored after it, also when the call raises."""
     flash = sdpa_backend.SdpaFlash()
     monkeypatch.setattr(type(flash), "_gqa_mode", lambda self, req: "none")
+    # The pinned SDPA call; the kernel's own op (taken for contiguous inputs) has no CPU kernel.
+    monkeypatch.setattr(type(flash), "_direct_op", lambda self, *a: None)
     q, k, v = _inputs((1, 2, 9, 16), seed=13)
     mask = "causal" if causal else None
     req = _bound(q, k, v, mask=mask, backend="sdpa-cpu").req
@@ -298,6 +300,85 @@ def test_sdpa_cuda_bound_calls(name, gqa):
             got = attnhub.attention(x, k, v, mask="causal", backend=name)
             assert _rel(got, want) < TOL["float16"], (name, b, h, lq, lk)
             assert _flag_state() == before
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "name, op",
+    [
+        ("sdpa-flash", "_scaled_dot_product_flash_attention"),
+        ("sdpa-efficient", "_scaled_dot_product_efficient_attention"),
+        ("sdpa-cudnn", "_scaled_dot_product_cudnn_attention"),
+    ],
+)
+def test_sdpa_cuda_direct_op(monkeypatch, name, op):
+    """On a GPU: for contiguous inputs the bound call runs the kernel's own op (each call
+    counted), with the reference's output and float16 gradients; transposed views take the pinned
+    SDPA call instead (the op is not called)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    calls = []
+    real = getattr(torch, op)
+
+    def spy(*args, **kw):
+        calls.append(kw.get("scale"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(torch, op, spy)  # read when a plan is bound: fresh plans below
+    CACHE.clear()
+    g = torch.Generator(device="cuda").manual_seed(21)
+    for grad, mask in [(False, "causal"), (False, None), (True, "causal")]:
+        q, k, v = (
+            torch.randn(2, 4, 200, 64, device="cuda", dtype=torch.float16, generator=g).requires_grad_(grad)
+            for _ in range(3)
+        )
+        if attnhub.explain(q, k, v, mask=mask, backend=name).chosen is None:
+            continue  # declined (this torch or GPU); test_sdpa_cuda_bound_calls checks the reasons
+        ref, want = _reference(q, k, v, mask=mask)
+        before = len(calls)
+        for _ in range(2):  # the plan's first call (checked) and a later one (checked once)
+            got = attnhub.attention(q, k, v, mask=mask, backend=name)
+            assert got.dtype == torch.float16 and torch.isfinite(got).all()
+            assert _rel(got, want) < TOL["float16"], (name, mask, grad)
+        assert len(calls) == before + 2 and calls[-1] == pytest.approx(64**-0.5)
+        if grad:
+            dout = torch.randn(want.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+            want_g = torch.autograd.grad(want, ref, dout)
+            got_g = torch.autograd.grad(got, (q, k, v), dout.to(device="cuda", dtype=torch.float16))
+            for a, b in zip(got_g, want_g, strict=True):
+                assert _rel(a, b) < GRAD_TOL["float16"], (name, _rel(a, b))
+        qt = q.detach().transpose(-1, -2).contiguous().transpose(-1, -2)
+        got = attnhub.attention(qt, k.detach(), v.detach(), mask=mask, backend=name)
+        assert _rel(got, want) < TOL["float16"] and len(calls) == before + 2
+
+
+def test_a_fixed_result_bound_call_is_checked_on_its_first_call_only(monkeypatch):
+    """A bound call marked fixed_result (torch's own ops) is checked on the plan's first call,
+    and a wrong first result is still refused; later calls skip the check."""
+    q, k, v = _inputs((1, 2, 11, 16), seed=17)
+    plan = _bound(q, k, v)
+    assert plan.call.__name__ == "first"
+    _, want = _reference(q, k, v, mask="causal")
+    assert _rel(attnhub.attention(q, k, v, mask="causal", backend="sdpa-cpu"), want) < TOL["float32"]
+    assert plan.call.__name__ == "unchecked" and plan.call.plan is plan
+    assert _rel(attnhub.attention(q, k, v, mask="causal", backend="sdpa-cpu"), want) < TOL["float32"]
+
+    cpu = sdpa_backend.SdpaCpu
+    real_bind = cpu.bind
+
+    def wrong_bind(self, req):
+        fn = real_bind(self, req)
+
+        def bad(q, k, v, mask):
+            return fn(q, k, v, mask)[0][..., :3], None
+
+        bad.fixed_result = True
+        return bad
+
+    monkeypatch.setattr(cpu, "bind", wrong_bind)
+    q2, k2, v2 = _inputs((1, 2, 13, 16), seed=18)
+    with pytest.raises(BackendError, match="wrong result"):
+        attnhub.attention(q2, k2, v2, mask="causal", backend="sdpa-cpu")
 
 
 def test_a_scale_array_is_read_on_every_call():

@@ -7,9 +7,10 @@
 - ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn``: torch's original
   ``scaled_dot_product_attention`` (the C function, never a patched ``torch.nn.functional``
   attribute) with SDPA's kernel flags pinned to one kernel (what ``torch.nn.attention.sdpa_kernel``
-  does, in about a tenth of its host time: :class:`_Flags`). Whether the kernel takes a request
-  (dtype, head dims, GPU, GQA, mask) is asked of torch itself (``torch.backends.cuda.can_use_*``),
-  so the answer follows the installed torch.
+  does, in about a tenth of its host time: :class:`_Flags`); on contiguous inputs the bound call
+  calls the kernel's own differentiable op, as SDPA does once it has chosen it. Whether the
+  kernel takes a request (dtype, head dims, GPU, GQA, mask) is asked of torch itself
+  (``torch.backends.cuda.can_use_*``), so the answer follows the installed torch.
 
 Gradients are torch autograd's own through the kernel's backward; lse carries none.
 
@@ -108,7 +109,11 @@ class _SdpaBase(Backend):
         def general(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
             return compute(q, k, v, req, mask)
 
-        return general if fast is None else fast(general)
+        bound = general if fast is None else fast(general)
+        # torch's ops give a result whose type, shape, dtype and device follow from the inputs'
+        # (fixed by the plan's key): attnhub checks it on the plan's first call only.
+        bound.fixed_result = True  # type: ignore[attr-defined]
+        return bound
 
     def _bind_fast(self, req: Request) -> Callable[[Any], Any] | None:
         """A maker of the fast call given the general one (used for strides it does not take), or
@@ -421,6 +426,9 @@ class _SdpaCuda(_SdpaBase):
             return None
         sdpa = torch._C._nn.scaled_dot_product_attention
         causal, scale, gqa = plan.causal, req.scale, self._gqa_mode(req) == "gqa"
+        direct = None
+        if not gqa and req.heads_q == req.heads_kv and req.dim_qk % 8 == 0:
+            direct = self._direct_op(causal, scale, req.needs_grad)
 
         def make(general: Callable) -> Callable:
             def kernel(q: Any, k: Any, v: Any) -> Any:
@@ -433,9 +441,27 @@ class _SdpaCuda(_SdpaBase):
                     return pinned(q, k, v), None
                 return general(q, k, v, mask)
 
-            return fast
+            if direct is None:
+                return fast
+
+            def fastest(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
+                if q.is_contiguous() and k.is_contiguous() and v.is_contiguous():
+                    return direct(q, k, v), None
+                return fast(q, k, v, mask)
+
+            return fastest
 
         return make
+
+    def _direct_op(self, causal: bool, scale: float, lse: bool) -> Callable[[Any, Any, Any], Any] | None:
+        """``out = fn(q, k, v)`` through the kernel's own differentiable torch op, or None.
+
+        For contiguous inputs of equal head counts and a head dim divisible by 8 this is the call
+        SDPA makes once it has chosen the kernel (it pads nothing and copies nothing there), so the
+        result and its gradient are SDPA's; skipping SDPA's selection and the flag pinning saves
+        host time on every call. ``lse``: the op computes the logsumexp its backward reads (SDPA
+        asks for it when an input requires grad under grad mode; the plan's key fixes both)."""
+        return None
 
 
 @lru_cache(maxsize=512)
@@ -489,6 +515,18 @@ class SdpaFlash(_SdpaCuda):
     features: ClassVar[frozenset[str]] = frozenset({"1d", "2d", "full", "causal", "gqa", "backward"})
     takes_mask: ClassVar[bool] = False
 
+    def _direct_op(self, causal: bool, scale: float, lse: bool) -> Callable[[Any, Any, Any], Any] | None:
+        import torch
+
+        op = getattr(torch, "_scaled_dot_product_flash_attention", None)
+        if op is None:
+            return None
+
+        def direct(q: Any, k: Any, v: Any) -> Any:  # the op always returns the logsumexp
+            return op(q, k, v, 0.0, causal, False, scale=scale)[0]
+
+        return direct
+
 
 class SdpaEfficient(_SdpaCuda):
     """SDPA's memory-efficient kernel."""
@@ -502,6 +540,18 @@ class SdpaEfficient(_SdpaCuda):
     )
     zero_rows: ClassVar[bool] = True
 
+    def _direct_op(self, causal: bool, scale: float, lse: bool) -> Callable[[Any, Any, Any], Any] | None:
+        import torch
+
+        op = getattr(torch, "_scaled_dot_product_efficient_attention", None)
+        if op is None:
+            return None
+
+        def direct(q: Any, k: Any, v: Any) -> Any:
+            return op(q, k, v, None, lse, 0.0, causal, scale=scale)[0]
+
+        return direct
+
 
 class SdpaCudnn(_SdpaCuda):
     """SDPA's cuDNN kernel."""
@@ -513,3 +563,15 @@ class SdpaCudnn(_SdpaCuda):
     features: ClassVar[frozenset[str]] = frozenset(
         {"1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "backward"}
     )
+
+    def _direct_op(self, causal: bool, scale: float, lse: bool) -> Callable[[Any, Any, Any], Any] | None:
+        import torch
+
+        op = getattr(torch, "_scaled_dot_product_cudnn_attention", None)
+        if op is None:
+            return None
+
+        def direct(q: Any, k: Any, v: Any) -> Any:
+            return op(q, k, v, None, lse, 0.0, causal, False, scale=scale)[0]
+
+        return direct
