@@ -1,0 +1,147 @@
+"""Session-4 probe (H100): where the decode call's host time goes, and the SDPA direct-op path.
+
+    python tools/dev/probe_s4.py [--part kvhost,host]
+
+kvhost: B 4, Hq 32, Hkv 8, D 128, Lk 8k decode through ``attention_kvcache``: host loop time of the
+whole call, of ``ragged_launch.forward`` with the request and operands captured from it, of the
+relaunch alone, of the two output allocations; GPU time; cProfile of the whole call.
+host: (8, 12, 512, 512) fp16 causal D 64: SDPA against attnhub auto (its pick) and each SDPA backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import torch
+import torch.nn.functional as F
+
+import attnhub
+
+
+def loop_us(fn, calls: int = 200, rounds: int = 15) -> float:
+    for _ in range(5):
+        fn()
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def host_only_us(fn, calls: int = 200, rounds: int = 15) -> float:
+    """Time to issue ``calls`` calls (no synchronize at the end): the host's share when GPU-bound
+    only as long as the launch queue does not fill (200 short launches do not)."""
+    for _ in range(5):
+        fn()
+    best = float("inf")
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    torch.cuda.synchronize()
+    return best
+
+
+def gpu_us(fn, calls: int = 200) -> float:
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    torch.cuda.synchronize()
+    s.record()
+    for _ in range(calls):
+        fn()
+    e.record()
+    torch.cuda.synchronize()
+    return s.elapsed_time(e) / calls * 1e3
+
+
+def part_kvhost() -> None:
+    from attnhub_backends.triton import ragged_launch
+
+    print("== kvhost B 4, Hq 32, Hkv 8, D 128, Lk 8k, bf16")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(4, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(4, 8, 8192, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    kl = torch.full((4,), 8192, dtype=torch.int32, device="cuda")
+    full = lambda: attnhub.attention_kvcache(q, k, v, kl, mask=None, backend="triton")  # noqa: E731
+    seen = {}
+    real = ragged_launch.forward
+
+    def spy(*a, **kw):
+        seen["args"] = (a, kw)
+        return real(*a, **kw)
+
+    ragged_launch.forward = spy
+    full()
+    ragged_launch.forward = real
+    a, kw = seen["args"]
+    plan = next(reversed(ragged_launch._PLANS.values()))
+    inner = lambda: real(*a, **kw)  # noqa: E731
+    rows = {
+        "attention_kvcache": full,
+        "attention(k_lengths)": lambda: attnhub.attention(
+            q, k, v, sync="none_end", k_lengths=kl, backend="triton"
+        ),
+        "ragged_launch.forward": inner,
+        "_run_forward": lambda: ragged_launch._run_forward(plan, *a[:4], a[4]),
+        "2 x torch.empty": lambda: (
+            torch.empty((4, 32, 1, 128), dtype=torch.bfloat16, device="cuda"),
+            torch.empty((4, 32, 1), dtype=torch.float32, device="cuda"),
+        ),
+        "sdpa cudnn gqa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+    }
+    for name, fn in rows.items():
+        print(
+            f"  {name:28s} loop {loop_us(fn):7.1f} us  issue {host_only_us(fn):7.1f} us  gpu {gpu_us(fn):7.1f} us"
+        )
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(2000):
+        full()
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+
+
+def part_host() -> None:
+    print("== host (8, 12, 512, 512) and the issue's small shapes, fp16 causal D 64")
+    for shape in [(1, 8, 1, 512), (1, 8, 128, 128), (8, 12, 512, 512)]:
+        b, h, lq, lk = shape
+        q = torch.randn(b, h, lq, 64, device="cuda", dtype=torch.float16)
+        k, v = (torch.randn(b, h, lk, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+        rows = {
+            "sdpa": lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            "attnhub auto": lambda q=q, k=k, v=v: attnhub.attention(q, k, v, mask="causal"),
+        }
+        for name in ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient"):
+            rows[f"attnhub {name}"] = lambda n=name, q=q, k=k, v=v: attnhub.attention(
+                q, k, v, mask="causal", backend=n
+            )
+        print(f" {shape} auto: {attnhub.explain(q, k, v, mask='causal').chosen}")
+        for name, fn in rows.items():
+            try:
+                print(
+                    f"  {name:24s} loop {loop_us(fn):7.1f} us  issue {host_only_us(fn):7.1f} us  gpu {gpu_us(fn):7.1f}"
+                )
+            except Exception as exc:  # a declined backend
+                print(f"  {name:24s} {type(exc).__name__}: {str(exc)[:100]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--part", default="kvhost,host")
+    args = ap.parse_args()
+    for part in args.part.split(","):
+        globals()[f"part_{part}"]()
+
+
+if __name__ == "__main__":
+    main()
