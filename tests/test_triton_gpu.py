@@ -147,7 +147,7 @@ def test_repeated_calls_launch_the_compiled_kernel() -> None:
         for _ in range(3):
             check(torch, device="cuda", grad=False, **case)
     launches = list(launch._FWD_LAUNCHES.values())
-    assert launches and all(fl.fwd_launcher.compiled for fl in launches)
+    assert launches and all(fl.fwd_launcher.compiled and fl.fwd_launcher.direct for fl in launches)
     assert any(fl.splits > 1 and fl.combine_launcher.compiled for fl in launches)
 
 

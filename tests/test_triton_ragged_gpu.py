@@ -82,6 +82,8 @@ def test_repeated_call_signature() -> None:
         for _ in range(3):
             again = ragged_launch.forward(q, k, v, req, ops)
             assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+        launcher = next(reversed(ragged_launch._PLANS.values())).fwd_launcher
+        assert launcher.compiled and launcher.direct  # the C launcher, not Triton's runner
 
 
 def _decode_reference(q, k, v, lens):

@@ -13,6 +13,7 @@ runner's per-call closure, device and stream queries through Triton's driver, an
 lookups (together about as long as the launch itself on the H100's host). Where the compiled
 kernel lacks those attributes, or a launch hook (a profiler's) is set when the signature first
 runs, later calls go through the runner instead; hooks set after that first call are not seen.
+Triton 3.5 and later keep an empty hook chain where older ones kept None: both count as unset.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ class Relauncher:
 
     def __init__(self) -> None:
         self._launch: Callable[[tuple[int, ...], tuple], None] | None = None
+        #: True once later calls use the compiled kernel's C launcher (not Triton's runner).
+        self.direct = False
 
     def __call__(self, fn: Any, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any]) -> None:
         launch = self._launch
@@ -41,7 +44,9 @@ class Relauncher:
         if hasattr(ret, "packed_metadata") and hasattr(fn, "params"):  # compiled, not interpreted
             params = fn.params[len(args) :]
             tail = tuple(kwargs.get(p.name, p.default) for p in params)
-            self._launch = _direct(ret, tail) or _runner(ret, tail)
+            direct = _direct(ret, tail)
+            self.direct = direct is not None
+            self._launch = direct or _runner(ret, tail)
 
     @property
     def compiled(self) -> bool:
@@ -67,7 +72,7 @@ def _direct(compiled: Any, tail: tuple) -> Callable[[tuple[int, ...], tuple], No
         run, function, meta = compiled.run, compiled.function, compiled.packed_metadata
     except (ImportError, AttributeError):
         return None
-    if hooks != (None, None) or function is None or not callable(run):
+    if not all(_unset(h) for h in hooks) or function is None or not callable(run):
         return None
     stream = torch._C._cuda_getCurrentRawStream
 
@@ -87,3 +92,9 @@ def _direct(compiled: Any, tail: tuple) -> Callable[[tuple[int, ...], tuple], No
         )
 
     return launch
+
+
+def _unset(hook: Any) -> bool:
+    """True for a launch hook that calls nothing: None (Triton before 3.5) or an empty
+    ``HookChain`` (later Tritons keep a chain there, never None)."""
+    return hook is None or getattr(hook, "calls", None) == []
