@@ -26,7 +26,7 @@ from attnhub.readings import int32_like, reading
 PADDING_SIDES = ("right", "left")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Extras:
     """The caller's §9-§11 arguments of one ``attention`` call, as given."""
 
@@ -45,6 +45,32 @@ class Extras:
     max_seqlen_k: int = 0
     block_table: Any = None
     paged: int = 0
+
+    def __init__(
+        self,
+        bias: Any = None,
+        softcap: Any = None,
+        sinks: Any = None,
+        q_lengths: Any = None,
+        k_lengths: Any = None,
+        padding_side: Any = "right",
+        q_offset: Any = 0,
+        k_offset: Any = 0,
+        cu_seqlens_q: Any = None,
+        cu_seqlens_k: Any = None,
+        max_seqlen_q: int = 0,
+        max_seqlen_k: int = 0,
+        block_table: Any = None,
+        paged: int = 0,
+    ) -> None:
+        # Built on every call with §9-§11 arguments: one dict update instead of the generated
+        # __init__'s object.__setattr__ per field (a frozen instance still refuses assignment).
+        self.__dict__.update(
+            bias=bias, softcap=softcap, sinks=sinks, q_lengths=q_lengths, k_lengths=k_lengths,
+            padding_side=padding_side, q_offset=q_offset, k_offset=k_offset, cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+            block_table=block_table, paged=paged,
+        )  # fmt: skip
 
     @property
     def given(self) -> bool:

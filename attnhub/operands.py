@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Operands:
     """§9-§11 arrays of one call (None where absent).
 
@@ -38,3 +38,23 @@ class Operands:
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
     block_table: Any = None
+
+    def __init__(
+        self,
+        bias: Any = None,
+        sinks: Any = None,
+        q_lengths: Any = None,
+        k_lengths: Any = None,
+        cu_seqlens_q: Any = None,
+        cu_seqlens_k: Any = None,
+        max_seqlen_q: int = 0,
+        max_seqlen_k: int = 0,
+        block_table: Any = None,
+    ) -> None:
+        # Built on every call that has operands: one dict update, not the generated __init__'s
+        # object.__setattr__ per field (a frozen instance still refuses assignment).
+        self.__dict__.update(
+            bias=bias, sinks=sinks, q_lengths=q_lengths, k_lengths=k_lengths, cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+            block_table=block_table,
+        )  # fmt: skip

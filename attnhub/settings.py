@@ -213,8 +213,9 @@ _read = _environ_reader()
 def key_reader(name: str) -> Callable[[], Any]:
     """A zero-argument reader of ``name``'s raw value for cache keys: two reads give equal results
     exactly when the variable did not change (bytes or None on POSIX, ``os.environ``'s text
-    elsewhere); a C-level call, as override keys are read on every call."""
-    if name not in SETTINGS:
+    elsewhere); a C-level call, for what is read on every call. ``name``: a declared attnhub
+    setting or another project's variable."""
+    if name.startswith("ATTNHUB_") and name not in SETTINGS:
         raise KeyError(f"{name} is not a declared attnhub setting (attnhub/settings.py)")
     data = getattr(os.environ, "_data", None)
     if os.name == "posix" and isinstance(data, dict):

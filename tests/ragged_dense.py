@@ -175,6 +175,10 @@ def check_case(
         _err(torch, "lse", lse, lse_ref, fwd_tol)
         assert out.dtype == q.dtype and lse.dtype == torch.float32
         if not grad:
+            # A forward that wants no lse (a decode step): the same out, every element written.
+            out2, none = ragged_launch.forward(q, kk, vv, req, ops, need_lse=False)
+            assert none is None
+            _err(torch, "out (no lse)", out2, out_ref, fwd_tol)
             return
         grads = ragged_launch.backward(q, kk, vv, saved_out, lse, dout, req, ops)
     finally:

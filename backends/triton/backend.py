@@ -108,7 +108,7 @@ class TritonBackend(Backend):
         if req.ragged:
             from attnhub_backends.triton import ragged_launch
 
-            return ragged_launch.forward(q, k, v, req, operands)
+            return ragged_launch.forward(q, k, v, req, operands, need_lse=req.return_lse)
         from attnhub_backends.triton import launch, modifiers
 
         return launch.forward(q, k, v, req, mods=modifiers.from_call(req, mask, operands))

@@ -11,6 +11,7 @@ import importlib.util
 import os
 import sys
 import threading
+from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
 
@@ -20,9 +21,19 @@ _LOCK = threading.Lock()
 _LOADED: dict[tuple[str, bool], ModuleType] = {}
 
 
+_interpret_raw = settings.key_reader("TRITON_INTERPRET")
+
+
 def interpret_mode() -> bool:
-    """True when ``TRITON_INTERPRET`` asks for Triton's CPU interpreter."""
-    return (settings.external("TRITON_INTERPRET") or "0").strip().lower() in ("1", "true", "yes", "on")
+    """True when ``TRITON_INTERPRET`` asks for Triton's CPU interpreter (read on every launch:
+    a C-level read and a cached parse)."""
+    return _truthy(_interpret_raw())
+
+
+@lru_cache(maxsize=16)
+def _truthy(raw: str | bytes | None) -> bool:
+    text = os.fsdecode(raw) if raw is not None else "0"
+    return text.strip().lower() in ("1", "true", "yes", "on")
 
 
 def kernels(interpret: bool | None = None) -> ModuleType:

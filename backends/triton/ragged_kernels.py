@@ -290,9 +290,10 @@ def fwd_kernel(
     PACK: tl.constexpr, SPLIT: tl.constexpr, PAGED: tl.constexpr, BLOCK: tl.constexpr,
     SOFTCAP: tl.constexpr, SINK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_QL: tl.constexpr, HAS_KL: tl.constexpr, VARLEN: tl.constexpr, LEFT: tl.constexpr,
-    SYNC: tl.constexpr, BR: tl.constexpr = 16, BSP: tl.constexpr = 1,
+    SYNC: tl.constexpr, BR: tl.constexpr = 16, BSP: tl.constexpr = 1, WRITE_LSE: tl.constexpr = True,
 ):  # fmt: skip
-    """One (query tile or key chunk, head, sequence) program: out and lse of its rows.
+    """One (query tile or key chunk, head, sequence) program: out and lse of its rows (lse only
+    with ``WRITE_LSE``: a forward whose caller wants neither lse nor a backward skips it).
 
     The program's table entry is computed in place from the lengths (:func:`_entry`), so a
     forward is one launch. ``PACK`` (few queries): axis 1 is the kv head and the tile's rows are
@@ -376,19 +377,21 @@ def fwd_kernel(
         if tl.atomic_add(counter, 1, sem="acq_rel") == tl.num_programs(0) - 1:
             _merge_splits(
                 OP, LP, O, LSE, SINKS, s, hk, q_start, q_len, GROUP, MQ, o_split, l_split, sob, soh, son, slb,
-                slh, DV, BDV, BR, BSP, SINK,
+                slh, DV, BDV, BR, BSP, SINK, WRITE_LSE,
             )  # fmt: skip
             tl.atomic_xchg(counter, 0)  # ready for the next launch on this workspace
     else:
         o_rows = O + s.to(tl.int64) * sob + h.to(tl.int64) * soh + (q_start + i).to(tl.int64) * son
         tl.store(o_rows[:, None] + dv_[None, :], out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok)
-        tl.store(LSE + s.to(tl.int64) * slb + h.to(tl.int64) * slh + q_start + i, lse, mask=row_ok)
+        if WRITE_LSE:
+            tl.store(LSE + s.to(tl.int64) * slb + h.to(tl.int64) * slh + q_start + i, lse, mask=row_ok)
 
 
 @triton.jit
 def _merge_splits(
     OP, LP, O, LSE, SINKS, s, hk, q_start, q_len, GROUP, MQ, o_split, l_split, sob, soh, son, slb, slh,
     DV: tl.constexpr, BDV: tl.constexpr, BR: tl.constexpr, BSP: tl.constexpr, SINK: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
 ):  # fmt: skip
     """Merge every split's partials of the (sequence ``s``, kv head ``hk``) group into O and LSE:
     lse = logsumexp of the splits' lse (and the sink's logit), out = their outs weighted by
@@ -442,7 +445,8 @@ def _merge_splits(
     tl.store(
         o_rows[:, None] + dv_[None, :], out.to(O.dtype.element_ty), mask=ok[:, None] & (dv_ < DV)[None, :]
     )
-    tl.store(LSE + s.to(tl.int64) * slb + h.to(tl.int64) * slh + rows, lse, mask=ok)
+    if WRITE_LSE:
+        tl.store(LSE + s.to(tl.int64) * slb + h.to(tl.int64) * slh + rows, lse, mask=ok)
 
 
 # --- backward -------------------------------------------------------------------------------------

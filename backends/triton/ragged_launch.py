@@ -119,6 +119,7 @@ class _FwdPlan:
     out_shape: tuple[int, ...]
     out_dtype: torch.dtype
     zero_fill: bool  # q_lengths: padded rows are never visited, out and lse start at 0 and -inf
+    need_lse: bool  # else the kernel writes no lse and the forward returns None for it
     splits: int
     grid: tuple[int, int, int]
     fwd_tail: tuple  # fwd_kernel's scalars after its pointers
@@ -132,10 +133,11 @@ class _FwdPlan:
 
 
 _PLANS: OrderedDict[tuple, _FwdPlan] = OrderedDict()
+_splits_env = settings.key_reader("ATTNHUB_TRITON_SPLITS")
 
 
 def _signature(
-    req: Request, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ops: Any, out_dtype: Any
+    req: Request, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ops: Any, out_dtype: Any, need_lse: bool
 ) -> tuple:
     """Everything Triton specialises on (shapes, strides, alignments, dtypes), the host-known sizes
     and the tuning and split settings (built on every call: kept lean)."""
@@ -148,7 +150,7 @@ def _signature(
         )  # fmt: skip
     return (
         req, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.data_ptr() % 16,
-        k.data_ptr() % 16, v.data_ptr() % 16, out_dtype, extra, settings.raw("ATTNHUB_TRITON_SPLITS"),
+        k.data_ptr() % 16, v.data_ptr() % 16, out_dtype, need_lse, extra, _splits_env(),
         tuple(TUNE.items()), interpret_mode(),
     )  # fmt: skip
 
@@ -239,21 +241,29 @@ def forward(
     req: Request,
     ops: Any,
     out_dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of a ragged request; padded query rows give out 0 and lse -inf."""
+    need_lse: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(out, lse) of a ragged request; padded query rows give out 0 and lse -inf. Without
+    ``need_lse`` lse is neither allocated nor written (None): a decode step wants only out."""
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
     out_dtype = out_dtype or q.dtype
-    key = _signature(req, q, k, v, ops, out_dtype)
+    key = _signature(req, q, k, v, ops, out_dtype, need_lse)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _PLANS[key] = _plan_forward(q, k, v, req, ops, out_dtype)
+        plan = _PLANS[key] = _plan_forward(q, k, v, req, ops, out_dtype, need_lse)
         if len(_PLANS) > 256:
             _PLANS.popitem(last=False)
     return _run_forward(plan, q, k, v, req, ops)
 
 
 def _plan_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, req: Request, ops: Any, out_dtype: torch.dtype
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    req: Request,
+    ops: Any,
+    out_dtype: torch.dtype,
+    need_lse: bool = True,
 ) -> _FwdPlan:
     tp = _table_plan(req, q, k, ops)
     b, hq, nq, dqk = q.shape
@@ -292,7 +302,8 @@ def _plan_forward(
     meta = dict(
         BR=br, BSP=bsp, DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=bn, **consts, PACK=pack,
         SPLIT=splits > 1, PAGED=bool(req.paged), BLOCK=req.paged or 1, SOFTCAP=req.softcap is not None,
-        SINK=req.sinks, DOT_PRECISION=_dot_precision(q), num_warps=warps, num_stages=stages,
+        SINK=req.sinks, DOT_PRECISION=_dot_precision(q), WRITE_LSE=need_lse, num_warps=warps,
+        num_stages=stages,
     )  # fmt: skip
     qs = (q.stride(0) * seq_stride, q.stride(1), q.stride(2))
     # Outputs are allocated contiguous: (B, Hq, Nq, Dv) and (B, Hq, Nq); partials likewise.
@@ -307,7 +318,7 @@ def _plan_forward(
         chunk, *tp.scalars[1:], req.scale * LOG2E, cap, window,
     )  # fmt: skip
     return _FwdPlan(
-        tp, (b, hq, nq, dv), out_dtype, req.q_lengths, splits, grid, tail, {**meta, **tp.meta},
+        tp, (b, hq, nq, dv), out_dtype, req.q_lengths, need_lse, splits, grid, tail, {**meta, **tp.meta},
         (o_split, l_split), tp.seqs * hkv if splits > 1 else 0,
     )  # fmt: skip
 
@@ -343,25 +354,29 @@ def _run_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     dev = q.device
     shape = plan.out_shape
+    lse = None
     if plan.zero_fill:
         out = torch.zeros(shape, dtype=plan.out_dtype, device=dev)
-        lse = torch.full(shape[:3], float("-inf"), dtype=torch.float32, device=dev)
+        if plan.need_lse:
+            lse = torch.full(shape[:3], float("-inf"), dtype=torch.float32, device=dev)
     else:
         out = torch.empty(shape, dtype=plan.out_dtype, device=dev)
-        lse = torch.empty(shape[:3], dtype=torch.float32, device=dev)
+        if plan.need_lse:
+            lse = torch.empty(shape[:3], dtype=torch.float32, device=dev)
     if plan.table.seqs == 0 or 0 in shape[1:3]:
         return out, lse
-    # Pointers a constexpr leaves unread get ``lse`` (Triton needs some tensor there).
-    ql = ops.q_lengths if req.q_lengths else lse
-    kl = ops.k_lengths if req.k_lengths else lse
-    cuq = ops.cu_seqlens_q if req.varlen else lse
-    cuk = ops.cu_seqlens_k if req.varlen else lse
-    bt = ops.block_table if req.paged else lse
-    sk = ops.sinks if req.sinks else lse
-    o_buf, l_buf, cnt = _workspace(plan, dev) if plan.splits > 1 else (lse, lse, lse)
+    # Pointers a constexpr leaves unread get ``out`` (Triton needs some tensor there).
+    spare = out
+    ql = ops.q_lengths if req.q_lengths else spare
+    kl = ops.k_lengths if req.k_lengths else spare
+    cuq = ops.cu_seqlens_q if req.varlen else spare
+    cuk = ops.cu_seqlens_k if req.varlen else spare
+    bt = ops.block_table if req.paged else spare
+    sk = ops.sinks if req.sinks else spare
+    o_buf, l_buf, cnt = _workspace(plan, dev) if plan.splits > 1 else (spare, spare, spare)
     plan.fwd_launcher(
-        _kernels().fwd_kernel, plan.grid, (q, k, v, out, lse, o_buf, l_buf, cnt, ql, kl, cuq, cuk, bt, sk,
-                                           *plan.fwd_tail), plan.fwd_meta,
+        _kernels().fwd_kernel, plan.grid, (q, k, v, out, spare if lse is None else lse, o_buf, l_buf, cnt, ql,
+                                           kl, cuq, cuk, bt, sk, *plan.fwd_tail), plan.fwd_meta,
     )  # fmt: skip
     return out, lse
 

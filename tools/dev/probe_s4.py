@@ -135,9 +135,75 @@ def part_host() -> None:
                 print(f"  {name:24s} {type(exc).__name__}: {str(exc)[:100]}")
 
 
+def graph_us(fn, reps: int = 50) -> float:
+    """Kernel time of ``fn`` replayed from a CUDA graph (no host work per call): median of 5."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / reps * 1e3)
+    return sorted(times)[2]
+
+
+def part_decodecfg() -> None:
+    """Split-KV decode tile configs and fill, kernel time from CUDA graphs, at Lk 8k and 32k."""
+    import itertools
+
+    from attnhub_backends.triton import ragged_launch
+
+    print("== decodecfg B 4, Hq 32, Hkv 8, D 128, bf16: kernel us (CUDA graph) and TB/s")
+    default = dict(ragged_launch.TUNE)
+    for lk in (8192, 32768):
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(4, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (
+            torch.randn(4, 8, lk, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2)
+        )
+        kl = torch.full((4,), lk, dtype=torch.int32, device="cuda")
+        gb = 2 * k.numel() * 2 / 1e9
+        cud = graph_us(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        print(f" Lk {lk}: SDPA default {cud:6.1f} us {gb / cud * 1e3:5.2f} TB/s")
+        rows = []
+        for cfg, fill in itertools.product([(128, 4, 3), (128, 4, 2), (64, 4, 3), (64, 4, 4), (128, 8, 3),
+                                            (64, 2, 3), (256, 8, 2)], [2, 3, 4, 6, 8]):  # fmt: skip
+            ragged_launch.TUNE["decode"], ragged_launch.TUNE["fill"] = cfg, fill
+            ragged_launch._PLANS.clear()
+            try:
+                t = graph_us(
+                    lambda q=q, k=k, v=v, kl=kl: attnhub.attention_kvcache(
+                        q, k, v, kl, mask=None, backend="triton"
+                    )
+                )
+            except Exception as exc:  # noqa: BLE001
+                print(f"  {cfg} fill {fill}: {type(exc).__name__} {str(exc)[:80]}")
+                continue
+            rows.append((t, cfg, fill))
+        for t, cfg, fill in sorted(rows)[:8]:
+            print(f"  {cfg} fill {fill}: {t:6.1f} us {gb / t * 1e3:5.2f} TB/s")
+        ragged_launch.TUNE.update(default)
+        ragged_launch._PLANS.clear()
+        t = graph_us(
+            lambda q=q, k=k, v=v, kl=kl: attnhub.attention_kvcache(q, k, v, kl, mask=None, backend="triton")
+        )
+        print(f"  default {default['decode']} fill {default['fill']}: {t:6.1f} us {gb / t * 1e3:5.2f} TB/s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", default="kvhost,host")
+    ap.add_argument("--part", default="kvhost,host,decodecfg")
     args = ap.parse_args()
     for part in args.part.split(","):
         globals()[f"part_{part}"]()
