@@ -276,3 +276,24 @@ def test_sequence_items_checked_on_every_call() -> None:
     for bad in ([30, 2.5], [30, True], [30, 33], [-1, 2]):
         with pytest.raises(SpecError, match="k_lengths"):
             attnhub.attention(q, kc, vc, k_lengths=bad, backend="reference")
+
+
+def test_extras_and_operands_init_match_their_fields():
+    """Extras and Operands have hand-written __init__s (one dict update, built on every call): the
+    parameters are exactly the dataclass fields with the same defaults, and instances stay frozen."""
+    import dataclasses
+    import inspect
+
+    from attnhub.extras import Extras
+    from attnhub.operands import Operands
+
+    for cls in (Extras, Operands):
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+        fields = dataclasses.fields(cls)
+        assert [p.name for p in params] == [f.name for f in fields]
+        assert [p.default for p in params] == [f.default for f in fields]
+        made = cls(**{f.name: i for i, f in enumerate(fields)})
+        assert [getattr(made, f.name) for f in fields] == list(range(len(fields)))
+        assert dataclasses.replace(made, **{fields[0].name: "x"}) == cls("x", *range(1, len(fields)))
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(made, fields[0].name, 1)

@@ -29,7 +29,13 @@ LOG2E = 1.4426950408889634
 #: Defaults from benchmarks/ragged.py's sweep on an H100 (bf16, D=128): decode (128, 4, 3) with fill 4
 #: read 2.69 TB/s at Lk=32k; packed causal training: forward (128, 64, 8, 3), backward (64, 64, 4, 2)
 #: for both kernels.
-TUNE: dict[str, Any] = {"fwd": None, "dkdv": None, "dq": None, "decode": (128, 4, 3), "fill": 4}
+TUNE: dict[str, Any] = {
+    "fwd": None, "dkdv": None, "dq": None, "decode": (128, 4, 3), "fill": 4,
+    # Short caches (at most ``short_tiles`` key tiles of the decode config): fewer, longer splits
+    # with two stages. H100, bf16, D 128, B 4, Hq 32, Hkv 8, kernel time from CUDA graphs
+    # (tools/dev/probe_s4.py, part decodecfg): Lk 8k 61.2 -> 56.6 us; at 32k the default stays best.
+    "short": ((128, 4, 2), 2), "short_tiles": 64,
+}  # fmt: skip
 
 
 def _kernels() -> ModuleType:
@@ -194,16 +200,19 @@ def _fwd_cfg(x: torch.Tensor, d: int) -> tuple[int, int, int, int]:
     return 128, 64, 8, 3
 
 
-def _decode_cfg(x: torch.Tensor, d_sum: int) -> tuple[int, int, int]:
-    """(BN, warps, stages) of the packed forward: TUNE's, with smaller key tiles or fewer stages
-    where the K and V tiles buffered ahead (stages - 1 of them) would pass 160 KiB of shared memory
+def _decode_cfg(x: torch.Tensor, d_sum: int, max_k: int) -> tuple[int, int, int, int]:
+    """(BN, warps, stages, fill) of the packed forward: TUNE's (its short-cache config where the
+    cache has at most ``short_tiles`` key tiles), with smaller key tiles or fewer stages where the
+    K and V tiles buffered ahead (stages - 1 of them) would pass 160 KiB of shared memory
     (Triton's pipeliner used 70 KiB at BN=64, 3 stages, bf16, D=128)."""
-    bn, warps, stages = TUNE["decode"]
+    (bn, warps, stages), fill = TUNE["decode"], TUNE["fill"]
+    if TUNE.get("short") and -(-max_k // bn) <= TUNE["short_tiles"]:
+        (bn, warps, stages), fill = TUNE["short"]
     while bn > 32 and bn * d_sum * x.element_size() * (stages - 1) > 160 * 1024:
         bn //= 2
     while stages > 1 and bn * d_sum * x.element_size() * (stages - 1) > 160 * 1024:
         stages -= 1
-    return bn, warps, stages
+    return bn, warps, stages, fill
 
 
 #: Most split-KV chunks a decode forward uses (unless ATTNHUB_TRITON_SPLITS forces more): the last
@@ -222,15 +231,16 @@ def _split_strides(seqs: int, hq: int, max_q: int, dv: int) -> tuple[int, int]:
     return -(-seqs * hq * max_q * dv // 16) * 16, -(-seqs * hq * max_q // 16) * 16
 
 
-def _splits(tiles: int, programs: int, device: torch.device) -> int:
-    """Split-KV factor for packed (decode) programs: enough programs to fill the GPU, at least a
-    few key tiles each. ``ATTNHUB_TRITON_SPLITS`` forces it (also under the interpreter)."""
+def _splits(tiles: int, programs: int, device: torch.device, fill: int) -> int:
+    """Split-KV factor for packed (decode) programs: enough programs to fill the GPU (``fill`` per
+    SM), at least a few key tiles each. ``ATTNHUB_TRITON_SPLITS`` forces it (also under the
+    interpreter)."""
     forced = settings.raw("ATTNHUB_TRITON_SPLITS")
     if forced:
         return max(1, min(int(forced), tiles))
     if not _on_gpu(device):
         return 1
-    want = -(-TUNE["fill"] * _sm_count(device) // max(programs, 1))
+    want = -(-fill * _sm_count(device) // max(programs, 1))
     return max(1, min(want, tiles // 4, MAX_SPLITS))
 
 
@@ -285,9 +295,9 @@ def _plan_forward(
     interp = interpret_mode() or not _on_gpu(q.device)
     if pack:
         bm = max(16, _pow2(tp.max_q * group))
-        bn, warps, stages = (16, 1, 1) if interp else _decode_cfg(q, _pad(dqk) + _pad(dv))
+        bn, warps, stages, fill = (16, 1, 1, 1) if interp else _decode_cfg(q, _pad(dqk) + _pad(dv), tp.max_k)
         tiles = -(-tp.max_k // bn)
-        splits = _splits(tiles, tp.seqs * hkv, q.device)
+        splits = _splits(tiles, tp.seqs * hkv, q.device, fill)
         chunk = -(-tiles // splits) if tiles else 0
         splits = -(-tiles // chunk) if tiles else 1
         grid = (splits, hkv, tp.seqs)
