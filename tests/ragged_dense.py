@@ -89,10 +89,12 @@ def check_case(
     q_lengths=None, k_lengths=None, side: str = "right", rule: Rule, sync: str, grad: bool,
     seed: int = 0, logit_boost: float = 1.0, softcap: float | None = None, sinks: bool = False,
     q_offset: int = 0, k_offset: int = 0, paged: int = 0, varlen=None, device: str = "cpu",
+    nan_padding: bool = False,
 ) -> None:  # fmt: skip
     """Run the ragged kernels on fresh N(0, 1) inputs and compare out, lse (and dq, dk, dv, dsinks
     when ``grad``) with the dense float64 formula; uninitialised memory is NaN-filled so that an
-    unwritten element fails."""
+    unwritten element fails. ``nan_padding`` (forward only, per-entry lengths): the keys and values
+    past each entry's length hold NaN in the kernels' inputs, which must not reach any result."""
     from attnhub_backends.triton import ragged_launch
 
     rng = np.random.default_rng(1000 + seed)
@@ -114,6 +116,12 @@ def check_case(
     k, k64 = _rounded(torch, rng, (nb, hkv, lk, dqk), dtype, device)
     v, v64 = _rounded(torch, rng, (nb, hkv, lk, dv), dtype, device)
     dout, dout64 = _rounded(torch, rng, (nb, hq, lq, dv), dtype, device)
+    if nan_padding:
+        assert varlen is None and not paged and not grad
+        for bi, _, _, ks, kn in segs:
+            for x in (k, v):
+                x[bi, :, :ks] = float("nan")
+                x[bi, :, ks + kn :] = float("nan")
     sk = sk64 = None
     if sinks:
         sk, sk64 = _rounded(torch, rng, (hq,), "float32", device)

@@ -56,6 +56,22 @@ else:
                 rule=rule, sync=sync, grad=n < 2 or sync == "none_end", seed=n,
             )  # fmt: skip
 
+    @pytest.mark.parametrize("side", ["right", "left"])
+    def test_query_tiled_lengths_write_their_padded_rows(side) -> None:
+        """More query rows than one packed tile holds: the query-tiled programs write the padded
+        rows themselves (out 0, lse -inf; FILL_PADDED), an entry without queries included; NaN in
+        the padded keys and values reaches nothing."""
+        for n, rule in enumerate((Causal(), Full())):
+            check_case(
+                torch, dtype="float32", b=3, hq=2, hkv=2, lq=70, lk=40, dqk=16, dv=16,
+                q_lengths=[70, 0, 33], k_lengths=[40, 7, 0 if n else 25], side=side, rule=rule,
+                sync="none_end", grad=False, seed=30 + n, nan_padding=True,
+            )  # fmt: skip
+        check_case(
+            torch, dtype="float32", b=2, hq=2, hkv=1, lq=70, lk=40, dqk=16, dv=16, q_lengths=[5, 70],
+            k_lengths=[40, 31], side=side, rule=Causal(), sync="none_front", grad=True, seed=32,
+        )  # fmt: skip
+
     def test_lengths_only_one_side() -> None:
         """Only q_lengths, only k_lengths; float16 and bfloat16; large logits."""
         check_case(torch, dtype="float32", b=2, hq=2, hkv=1, lq=17, lk=17, dqk=16, dv=16,

@@ -23,6 +23,24 @@ def test_lengths_training(dtype, side) -> None:
                sync="none_end", grad=True, device="cuda", logit_boost=2.0)  # fmt: skip
 
 
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_tma_loads_ignore_padded_keys(side) -> None:
+    """16-bit at head dim 128, query-tiled: K/V come through tensor descriptors (TMA), which read
+    whole tiles; NaN in the padded keys and values reaches no result, and the programs write the
+    padded query rows themselves (out 0, lse -inf)."""
+    from attnhub_backends.triton import ragged_launch
+
+    ragged_launch._PLANS.clear()
+    check_case(torch, dtype="bfloat16", b=3, hq=8, hkv=2, lq=600, lk=900, dqk=128, dv=128,
+               q_lengths=[600, 0, 257], k_lengths=[900, 33, 0], side=side, rule=Causal(),
+               sync="none_end", grad=False, device="cuda", nan_padding=True)  # fmt: skip
+    check_case(torch, dtype="float16", b=2, hq=4, hkv=4, lq=300, lk=1000, dqk=128, dv=128,
+               q_lengths=[300, 190], k_lengths=[1000, 555], side=side, rule=Full(), sync="none_front",
+               grad=False, device="cuda", nan_padding=True, softcap=30.0)  # fmt: skip
+    plans = list(ragged_launch._PLANS.values())
+    assert plans and all(p.tma and not p.zero_fill for p in plans)
+
+
 @pytest.mark.parametrize("sync", ["none_front", "scale_front", "scale_end"])
 def test_lengths_rules(sync) -> None:
     for rule in (Full(), Local(64, causal=True), Local(16, log2_stride=2)):

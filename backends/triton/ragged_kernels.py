@@ -252,16 +252,30 @@ def _fwd_tile(
     DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BN: tl.constexpr,
     MASKED: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
     PAGED: tl.constexpr, BLOCK: tl.constexpr, SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr = False, kv_b=0,
 ):  # fmt: skip
-    """One key tile (keys ``n0 .. n0 + BN``) of the online softmax; the rule applied if ``MASKED``."""
+    """One key tile (keys ``n0 .. n0 + BN``) of the online softmax; the rule applied if ``MASKED``.
+
+    ``TMA``: ``K``/``V`` are host-made 4-d (B, Hkv, L, D) tensor descriptors read at batch entry
+    ``kv_b``, rows ``k_start + n0 ..`` (zero-filled past L). Rows past ``k_len`` inside L are the
+    caller's padding and may hold anything: their logits are masked, their values zeroed (0·NaN
+    would be NaN); only masked tiles reach past ``k_len``."""
     j = n0 + tl.arange(0, BN)
     dq_ = tl.arange(0, BDQK)
     dv_ = tl.arange(0, BDV)
-    k_rows, v_rows = _kv_rows(K, V, BT, s, hk, j, skb, skh, skn, svb, svh, svn, sbt, k_start, PAGED, BLOCK)
     j_ok = j < k_len
-    check = MASKED or BDQK != DQK or BDV != DV  # unmasked tiles lie below k_len
-    kt = _load(k_rows[None, :] + dq_[:, None], j_ok[None, :] & (dq_ < DQK)[:, None], 0.0, check)
-    v = _load(v_rows[:, None] + dv_[None, :], j_ok[:, None] & (dv_ < DV)[None, :], 0.0, check)
+    if TMA:
+        kt = tl.trans(K.load([kv_b, hk, k_start + n0, 0]).reshape(BN, BDQK))
+        v = V.load([kv_b, hk, k_start + n0, 0]).reshape(BN, BDV)
+        if MASKED:
+            v = tl.where(j_ok[:, None], v, 0.0)
+    else:
+        k_rows, v_rows = _kv_rows(
+            K, V, BT, s, hk, j, skb, skh, skn, svb, svh, svn, sbt, k_start, PAGED, BLOCK
+        )
+        check = MASKED or BDQK != DQK or BDV != DV  # unmasked tiles lie below k_len
+        kt = _load(k_rows[None, :] + dq_[:, None], j_ok[None, :] & (dq_ < DQK)[:, None], 0.0, check)
+        v = _load(v_rows[:, None] + dv_[None, :], j_ok[:, None] & (dv_ < DV)[None, :], 0.0, check)
     qk = _dot(q, kt, DOT_PRECISION)
     if SOFTCAP:
         qk, _ = _softcap(qk, qk_scale, cap)
@@ -291,6 +305,7 @@ def fwd_kernel(
     SOFTCAP: tl.constexpr, SINK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_QL: tl.constexpr, HAS_KL: tl.constexpr, VARLEN: tl.constexpr, LEFT: tl.constexpr,
     SYNC: tl.constexpr, BR: tl.constexpr = 16, BSP: tl.constexpr = 1, WRITE_LSE: tl.constexpr = True,
+    TMA: tl.constexpr = False, FILL_PADDED: tl.constexpr = False,
 ):  # fmt: skip
     """One (query tile or key chunk, head, sequence) program: out and lse of its rows (lse only
     with ``WRITE_LSE``: a forward whose caller wants neither lse nor a backward skips it).
@@ -304,6 +319,12 @@ def fwd_kernel(
     split of a group merges the partials into ``O`` and ``LSE`` (:func:`_merge_splits`) and sets its
     counter back to zero. Otherwise axis 1 is the query head and axis 0 the query tile, and results
     go straight to the rows of ``O``/``LSE``.
+
+    ``TMA`` (query-tiled, not paged): ``K``/``V`` are tensor descriptors (see :func:`_fwd_tile`).
+    ``FILL_PADDED`` (query-tiled, per-entry ``q_lengths``, not packed sequences): the programs also
+    write out 0 and lse -inf on the padded query rows (relative rows ``q_len .. Lq``, which sit at
+    ``q_start + i`` on the right and ``q_start + i - Lq`` on the left), so the host allocates the
+    outputs without filling them.
     """
     s = tl.program_id(2)
     q_start, q_len, k_start, k_len, aq, bq, ak, bk = _entry(
@@ -325,8 +346,20 @@ def fwd_kernel(
         row_ok = i < q_len
         i_first = tile * BM
         i_last = tl.minimum(q_len, i_first + BM) - 1
+    if FILL_PADDED:
+        pad = (i >= q_len) & (i < Lq)
+        pad_row = q_start + i
+        if LEFT:
+            pad_row = pad_row - Lq
+        dv0 = tl.arange(0, BDV)
+        o_pad = O + s.to(tl.int64) * sob + h.to(tl.int64) * soh + pad_row.to(tl.int64) * son
+        tl.store(o_pad[:, None] + dv0[None, :], tl.zeros([BM, BDV], dtype=O.dtype.element_ty),
+                 mask=pad[:, None] & (dv0 < DV)[None, :])  # fmt: skip
+        if WRITE_LSE:
+            lse_pad = LSE + s.to(tl.int64) * slb + h.to(tl.int64) * slh + pad_row
+            tl.store(lse_pad, tl.full([BM], float("-inf"), dtype=tl.float32), mask=pad)
     if i_first >= q_len:
-        return  # past this sequence's queries (its padded rows were written by the host)
+        return  # past this sequence's queries (padded rows: written above, or by the host)
     n_lo, n_hi, n_full = _key_band(aq * i_first + bq, aq * i_last + bq, k_len, ak, bk, window,
                                    RULE, CAUSAL, LOG2_STRIDE)  # fmt: skip
     t_lo = n_lo // BN
@@ -340,6 +373,7 @@ def fwd_kernel(
         t_full = tl.maximum(t_lo, tl.minimum(t_full, t_hi))
     dq_ = tl.arange(0, BDQK)
     dv_ = tl.arange(0, BDV)
+    kv_b = s * 0 if VARLEN else s  # packed sequences share batch entry 0
     q_rows = Q + s.to(tl.int64) * sqb + h.to(tl.int64) * sqh + (q_start + i).to(tl.int64) * sqn
     q = tl.load(q_rows[:, None] + dq_[None, :], mask=row_ok[:, None] & (dq_ < DQK)[None, :], other=0.0)
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
@@ -350,12 +384,14 @@ def fwd_kernel(
             q, K, V, BT, s, hk, t * BN, i, m_i, l_i, acc, q_len, k_len, k_start, aq, bq, ak, bk, window,
             skb, skh, skn, svb, svh, svn, sbt, qk_scale, cap,
             DQK, DV, BDQK, BDV, BN, False, RULE, CAUSAL, LOG2_STRIDE, PAGED, BLOCK, SOFTCAP, DOT_PRECISION,
+            TMA, kv_b,
         )  # fmt: skip
     for t in range(t_full, t_hi):
         m_i, l_i, acc = _fwd_tile(
             q, K, V, BT, s, hk, t * BN, i, m_i, l_i, acc, q_len, k_len, k_start, aq, bq, ak, bk, window,
             skb, skh, skn, svb, svh, svn, sbt, qk_scale, cap,
             DQK, DV, BDQK, BDV, BN, True, RULE, CAUSAL, LOG2_STRIDE, PAGED, BLOCK, SOFTCAP, DOT_PRECISION,
+            TMA, kv_b,
         )  # fmt: skip
     if SINK and not SPLIT:  # the sink: a virtual key of logit sinks[h] and value 0
         sink2 = tl.load(SINKS + h, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634

@@ -16,7 +16,7 @@ import torch
 from attnhub import settings
 from attnhub.request import Request
 from attnhub.rules import Causal, Full, Local
-from attnhub_backends.triton.launch import _dot_precision, _pad
+from attnhub_backends.triton.launch import DESCRIPTORS, _dot_precision, _pad, _tma_mode
 from attnhub_backends.triton.loader import interpret_mode, load
 from attnhub_backends.triton.loader import kernels as dense_kernels
 from attnhub_backends.triton.relaunch import Relauncher
@@ -124,8 +124,9 @@ class _FwdPlan:
     table: _TablePlan
     out_shape: tuple[int, ...]
     out_dtype: torch.dtype
-    zero_fill: bool  # q_lengths: padded rows are never visited, out and lse start at 0 and -inf
+    zero_fill: bool  # padded query rows that no program writes: out and lse start at 0 and -inf
     need_lse: bool  # else the kernel writes no lse and the forward returns None for it
+    tma: bool  # K/V read through host-made tensor descriptors (block rows: fwd_meta["BN"])
     splits: int
     grid: tuple[int, int, int]
     fwd_tail: tuple  # fwd_kernel's scalars after its pointers
@@ -305,6 +306,10 @@ def _plan_forward(
         bm, bn, warps, stages = _fwd_cfg(q, max(_pad(dqk), _pad(dv)))
         splits, chunk = 1, 0
         grid = (-(-tp.max_q // bm), hq, tp.seqs)
+    # Query-tiled programs over per-entry lengths write the padded rows themselves (FILL_PADDED);
+    # K/V through TMA where the dense forward would use it (launch._tma_mode), not for paged caches.
+    fill_padded = bool(req.q_lengths) and not pack and not req.varlen
+    tma = not pack and not req.paged and _tma_mode(q, k, v) == DESCRIPTORS
     # The split merge reads (BSP splits, BR rows, Dv) blocks of MERGE_BLOCK elements: a few memory
     # round trips. BSP does not follow the split count, so that a new cache length compiles nothing.
     br = _pow2(tp.max_q * group) if pack else 16
@@ -312,8 +317,8 @@ def _plan_forward(
     meta = dict(
         BR=br, BSP=bsp, DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=bn, **consts, PACK=pack,
         SPLIT=splits > 1, PAGED=bool(req.paged), BLOCK=req.paged or 1, SOFTCAP=req.softcap is not None,
-        SINK=req.sinks, DOT_PRECISION=_dot_precision(q), WRITE_LSE=need_lse, num_warps=warps,
-        num_stages=stages,
+        SINK=req.sinks, DOT_PRECISION=_dot_precision(q), WRITE_LSE=need_lse, TMA=tma,
+        FILL_PADDED=fill_padded, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     qs = (q.stride(0) * seq_stride, q.stride(1), q.stride(2))
     # Outputs are allocated contiguous: (B, Hq, Nq, Dv) and (B, Hq, Nq); partials likewise.
@@ -328,7 +333,8 @@ def _plan_forward(
         chunk, *tp.scalars[1:], req.scale * LOG2E, cap, window,
     )  # fmt: skip
     return _FwdPlan(
-        tp, (b, hq, nq, dv), out_dtype, req.q_lengths, need_lse, splits, grid, tail, {**meta, **tp.meta},
+        tp, (b, hq, nq, dv), out_dtype, req.q_lengths and not fill_padded, need_lse, tma, splits, grid, tail,
+        {**meta, **tp.meta},
         (o_split, l_split), tp.seqs * hkv if splits > 1 else 0,
     )  # fmt: skip
 
@@ -384,6 +390,12 @@ def _run_forward(
     bt = ops.block_table if req.paged else spare
     sk = ops.sinks if req.sinks else spare
     o_buf, l_buf, cnt = _workspace(plan, dev) if plan.splits > 1 else (spare, spare, spare)
+    if plan.tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        bn = plan.fwd_meta["BN"]
+        k = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, bn, k.shape[-1]])
+        v = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, bn, v.shape[-1]])
     plan.fwd_launcher(
         _kernels().fwd_kernel, plan.grid, (q, k, v, out, spare if lse is None else lse, o_buf, l_buf, cnt, ql,
                                            kl, cuq, cuk, bt, sk, *plan.fwd_tail), plan.fwd_meta,
