@@ -296,8 +296,8 @@ def part_raggedcfg() -> None:
     for name, case in cases.items():
         q, k, v, _ = workloads.make_inputs(case, "cuda")
         runs[name] = (workloads.attnhub_runner("triton", case), q, k, v)
-    for cfg in [None, (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (128, 64, 8, 4),
-                (128, 32, 8, 3), (64, 128, 4, 3), (128, 128, 4, 2)]:  # fmt: skip
+    for cfg in [None, (64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 2), (64, 32, 4, 3), (64, 64, 8, 3),
+                (64, 128, 4, 2), (32, 64, 4, 3), (128, 64, 8, 3)]:  # fmt: skip
         ragged_launch.TUNE["fwd"] = cfg
         row = []
         for name, (fn, q, k, v) in runs.items():
