@@ -252,9 +252,10 @@ def _fwd_tile(
     DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BN: tl.constexpr,
     MASKED: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
     PAGED: tl.constexpr, BLOCK: tl.constexpr, SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    TMA: tl.constexpr = False, kv_b=0,
+    TMA: tl.constexpr = False, kv_b=0, POS_SCALE: tl.constexpr = False,
 ):  # fmt: skip
     """One key tile (keys ``n0 .. n0 + BN``) of the online softmax; the rule applied if ``MASKED``.
+    ``POS_SCALE``: the scale is positive (unmasked tiles then fold it into exp2's argument).
 
     ``TMA``: ``K``/``V`` are host-made 4-d (B, Hkv, L, D) tensor descriptors read at batch entry
     ``kv_b``, rows ``k_start + n0 ..`` (zero-filled past L). Rows past ``k_len`` inside L are the
@@ -277,6 +278,15 @@ def _fwd_tile(
         kt = _load(k_rows[None, :] + dq_[:, None], j_ok[None, :] & (dq_ < DQK)[:, None], 0.0, check)
         v = _load(v_rows[:, None] + dv_[None, :], j_ok[:, None] & (dv_ < DV)[None, :], 0.0, check)
     qk = _dot(q, kt, DOT_PRECISION)
+    if not MASKED and not SOFTCAP and POS_SCALE:
+        # Every logit of an unmasked tile is finite: the scale folds into exp2's argument (one
+        # FMA per logit) and the row max needs no -inf guard (max(qk)·scale: scale > 0).
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = _dot(p.to(v.dtype), v, DOT_PRECISION, acc * alpha[:, None])
+        return m_new, l_i, acc
     if SOFTCAP:
         qk, _ = _softcap(qk, qk_scale, cap)
     else:
@@ -305,7 +315,7 @@ def fwd_kernel(
     SOFTCAP: tl.constexpr, SINK: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_QL: tl.constexpr, HAS_KL: tl.constexpr, VARLEN: tl.constexpr, LEFT: tl.constexpr,
     SYNC: tl.constexpr, BR: tl.constexpr = 16, BSP: tl.constexpr = 1, WRITE_LSE: tl.constexpr = True,
-    TMA: tl.constexpr = False, FILL_PADDED: tl.constexpr = False,
+    TMA: tl.constexpr = False, FILL_PADDED: tl.constexpr = False, POS_SCALE: tl.constexpr = False,
 ):  # fmt: skip
     """One (query tile or key chunk, head, sequence) program: out and lse of its rows (lse only
     with ``WRITE_LSE``: a forward whose caller wants neither lse nor a backward skips it).
@@ -384,7 +394,7 @@ def fwd_kernel(
             q, K, V, BT, s, hk, t * BN, i, m_i, l_i, acc, q_len, k_len, k_start, aq, bq, ak, bk, window,
             skb, skh, skn, svb, svh, svn, sbt, qk_scale, cap,
             DQK, DV, BDQK, BDV, BN, False, RULE, CAUSAL, LOG2_STRIDE, PAGED, BLOCK, SOFTCAP, DOT_PRECISION,
-            TMA, kv_b,
+            TMA, kv_b, POS_SCALE,
         )  # fmt: skip
     for t in range(t_full, t_hi):
         m_i, l_i, acc = _fwd_tile(

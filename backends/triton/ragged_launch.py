@@ -323,7 +323,7 @@ def _plan_forward(
         BR=br, BSP=bsp, DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=bn, **consts, PACK=pack,
         SPLIT=splits > 1, PAGED=bool(req.paged), BLOCK=req.paged or 1, SOFTCAP=req.softcap is not None,
         SINK=req.sinks, DOT_PRECISION=_dot_precision(q), WRITE_LSE=need_lse, TMA=tma,
-        FILL_PADDED=fill_padded, num_warps=warps, num_stages=stages,
+        FILL_PADDED=fill_padded, POS_SCALE=req.scale > 0, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     qs = (q.stride(0) * seq_stride, q.stride(1), q.stride(2))
     # Outputs are allocated contiguous: (B, Hq, Nq, Dv) and (B, Hq, Nq); partials likewise.
