@@ -424,8 +424,7 @@ def fwd_kernel(
                 q, K, V, kv_b, hk, k_start, t, t_full, i, m_i, l_i, acc, q_len, k_len, aq, bq, ak, bk,
                 window, qk_scale, BN, BDQK, BDV, RULE, CAUSAL, LOG2_STRIDE, DOT_PRECISION,
             )  # fmt: skip
-        t_full = t_lo  # nothing left for the two loops below
-        t_hi = t_lo
+        t_hi = t_lo  # nothing left for the two loops below
     for t in range(t_lo, t_full):
         m_i, l_i, acc = _fwd_tile(
             q, K, V, BT, s, hk, t * BN, i, m_i, l_i, acc, q_len, k_len, k_start, aq, bq, ak, bk, window,
