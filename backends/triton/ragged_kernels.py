@@ -149,32 +149,6 @@ def _softcap(qk, qk_scale, cap):
 
 
 @triton.jit
-def _fwd_band_tile(
-    q, K, V, kv_b, hk, k_start, t, t_full, i, m_i, l_i, acc, q_len, k_len, aq, bq, ak, bk, window,
-    qk_scale, BN: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, RULE: tl.constexpr,
-    CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
-    """Key tile ``t`` of a band walk through TMA descriptors (see :func:`_fwd_tile`): the rule, and
-    zeroed values past ``k_len``, only on tiles from ``t_full`` on; the scale is positive."""
-    n0 = t * BN
-    j = n0 + tl.arange(0, BN)
-    kt = tl.trans(K.load([kv_b, hk, k_start + n0, 0]).reshape(BN, BDQK))
-    v = V.load([kv_b, hk, k_start + n0, 0]).reshape(BN, BDV)
-    qk = _dot(q, kt, DOT_PRECISION)
-    if t >= t_full:
-        keep = _keep(i, j, q_len, k_len, aq, bq, ak, bk, window, RULE, CAUSAL, LOG2_STRIDE)
-        qk = tl.where(keep, qk, float("-inf"))
-        v = tl.where((j < k_len)[:, None], v, 0.0)
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(qk * qk_scale - m_use[:, None])
-    alpha = tl.math.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = _dot(p.to(v.dtype), v, DOT_PRECISION, acc * alpha[:, None])
-    return m_new, l_i, acc
-
-
-@triton.jit
 def _kv_rows(K, V, BT, s, hk, rows, skb, skh, skn, svb, svh, svn, sbt, k_start,
              PAGED: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
     """Row pointers of keys ``rows`` (within the sequence) in K and V.
@@ -342,7 +316,6 @@ def fwd_kernel(
     HAS_QL: tl.constexpr, HAS_KL: tl.constexpr, VARLEN: tl.constexpr, LEFT: tl.constexpr,
     SYNC: tl.constexpr, BR: tl.constexpr = 16, BSP: tl.constexpr = 1, WRITE_LSE: tl.constexpr = True,
     TMA: tl.constexpr = False, FILL_PADDED: tl.constexpr = False, POS_SCALE: tl.constexpr = False,
-    BAND: tl.constexpr = False,
 ):  # fmt: skip
     """One (query tile or key chunk, head, sequence) program: out and lse of its rows (lse only
     with ``WRITE_LSE``: a forward whose caller wants neither lse nor a backward skips it).
@@ -358,9 +331,7 @@ def fwd_kernel(
     go straight to the rows of ``O``/``LSE``.
 
     ``TMA`` (query-tiled, not paged): ``K``/``V`` are tensor descriptors (see :func:`_fwd_tile`).
-    ``BAND`` (with ``TMA``, a positive scale, no softcap): one loop over the key band, the rule
-    applied on the tiles from ``t_full`` on (:func:`_fwd_band_tile`), instead of an unmasked and a
-    masked loop. ``FILL_PADDED`` (query-tiled, per-entry ``q_lengths``, not packed sequences): the programs also
+    ``FILL_PADDED`` (query-tiled, per-entry ``q_lengths``, not packed sequences): the programs also
     write out 0 and lse -inf on the padded query rows (relative rows ``q_len .. Lq``, which sit at
     ``q_start + i`` on the right and ``q_start + i - Lq`` on the left), so the host allocates the
     outputs without filling them.
@@ -418,13 +389,6 @@ def fwd_kernel(
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, BDV], dtype=tl.float32)
-    if BAND:  # one loop over the band: the software pipeline is filled once per program
-        for t in range(t_lo, t_hi):
-            m_i, l_i, acc = _fwd_band_tile(
-                q, K, V, kv_b, hk, k_start, t, t_full, i, m_i, l_i, acc, q_len, k_len, aq, bq, ak, bk,
-                window, qk_scale, BN, BDQK, BDV, RULE, CAUSAL, LOG2_STRIDE, DOT_PRECISION,
-            )  # fmt: skip
-        t_hi = t_lo  # nothing left for the two loops below
     for t in range(t_lo, t_full):
         m_i, l_i, acc = _fwd_tile(
             q, K, V, BT, s, hk, t * BN, i, m_i, l_i, acc, q_len, k_len, k_start, aq, bq, ak, bk, window,

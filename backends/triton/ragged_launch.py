@@ -158,7 +158,7 @@ def _signature(
     return (
         req, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.data_ptr() % 16,
         k.data_ptr() % 16, v.data_ptr() % 16, out_dtype, need_lse, extra, _splits_env(),
-        tuple(TUNE.items()), BAND_WALK, interpret_mode(),
+        tuple(TUNE.items()), interpret_mode(),
     )  # fmt: skip
 
 
@@ -323,8 +323,7 @@ def _plan_forward(
         BR=br, BSP=bsp, DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=bn, **consts, PACK=pack,
         SPLIT=splits > 1, PAGED=bool(req.paged), BLOCK=req.paged or 1, SOFTCAP=req.softcap is not None,
         SINK=req.sinks, DOT_PRECISION=_dot_precision(q), WRITE_LSE=need_lse, TMA=tma,
-        FILL_PADDED=fill_padded, POS_SCALE=req.scale > 0, BAND=_band(tma, req), num_warps=warps,
-        num_stages=stages,
+        FILL_PADDED=fill_padded, POS_SCALE=req.scale > 0, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     qs = (q.stride(0) * seq_stride, q.stride(1), q.stride(2))
     # Outputs are allocated contiguous: (B, Hq, Nq, Dv) and (B, Hq, Nq); partials likewise.
@@ -343,16 +342,6 @@ def _plan_forward(
         {**meta, **tp.meta},
         (o_split, l_split), tp.seqs * hkv if splits > 1 else 0,
     )  # fmt: skip
-
-
-#: The ragged forward's band walk (one loop per program; ragged_kernels.fwd_kernel's ``BAND``) where
-#: it applies; ``TUNE``-like module state so that probes can compare it with the two loops.
-BAND_WALK = True
-
-
-def _band(tma: bool, req: Request) -> bool:
-    """The band walk needs TMA loads (no bounds masks), a positive scale and no softcap."""
-    return BAND_WALK and tma and req.scale > 0 and req.softcap is None
 
 
 def _workspace(plan: _FwdPlan, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

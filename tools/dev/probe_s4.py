@@ -201,33 +201,6 @@ def part_decodecfg() -> None:
         print(f"  shipped: {t:6.1f} us {gb / t * 1e3:5.2f} TB/s")
 
 
-def part_band() -> None:
-    """The ragged forward's band walk against its two loops, on the bench's padded and packed
-    varlen cases (forward ms, do_bench medians, three interleaved rounds)."""
-    import triton.testing as tt
-
-    from attnhub.bench import workloads
-    from attnhub.bench.grid import Case
-    from attnhub.rules import Causal
-    from attnhub_backends.triton import ragged_launch
-
-    cases = {
-        "padding": Case("padding", 8, 16, 16, 4096, 4096, 128, Causal()),
-        "varlen": Case("varlen", 1, 16, 16, 16384, 16384, 128, Causal()),
-    }
-    print("== band walk (BAND_WALK) on / off, forward ms")
-    for name, case in cases.items():
-        q, k, v, _ = workloads.make_inputs(case, "cuda")
-        fn = workloads.attnhub_runner("triton", case)
-        times = {True: [], False: []}
-        for _ in range(3):
-            for band in (True, False):
-                ragged_launch.BAND_WALK = band
-                times[band].append(tt.do_bench(lambda fn=fn, q=q, k=k, v=v: fn(q, k, v), rep=150))
-        ragged_launch.BAND_WALK = True
-        print(f"  {name}: band {min(times[True]):.3f} ms, two loops {min(times[False]):.3f} ms")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", default="kvhost,host,decodecfg")
