@@ -141,6 +141,7 @@ class _FwdPlan:
 
 _PLANS: OrderedDict[tuple, _FwdPlan] = OrderedDict()
 _splits_env = settings.key_reader("ATTNHUB_TRITON_SPLITS")
+_tma_env = settings.key_reader("ATTNHUB_TRITON_TMA")
 
 
 def _signature(
@@ -157,7 +158,7 @@ def _signature(
         )  # fmt: skip
     return (
         req, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.data_ptr() % 16,
-        k.data_ptr() % 16, v.data_ptr() % 16, out_dtype, need_lse, extra, _splits_env(),
+        k.data_ptr() % 16, v.data_ptr() % 16, out_dtype, need_lse, extra, _splits_env(), _tma_env(),
         tuple(TUNE.items()), interpret_mode(),
     )  # fmt: skip
 
