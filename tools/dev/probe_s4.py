@@ -201,6 +201,39 @@ def part_decodecfg() -> None:
         print(f"  shipped: {t:6.1f} us {gb / t * 1e3:5.2f} TB/s")
 
 
+def part_d64() -> None:
+    """The ragged forward at head dim 64 (the Llama benchmark's prefill: B 4, H 32, L 4k, causal,
+    padded as lengths): tile configs with pointer loads and with TMA forced
+    (ATTNHUB_TRITON_TMA=3), forward ms (do_bench medians)."""
+    import os
+
+    import triton.testing as tt
+
+    from attnhub.bench import workloads
+    from attnhub.bench.grid import Case
+    from attnhub.rules import Causal
+    from attnhub_backends.triton import ragged_launch
+
+    case = Case("padding", 4, 32, 32, 4096, 4096, 64, Causal())
+    q, k, v, _ = workloads.make_inputs(case, "cuda")
+    fn = workloads.attnhub_runner("triton", case)
+    print("== ragged forward at D 64 (B 4, H 32, L 4k, padded causal), ms")
+    for tma in ("", "3"):
+        os.environ["ATTNHUB_TRITON_TMA"] = tma
+        for cfg in [None, (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 3), (64, 128, 4, 3),
+                    (128, 32, 4, 3), (64, 32, 4, 4)]:  # fmt: skip
+            ragged_launch.TUNE["fwd"] = cfg
+            ragged_launch._PLANS.clear()
+            try:
+                t = tt.do_bench(lambda: fn(q, k, v), rep=150)
+                plan = next(reversed(ragged_launch._PLANS.values()))
+                print(f"  tma={tma or 'default'} cfg {str(cfg):18s} {t:.3f} ms (plan tma {plan.tma})")
+            except Exception as exc:  # noqa: BLE001
+                print(f"  tma={tma or 'default'} cfg {cfg}: {type(exc).__name__} {str(exc)[:80]}")
+    os.environ.pop("ATTNHUB_TRITON_TMA", None)
+    ragged_launch.TUNE["fwd"] = None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", default="kvhost,host,decodecfg")
