@@ -25,7 +25,7 @@ def test_lengths_training(dtype, side) -> None:
 
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_tma_loads_ignore_padded_keys(side) -> None:
-    """16-bit at head dim 128, query-tiled: K/V come through tensor descriptors (TMA), which read
+    """16-bit at head dims 128 and 64, query-tiled: K/V come through tensor descriptors (TMA), which read
     whole tiles; NaN in the padded keys and values reaches no result, and the programs write the
     padded query rows themselves (out 0, lse -inf)."""
     from attnhub_backends.triton import ragged_launch
@@ -37,6 +37,9 @@ def test_tma_loads_ignore_padded_keys(side) -> None:
     check_case(torch, dtype="float16", b=2, hq=4, hkv=4, lq=300, lk=1000, dqk=128, dv=128,
                q_lengths=[300, 190], k_lengths=[1000, 555], side=side, rule=Full(), sync="none_front",
                grad=False, device="cuda", nan_padding=True, softcap=30.0)  # fmt: skip
+    check_case(torch, dtype="bfloat16", b=3, hq=8, hkv=8, lq=500, lk=500, dqk=64, dv=64,
+               q_lengths=[500, 77, 1], k_lengths=[500, 77, 1], side=side, rule=Causal(),
+               sync="none_front", grad=False, device="cuda", nan_padding=True)  # fmt: skip
     plans = list(ragged_launch._PLANS.values())
     assert plans and all(p.tma and not p.zero_fill for p in plans)
 

@@ -107,13 +107,16 @@ POINTERS = 0
 DESCRIPTORS = 3  # host-made 4-d (B, H, L, D) tensor descriptors: TMA loads
 
 
-def _tma_mode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: bool = False) -> int:
+def _tma_mode(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: bool = False, dims: tuple[int, ...] = (128,)
+) -> int:
     """The forward's K/V load path: ``DESCRIPTORS`` where TMA's rules hold, else ``POINTERS``.
 
     Descriptors need 16-byte aligned bases and outer strides, a contiguous head dim and a head dim
     that is its own power-of-two tile (no padding). By default they are used on sm90+ for 16-bit
-    dtypes at head dim 128, except for decode-shaped calls (``packed``: GQA rows packed into one
-    tile, split-KV), where pointer loads were faster (docs/backends/triton.md). The interpreter
+    dtypes at the head dims ``dims`` where they were measured faster (the dense forward: 128; the
+    ragged forward: 64 and 128), except for decode-shaped calls (``packed``: GQA rows packed into
+    one tile, split-KV), where pointer loads were faster (docs/backends/triton.md). The interpreter
     always uses pointers. ``ATTNHUB_TRITON_TMA=0`` or ``=3`` forces a path where it is allowed
     (packed calls too).
     """
@@ -123,8 +126,8 @@ def _tma_mode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: bool = 
             return 0
         if q.dtype not in (torch.float16, torch.bfloat16):
             return 0
-        if q.shape[-1] != 128 or v.shape[-1] != 128:
-            return 0  # a gain was measured at head dim 128 only (none at 64: see docs/benchmarks.md)
+        if q.shape[-1] not in dims or v.shape[-1] != q.shape[-1]:
+            return 0  # where no gain was measured (the dense forward at 64: docs/benchmarks.md)
         mode = DESCRIPTORS
     else:
         try:

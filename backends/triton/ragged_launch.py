@@ -190,14 +190,16 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _fwd_cfg(x: torch.Tensor, d: int, tma: bool = False) -> tuple[int, int, int, int]:
-    """(BM, BN, warps, stages) of the query-tiled forward. With TMA loads, (64, 64, 4, 3) on the
-    H100: padded causal batch 0.873 -> 0.758 ms, packed varlen 0.531 -> 0.482 ms against the
-    pointer path's best (128, 64, 8, 3) (``tools/dev/probe_s3.py --part raggedcfg``)."""
+    """(BM, BN, warps, stages) of the query-tiled forward. (64, 64, 4, 3) with TMA loads and at
+    head dim 64, on the H100: padded causal batch at D 128 0.873 -> 0.758 ms, packed varlen 0.531
+    -> 0.482 ms against the pointer path's best (128, 64, 8, 3) (``tools/dev/probe_s3.py --part
+    raggedcfg``); at D 64 (B 4, H 32, L 4k) 0.671 -> 0.579 ms with pointers, 0.546 with TMA
+    (``tools/dev/probe_s4.py --part d64``)."""
     if interpret_mode() or not _on_gpu(x.device):
         return 16, 16, 1, 1
     if TUNE["fwd"] is not None:
         return TUNE["fwd"]
-    if tma:
+    if tma or d <= 64:
         return 64, 64, 4, 3
     if x.element_size() == 4:
         return 64, 32, 4, 2
@@ -309,7 +311,7 @@ def _plan_forward(
         splits = -(-tiles // chunk) if tiles else 1
         grid = (splits, hkv, tp.seqs)
     else:
-        tma = not req.paged and _tma_mode(q, k, v) == DESCRIPTORS
+        tma = not req.paged and _tma_mode(q, k, v, dims=(64, 128)) == DESCRIPTORS
         bm, bn, warps, stages = _fwd_cfg(q, max(_pad(dqk), _pad(dv)), tma)
         splits, chunk = 1, 0
         grid = (-(-tp.max_q // bm), hq, tp.seqs)
