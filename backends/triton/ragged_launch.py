@@ -190,8 +190,8 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _fwd_cfg(x: torch.Tensor, d: int, tma: bool = False) -> tuple[int, int, int, int]:
-    """(BM, BN, warps, stages) of the query-tiled forward. (64, 64, 4, 3) with TMA loads and at
-    head dim 64, on the H100: padded causal batch at D 128 0.873 -> 0.758 ms, packed varlen 0.531
+    """(BM, BN, warps, stages) of the query-tiled forward. (64, 64, 4, 3) with TMA loads and for
+    16-bit inputs at head dim 64, on the H100: padded causal batch at D 128 0.873 -> 0.758 ms, packed varlen 0.531
     -> 0.482 ms against the pointer path's best (128, 64, 8, 3) (``tools/dev/probe_s3.py --part
     raggedcfg``); at D 64 (B 4, H 32, L 4k) 0.671 -> 0.579 ms with pointers, 0.546 with TMA
     (``tools/dev/probe_s4.py --part d64``)."""
@@ -199,10 +199,12 @@ def _fwd_cfg(x: torch.Tensor, d: int, tma: bool = False) -> tuple[int, int, int,
         return 16, 16, 1, 1
     if TUNE["fwd"] is not None:
         return TUNE["fwd"]
-    if tma or d <= 64:
+    if tma:
         return 64, 64, 4, 3
     if x.element_size() == 4:
         return 64, 32, 4, 2
+    if d <= 64:  # 16-bit at head dim 64 with pointer loads (unaligned views)
+        return 64, 64, 4, 3
     if d > 128:
         return 64, 64, 8, 2
     return 128, 64, 8, 3
