@@ -27,15 +27,13 @@ LOG2E = 1.4426950408889634
 #: (BN, warps, stages) of the packed (few-query) forward and ``fill`` the programs per SM that the
 #: split-KV choice aims at. Module state so that benchmarks/ragged.py can sweep them.
 #: Defaults from benchmarks/ragged.py's sweep on an H100 (bf16, D=128): decode (128, 4, 3) with fill 4
-#: read 2.69 TB/s at Lk=32k; packed causal training: forward (128, 64, 8, 3), backward (64, 64, 4, 2)
-#: for both kernels.
-TUNE: dict[str, Any] = {
-    "fwd": None, "dkdv": None, "dq": None, "decode": (128, 4, 3), "fill": 4,
-    # Short caches (at most ``short_tiles`` key tiles of the decode config): fewer, longer splits
-    # with two stages. H100, bf16, D 128, B 4, Hq 32, Hkv 8, kernel time from CUDA graphs
-    # (tools/dev/probe_s4.py, part decodecfg): Lk 8k 61.2 -> 56.6 us; at 32k the default stays best.
-    "short": ((128, 4, 2), 2), "short_tiles": 64,
-}  # fmt: skip
+#: read 2.69 TB/s at Lk=32k; packed causal training: forward as ``_fwd_cfg`` says, backward
+#: (64, 64, 4, 2) for both kernels.
+#: One (BN, warps, stages) for every cache length: a decode kernel compiled once serves a cache as it
+#: grows (tests/test_triton_compile.py). (128, 4, 2) with fill 2 ran 57.0 against 61.2 µs at
+#: Lk 8k but 194 against 190 µs at 32k, and a per-length choice would compile a second variant
+#: mid-generation when a cache crosses the boundary (tools/dev/probe_s4.py, part decodecfg).
+TUNE: dict[str, Any] = {"fwd": None, "dkdv": None, "dq": None, "decode": (128, 4, 3), "fill": 4}
 
 
 def _kernels() -> ModuleType:
@@ -210,14 +208,11 @@ def _fwd_cfg(x: torch.Tensor, d: int, tma: bool = False) -> tuple[int, int, int,
     return 128, 64, 8, 3
 
 
-def _decode_cfg(x: torch.Tensor, d_sum: int, max_k: int) -> tuple[int, int, int, int]:
-    """(BN, warps, stages, fill) of the packed forward: TUNE's (its short-cache config where the
-    cache has at most ``short_tiles`` key tiles), with smaller key tiles or fewer stages where the
-    K and V tiles buffered ahead (stages - 1 of them) would pass 160 KiB of shared memory
-    (Triton's pipeliner used 70 KiB at BN=64, 3 stages, bf16, D=128)."""
+def _decode_cfg(x: torch.Tensor, d_sum: int) -> tuple[int, int, int, int]:
+    """(BN, warps, stages, fill) of the packed forward: TUNE's, with smaller key tiles or fewer
+    stages where the K and V tiles buffered ahead (stages - 1 of them) would pass 160 KiB of shared
+    memory (Triton's pipeliner used 70 KiB at BN=64, 3 stages, bf16, D=128)."""
     (bn, warps, stages), fill = TUNE["decode"], TUNE["fill"]
-    if TUNE.get("short") and -(-max_k // bn) <= TUNE["short_tiles"]:
-        (bn, warps, stages), fill = TUNE["short"]
     while bn > 32 and bn * d_sum * x.element_size() * (stages - 1) > 160 * 1024:
         bn //= 2
     while stages > 1 and bn * d_sum * x.element_size() * (stages - 1) > 160 * 1024:
@@ -306,7 +301,7 @@ def _plan_forward(
     interp = interpret_mode() or not _on_gpu(q.device)
     if pack:
         bm = max(16, _pow2(tp.max_q * group))
-        bn, warps, stages, fill = (16, 1, 1, 1) if interp else _decode_cfg(q, _pad(dqk) + _pad(dv), tp.max_k)
+        bn, warps, stages, fill = (16, 1, 1, 1) if interp else _decode_cfg(q, _pad(dqk) + _pad(dv))
         tiles = -(-tp.max_k // bn)
         splits = _splits(tiles, tp.seqs * hkv, q.device, fill)
         chunk = -(-tiles // splits) if tiles else 0

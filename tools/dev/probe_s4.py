@@ -160,7 +160,7 @@ def graph_us(fn, reps: int = 50) -> float:
 
 def part_decodecfg() -> None:
     """Split-KV decode tile configs and fill, kernel time from CUDA graphs, at Lk 4k to 32k; then
-    the shipped choice (TUNE with its short-cache config)."""
+    the shipped choice."""
     import itertools
 
     from attnhub_backends.triton import ragged_launch
@@ -182,7 +182,6 @@ def part_decodecfg() -> None:
         cud = graph_us(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
         print(f" Lk {lk}: SDPA default {cud:6.1f} us {gb / cud * 1e3:5.2f} TB/s")
         rows = []
-        ragged_launch.TUNE["short"] = None  # every length takes the swept "decode" and "fill"
         for cfg, fill in itertools.product([(128, 4, 3), (128, 4, 2), (64, 2, 3), (128, 8, 2), (256, 8, 2)],
                                            [2, 4, 8]):  # fmt: skip
             ragged_launch.TUNE["decode"], ragged_launch.TUNE["fill"] = cfg, fill
