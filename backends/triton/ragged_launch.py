@@ -189,10 +189,10 @@ def _sm_count(device: torch.device) -> int:
 
 def _fwd_cfg(x: torch.Tensor, d: int, tma: bool = False) -> tuple[int, int, int, int]:
     """(BM, BN, warps, stages) of the query-tiled forward. (64, 64, 4, 3) with TMA loads and for
-    16-bit inputs at head dim 64, on the H100: padded causal batch at D 128 0.873 -> 0.758 ms, packed varlen 0.531
-    -> 0.482 ms against the pointer path's best (128, 64, 8, 3) (``tools/dev/probe_s3.py --part
-    raggedcfg``); at D 64 (B 4, H 32, L 4k) 0.671 -> 0.579 ms with pointers, 0.546 with TMA
-    (``tools/dev/probe_s4.py --part d64``)."""
+    16-bit inputs at head dim 64. H100: padded causal batch at D 128 0.873 -> 0.758 ms, packed
+    varlen 0.531 -> 0.482 ms against the pointer path's best (128, 64, 8, 3)
+    (``tools/dev/probe_s3.py --part raggedcfg``); at D 64 (B 4, H 32, L 4k) 0.671 -> 0.579 ms
+    with pointers, 0.546 with TMA (``tools/dev/probe_s4.py --part d64``)."""
     if interpret_mode() or not _on_gpu(x.device):
         return 16, 16, 1, 1
     if TUNE["fwd"] is not None:
