@@ -208,16 +208,16 @@ def _fwd_cfg(x: torch.Tensor, d: int, tma: bool = False) -> tuple[int, int, int,
     return 128, 64, 8, 3
 
 
-def _decode_cfg(x: torch.Tensor, d_sum: int) -> tuple[int, int, int, int]:
-    """(BN, warps, stages, fill) of the packed forward: TUNE's, with smaller key tiles or fewer
-    stages where the K and V tiles buffered ahead (stages - 1 of them) would pass 160 KiB of shared
-    memory (Triton's pipeliner used 70 KiB at BN=64, 3 stages, bf16, D=128)."""
-    (bn, warps, stages), fill = TUNE["decode"], TUNE["fill"]
+def _decode_cfg(x: torch.Tensor, d_sum: int) -> tuple[int, int, int]:
+    """(BN, warps, stages) of the packed forward: TUNE's, with smaller key tiles or fewer stages
+    where the K and V tiles buffered ahead (stages - 1 of them) would pass 160 KiB of shared memory
+    (Triton's pipeliner used 70 KiB at BN=64, 3 stages, bf16, D=128)."""
+    bn, warps, stages = TUNE["decode"]
     while bn > 32 and bn * d_sum * x.element_size() * (stages - 1) > 160 * 1024:
         bn //= 2
     while stages > 1 and bn * d_sum * x.element_size() * (stages - 1) > 160 * 1024:
         stages -= 1
-    return bn, warps, stages, fill
+    return bn, warps, stages
 
 
 #: Most split-KV chunks a decode forward uses (unless ATTNHUB_TRITON_SPLITS forces more): the last
@@ -236,16 +236,15 @@ def _split_strides(seqs: int, hq: int, max_q: int, dv: int) -> tuple[int, int]:
     return -(-seqs * hq * max_q * dv // 16) * 16, -(-seqs * hq * max_q // 16) * 16
 
 
-def _splits(tiles: int, programs: int, device: torch.device, fill: int) -> int:
-    """Split-KV factor for packed (decode) programs: enough programs to fill the GPU (``fill`` per
-    SM), at least a few key tiles each. ``ATTNHUB_TRITON_SPLITS`` forces it (also under the
-    interpreter)."""
+def _splits(tiles: int, programs: int, device: torch.device) -> int:
+    """Split-KV factor for packed (decode) programs: enough programs to fill the GPU, at least a
+    few key tiles each. ``ATTNHUB_TRITON_SPLITS`` forces it (also under the interpreter)."""
     forced = settings.raw("ATTNHUB_TRITON_SPLITS")
     if forced:
         return max(1, min(int(forced), tiles))
     if not _on_gpu(device):
         return 1
-    want = -(-fill * _sm_count(device) // max(programs, 1))
+    want = -(-TUNE["fill"] * _sm_count(device) // max(programs, 1))
     return max(1, min(want, tiles // 4, MAX_SPLITS))
 
 
@@ -301,9 +300,9 @@ def _plan_forward(
     interp = interpret_mode() or not _on_gpu(q.device)
     if pack:
         bm = max(16, _pow2(tp.max_q * group))
-        bn, warps, stages, fill = (16, 1, 1, 1) if interp else _decode_cfg(q, _pad(dqk) + _pad(dv))
+        bn, warps, stages = (16, 1, 1) if interp else _decode_cfg(q, _pad(dqk) + _pad(dv))
         tiles = -(-tp.max_k // bn)
-        splits = _splits(tiles, tp.seqs * hkv, q.device, fill)
+        splits = _splits(tiles, tp.seqs * hkv, q.device)
         chunk = -(-tiles // splits) if tiles else 0
         splits = -(-tiles // chunk) if tiles else 1
         grid = (splits, hkv, tp.seqs)
