@@ -186,14 +186,18 @@ _declare("ATTNHUB_CUDA_BWD_OVERLAP", _choice("0", "1"), None, "cuda wgmma backwa
 # --- reading -----------------------------------------------------------------------------------
 
 
-def _environ_reader() -> Callable[[str], str | None]:
-    """A fast reader of one environment variable (``os.environ.get`` costs ~1 us).
-
-    ``os.environ`` keeps its values in ``_data`` keyed by the encoded name on POSIX; reading it
-    directly still sees every change made through ``os.environ``. Elsewhere fall back to ``get``.
-    """
+def _posix_environ_data() -> dict[bytes, bytes] | None:
+    """``os.environ``'s own store on POSIX, keyed by the encoded name (reading it directly still
+    sees every change made through ``os.environ``), else None."""
     data = getattr(os.environ, "_data", None)
-    if os.name == "posix" and isinstance(data, dict):
+    return data if os.name == "posix" and isinstance(data, dict) else None
+
+
+def _environ_reader() -> Callable[[str], str | None]:
+    """A fast reader of one environment variable (``os.environ.get`` costs ~1 us): from
+    :func:`_posix_environ_data` where it exists, else ``os.environ.get``."""
+    data = _posix_environ_data()
+    if data is not None:
         encoded: dict[str, bytes] = {}
 
         def read(name: str, _data=data, _encoded=encoded, _fsencode=os.fsencode) -> str | None:
@@ -217,8 +221,8 @@ def key_reader(name: str) -> Callable[[], Any]:
     setting or another project's variable."""
     if name.startswith("ATTNHUB_") and name not in SETTINGS:
         raise KeyError(f"{name} is not a declared attnhub setting (attnhub/settings.py)")
-    data = getattr(os.environ, "_data", None)
-    if os.name == "posix" and isinstance(data, dict):
+    data = _posix_environ_data()
+    if data is not None:
         return partial(data.get, os.fsencode(name))
     return partial(os.environ.get, name)
 
