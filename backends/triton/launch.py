@@ -150,6 +150,17 @@ def _tma_mode(
     return mode
 
 
+def kv_descriptors(k: torch.Tensor, v: torch.Tensor, bn: int) -> tuple[Any, Any]:
+    """Host-made 4-d tensor descriptors of K and V (their own shapes and strides) whose blocks are
+    ``bn`` keys of one (batch entry, head): what the forwards' TMA loads read."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return (
+        TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, bn, k.shape[-1]]),
+        TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, bn, v.shape[-1]]),
+    )
+
+
 #: Fewest key tiles per program worth splitting: below it a program's loop lasts a few µs, less
 #: than the combine launch and the two partial buffers cost the host (small decode steps).
 MIN_SPLIT_VISITS = 16
@@ -372,12 +383,7 @@ def _launch_forward(
         l_buf = torch.empty((splits, l_split), dtype=torch.float32, device=q.device)
         l_buf = l_buf[:, : b * hq * nq].view(splits, b, hq, nq)
     o_strides = out.stride() if splits == 1 else o_buf.stride()[1:]
-    kk, vv = k, v
-    if fl.tma == DESCRIPTORS:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        kk = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, fl.cfg.bn, dqk])
-        vv = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, fl.cfg.bn, dv])
+    kk, vv = kv_descriptors(k, v, fl.cfg.bn) if fl.tma == DESCRIPTORS else (k, v)
     rows, plan_b, plan_h, kwargs = fl.rows, 0, 0, fl.kwargs
     if mods.mask is not None:
         mp = mask_summary.mask_plan(

@@ -16,7 +16,7 @@ import torch
 from attnhub import settings
 from attnhub.request import Request
 from attnhub.rules import Causal, Full, Local
-from attnhub_backends.triton.launch import DESCRIPTORS, _dot_precision, _pad, _tma_mode
+from attnhub_backends.triton.launch import DESCRIPTORS, _dot_precision, _pad, _tma_mode, kv_descriptors
 from attnhub_backends.triton.loader import interpret_mode, load
 from attnhub_backends.triton.loader import kernels as dense_kernels
 from attnhub_backends.triton.relaunch import Relauncher
@@ -307,12 +307,13 @@ def _plan_forward(
         splits = -(-tiles // chunk) if tiles else 1
         grid = (splits, hkv, tp.seqs)
     else:
+        # K/V through TMA on sm90 for 16-bit at head dims 64 and 128 (launch._tma_mode), not for
+        # paged caches (their rows are scattered over blocks).
         tma = not req.paged and _tma_mode(q, k, v, dims=(64, 128)) == DESCRIPTORS
         bm, bn, warps, stages = _fwd_cfg(q, max(_pad(dqk), _pad(dv)), tma)
         splits, chunk = 1, 0
         grid = (-(-tp.max_q // bm), hq, tp.seqs)
-    # Query-tiled programs over per-entry lengths write the padded rows themselves (FILL_PADDED);
-    # K/V through TMA where the dense forward would (launch._tma_mode), not for paged caches.
+    # Query-tiled programs over per-entry lengths write the padded rows themselves (FILL_PADDED).
     fill_padded = bool(req.q_lengths) and not pack and not req.varlen
     # The split merge reads (BSP splits, BR rows, Dv) blocks of MERGE_BLOCK elements: a few memory
     # round trips. BSP does not follow the split count, so that a new cache length compiles nothing.
@@ -395,11 +396,7 @@ def _run_forward(
     sk = ops.sinks if req.sinks else spare
     o_buf, l_buf, cnt = _workspace(plan, dev) if plan.splits > 1 else (spare, spare, spare)
     if plan.tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        bn = plan.fwd_meta["BN"]
-        k = TensorDescriptor(k, list(k.shape), list(k.stride()), [1, 1, bn, k.shape[-1]])
-        v = TensorDescriptor(v, list(v.shape), list(v.stride()), [1, 1, bn, v.shape[-1]])
+        k, v = kv_descriptors(k, v, plan.fwd_meta["BN"])
     plan.fwd_launcher(
         _kernels().fwd_kernel, plan.grid, (q, k, v, out, spare if lse is None else lse, o_buf, l_buf, cnt, ql,
                                            kl, cuq, cuk, bt, sk, *plan.fwd_tail), plan.fwd_meta,
