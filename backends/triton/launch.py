@@ -455,7 +455,7 @@ def backward(
     dbias_full = None
     if req.bias is not None and req.bias_grad:
         # dS per element in the bias's dtype (16-bit biases: half the bytes to write and to sum,
-        # the sum taken in float32), float32 for a float32 bias. Every (query tile, key tile) pair
+        # the sum accumulated in float32), float32 for a float32 bias. Every (query tile, key tile) pair
         # the dq kernel skips holds dS = 0.
         skips = not isinstance(rule, Full) or mods.mask is not None or req.ndim != 1
         alloc = torch.zeros if skips else torch.empty
@@ -504,7 +504,8 @@ def backward(
     dbias = None
     if dbias_full is not None:
         dims = [d for d in range(4) if req.bias[d] == 1 and dbias_full.shape[d] != 1]
-        red = dbias_full.sum(dim=dims, keepdim=True, dtype=torch.float32) if dims else dbias_full
+        # torch sums 16-bit tensors in float32 and rounds once into their dtype: no float32 copy.
+        red = dbias_full.sum(dim=dims, keepdim=True) if dims else dbias_full
         dbias = red.reshape(req.bias).to(mods.bias.dtype if mods.bias is not None else q.dtype)
     dsinks = None
     if req.sinks and req.sinks_grad and mods.sinks is not None:
