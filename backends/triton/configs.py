@@ -106,6 +106,21 @@ def small_q_candidates(head_dim: int, elem_size: int) -> list[Cfg]:
     return found
 
 
+# Softcap (16-bit, head dim 128, full or causal): the per-score tanh (an exp2 and a reciprocal on
+# top of the softmax's exp2) makes the forward bound by special functions, and 64 x 64 tiles with
+# 4 warps keep more programs per SM to hide them. H100, causal, B = 16k / L, H 16: 0.912 / 1.693 /
+# 3.191 ms -> 0.834 / 1.624 / 3.124 at L 4k / 8k / 16k against the dense default 128 x 128 x 8
+# (tools/dev/probe_s5.py, part softcap). The backward keeps the dense pair (fastest there too).
+_SOFTCAP_128 = [_band(64, 64, 4, 3), _band(128, 128, 8, 3)]
+
+
+def softcap_candidates(head_dim: int, elem_size: int, capability: tuple[int, int]) -> list[Cfg] | None:
+    """Forward candidates for a softcap request, or None where the dense list serves."""
+    if elem_size != 2 or not 64 < head_dim <= 128:
+        return None
+    return _SOFTCAP_128 if capability[0] >= 9 else [_older(c) for c in _SOFTCAP_128]
+
+
 # Sliding windows (16-bit, head dim <= 128), all with the band walk: 64-row query tiles waste fewer
 # pairs at a window's edges than 128-row ones (which were slower on every case measured). At D = 64
 # a 128-register cap lets four programs share an SM; 128 x 64 x 8 warps x 2 stages capped at 128

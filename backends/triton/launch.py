@@ -99,6 +99,10 @@ def _cfgs(kernel: str, req: Request, x: torch.Tensor) -> list[configs.Cfg]:
             return found
     if kernel == "fwd" and isinstance(req.rule, Local) and x.element_size() == 2 and d <= 128:
         return configs.local_candidates(d, _capability(x.device))
+    if kernel == "fwd" and req.softcap is not None:
+        found = configs.softcap_candidates(d, x.element_size(), _capability(x.device))
+        if found is not None:
+            return found
     return configs.candidates(kernel, d, x.element_size(), _capability(x.device))
 
 

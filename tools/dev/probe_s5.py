@@ -158,13 +158,23 @@ def _ms_graph(fn) -> float:
     return _ms(graph.replay) / 20
 
 
-def part_decode(cfgs: list[tuple[int, int, int]], fills: list[int]) -> None:
-    for lk in (8192, 16384, 32768):
-        _decode_len(lk, cfgs, fills)
+def part_decode(cfgs: list[tuple[int, int, int]], fills: list[int], splits: list[int], shapes: list[str]) -> None:
+    """``shapes``: ``B:Lk`` (uniform lengths) or ``rB:Lk`` (lengths uniform in [1k, Lk], seed 7, as
+    the ragged-decode bench family); each with every config x fill, then x forced split count."""
+    import numpy as np
+
+    for shape in shapes:
+        ragged = shape.startswith("r")
+        b, lk = (int(x) for x in shape.lstrip("r").split(":"))
+        if ragged:
+            lens = np.random.default_rng(7).integers(min(1024, lk // 4), lk + 1, b)
+        else:
+            lens = np.full(b, lk)
+        _decode_shape(shape, b, lk, [int(x) for x in lens], cfgs, fills, splits)
         torch.cuda.empty_cache()
 
 
-def _decode_len(lk: int, cfgs: list[tuple[int, int, int]], fills: list[int]) -> None:
+def _decode_shape(shape, b, lk, lens, cfgs, fills, splits) -> None:
     import torch.nn.functional as F
 
     from attnhub.operands import Operands
@@ -172,30 +182,40 @@ def _decode_len(lk: int, cfgs: list[tuple[int, int, int]], fills: list[int]) -> 
     from attnhub.rules import Full
     from attnhub_backends.triton import ragged_launch
 
-    b, hq, hkv, d = 4, 32, 8, 128
+    hq, hkv, d = 32, 8, 128
     q = torch.randn(b, hq, 1, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, hkv, lk, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    nbytes = 4 * k.numel()
+    nbytes = 4 * sum(lens) * hkv * d
     req = Request(
         framework="torch", device="cuda:0", dtype="bfloat16", layout="bhsd", batch=b, heads_q=hq,
         heads_kv=hkv, seq_q=(1,), seq_k=(lk,), dim_qk=d, dim_v=d, rule=Full(), sync="none_end",
         scale=1 / math.sqrt(d), k_lengths=True,
     )  # fmt: skip
-    ops = Operands(k_lengths=torch.full((b,), lk, dtype=torch.int32, device="cuda"))
-    ts = _ms_graph(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
-    print(json.dumps({"part": "decode", "lk": lk, "who": "sdpa", "us": round(ts * 1e3, 1),
+    ops = Operands(k_lengths=torch.tensor(lens, dtype=torch.int32, device="cuda"))
+    if len(set(lens)) == 1:
+        ts = _ms_graph(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+    else:
+        mask = (torch.arange(lk, device="cuda")[None, :] < ops.k_lengths[:, None])[:, None, None, :]
+        kk, vv = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+        ts = _ms_graph(lambda: F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask))
+    print(json.dumps({"part": "decode", "shape": shape, "who": "sdpa", "us": round(ts * 1e3, 1),
                       "tbps": round(nbytes / ts / 1e9, 3)}), flush=True)  # fmt: skip
+    runs = [(f, None) for f in fills] + [(4, n) for n in splits]
     for cfg in cfgs:
-        for fill in fills:
+        for fill, forced in runs:
             ragged_launch.TUNE.update(decode=tuple(cfg), fill=fill)
+            if forced:
+                os.environ["ATTNHUB_TRITON_SPLITS"] = str(forced)
             try:
                 t = _ms_graph(lambda: ragged_launch.forward(q, k, v, req, ops, need_lse=False))
             except Exception as e:  # noqa: BLE001
                 print(f"decode {cfg} fill {fill}: {type(e).__name__}: {str(e)[:160]}")
                 continue
+            finally:
+                os.environ.pop("ATTNHUB_TRITON_SPLITS", None)
             plan = next(reversed(ragged_launch._PLANS.values()))
-            print(json.dumps({"part": "decode", "lk": lk, "cfg": list(cfg), "fill": fill,
+            print(json.dumps({"part": "decode", "shape": shape, "cfg": list(cfg), "fill": fill, "forced": forced,
                               "splits": plan.splits, "us": round(t * 1e3, 1),
                               "tbps": round(nbytes / t / 1e9, 3), "vs_sdpa": round(ts / t, 3)}), flush=True)  # fmt: skip
 
@@ -221,6 +241,8 @@ def main() -> None:
     ap.add_argument("--bwd-cfgs", default="64,128,8,2/64,64,4,2")
     ap.add_argument("--decode-cfgs", default="128,4,3;128,4,2;64,4,3;64,2,3;64,4,4")
     ap.add_argument("--fills", default="1,2,3,4,6,8")
+    ap.add_argument("--splits", default="")
+    ap.add_argument("--shapes", default="4:8192,4:16384,4:32768")
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     for part in a.part.split(","):
@@ -228,7 +250,8 @@ def main() -> None:
             part_softcap(a.tanh, a.fwd_cfgs.split(";"), a.bwd_cfgs.split(";"))
         elif part == "decode":
             cfgs = [tuple(int(x) for x in c.split(",")) for c in a.decode_cfgs.split(";")]
-            part_decode(cfgs, [int(x) for x in a.fills.split(",")])
+            splits = [int(x) for x in a.splits.split(",") if x]
+            part_decode(cfgs, [int(x) for x in a.fills.split(",")], splits, a.shapes.split(","))
         elif part == "bias":
             part_bias()
 
