@@ -158,7 +158,9 @@ def _ms_graph(fn) -> float:
     return _ms(graph.replay) / 20
 
 
-def part_decode(cfgs: list[tuple[int, int, int]], fills: list[int], splits: list[int], shapes: list[str]) -> None:
+def part_decode(
+    cfgs: list[tuple[int, int, int]], fills: list[int], splits: list[int], shapes: list[str]
+) -> None:
     """``shapes``: ``B:Lk`` (uniform lengths) or ``rB:Lk`` (lengths uniform in [1k, Lk], seed 7, as
     the ragged-decode bench family); each with every config x fill, then x forced split count."""
     import numpy as np
@@ -166,10 +168,8 @@ def part_decode(cfgs: list[tuple[int, int, int]], fills: list[int], splits: list
     for shape in shapes:
         ragged = shape.startswith("r")
         b, lk = (int(x) for x in shape.lstrip("r").split(":"))
-        if ragged:
-            lens = np.random.default_rng(7).integers(min(1024, lk // 4), lk + 1, b)
-        else:
-            lens = np.full(b, lk)
+        low = min(1024, lk // 4) if ragged else lk
+        lens = np.random.default_rng(7).integers(low, lk + 1, b)
         _decode_shape(shape, b, lk, [int(x) for x in lens], cfgs, fills, splits)
         torch.cuda.empty_cache()
 
