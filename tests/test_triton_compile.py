@@ -335,15 +335,17 @@ def test_offsets_softcap_sinks_compile_nothing_new(h100) -> None:
     """SPEC §9/§11 arguments: a new q_offset/k_offset (folded into the position shifts) or a new
     length with softcap and sinks compiles nothing (Nq/Nk, where specialised, by class only)."""
     mods = Mods(sinks=torch.zeros(4), softcap=30.0)
+    # batch 16: enough (query tile, head) programs that no length here takes split-KV (softcap's
+    # 64-row query tiles would split a single sequence's few programs at these lengths)
 
     def call(nq: int, nk: int, off: int = 0) -> set[tuple]:
         return _call(
-            h100, nq, nk, hq=4, hkv=2, backward=True, mods=mods, softcap=30.0, sinks=True, sinks_grad=True,
-            q_offset=off, k_offset=off // 2,
+            h100, nq, nk, hq=4, hkv=2, b=16, backward=True, mods=mods, softcap=30.0, sinks=True,
+            sinks_grad=True, q_offset=off, k_offset=off // 2,
         )  # fmt: skip
 
     base = call(1777, 1001)
-    plain = _call(h100, 1777, 1001, hq=4, hkv=2, backward=True)
+    plain = _call(h100, 1777, 1001, hq=4, hkv=2, b=16, backward=True)
     assert not _split(base)
     assert {"SOFTCAP", "HAS_SINKS"} <= set(_differing(h100, plain, base, "fwd_kernel"))
     assert "SOFTCAP" in _differing(h100, plain, base, "dq_kernel")
@@ -690,3 +692,20 @@ def test_warmup_covers_later_lengths(monkeypatch, tmp_path) -> None:
         attnhub.attention(q, k, k, mask=mask, backend="triton")
     torch.cuda.synchronize()
     assert _compiled() == before
+
+
+@pytest.mark.parametrize(
+    "groups, lk, splits",
+    [(32, 8192, 4), (32, 32768, 4), (8, 8192, 16), (64, 4096, 2), (256, 32768, 3), (32, 512, 1)],
+)
+def test_decode_splits_fill_one_wave_for_few_groups(monkeypatch, groups, lk, splits):
+    """Fewer (kv head, sequence) groups than SMs: one wave of programs, each SM one program's share
+    of the keys (B 4, Hkv 8: 4 splits, 128 programs); more groups than SMs: TUNE's fill per SM."""
+    monkeypatch.delenv("ATTNHUB_TRITON_SPLITS", raising=False)
+    monkeypatch.setattr(ragged_launch, "_on_gpu", lambda device: True)
+    monkeypatch.setattr(ragged_launch, "_sm_count", lambda device: 132)
+    tiles = -(-lk // ragged_launch.TUNE["decode"][0])
+    got = ragged_launch._splits(tiles, groups, torch.device("cpu"))
+    assert got == splits
+    if groups <= 132 and tiles >= 16:
+        assert groups * got <= 132

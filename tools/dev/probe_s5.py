@@ -233,6 +233,36 @@ def part_bias() -> None:
                       "differ": (old != new).sum().item()}), flush=True)  # fmt: skip
 
 
+def part_biascfg(fwd_cfgs: list[str], tmas: list[str]) -> None:
+    """The bias family's case (B 4, H 16, L 4k, D 128, full, a (1, H, L, L) bf16 bias): forward per
+    forced config and TMA setting; forward + backward (dbias included) at the defaults."""
+    import attnhub
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (
+        torch.randn(4, 16, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3)
+    )
+    bias = torch.randn(1, 16, 4096, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    for tma in tmas:
+        for cfg in fwd_cfgs:
+            os.environ["ATTNHUB_TRITON_FWD_CFG"] = cfg
+            os.environ["ATTNHUB_TRITON_TMA"] = tma
+            with torch.no_grad():
+                t = _ms(lambda: attnhub.attention(q, k, v, bias=bias, backend="triton"))
+            print(json.dumps({"part": "bias_fwd", "tma": tma, "cfg": cfg, "ms": round(t, 4)}), flush=True)
+    os.environ.pop("ATTNHUB_TRITON_FWD_CFG", None)
+    os.environ.pop("ATTNHUB_TRITON_TMA", None)
+    qg, kg, vg, bg = (t.clone().requires_grad_() for t in (q, k, v, bias))
+
+    def fwdbwd():
+        out = attnhub.attention(qg, kg, vg, bias=bg, backend="triton")
+        out.backward(do)
+
+    do = torch.randn_like(q)
+    t = _ms(fwdbwd)
+    print(json.dumps({"part": "bias_fwdbwd", "ms": round(t, 4)}), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", required=True)
@@ -242,6 +272,7 @@ def main() -> None:
     ap.add_argument("--decode-cfgs", default="128,4,3;128,4,2;64,4,3;64,2,3;64,4,4")
     ap.add_argument("--fills", default="1,2,3,4,6,8")
     ap.add_argument("--splits", default="")
+    ap.add_argument("--tmas", default="")
     ap.add_argument("--shapes", default="4:8192,4:16384,4:32768")
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
@@ -254,6 +285,8 @@ def main() -> None:
             part_decode(cfgs, [int(x) for x in a.fills.split(",")], splits, a.shapes.split(","))
         elif part == "bias":
             part_bias()
+        elif part == "biascfg":
+            part_biascfg(a.fwd_cfgs.split(";"), a.tmas.split(","))
 
 
 if __name__ == "__main__":
