@@ -313,7 +313,9 @@ def _plan_forward(
         vb, vh, vn = v.stride(0) * seq_stride, v.stride(1), v.stride(2)
         sbt = 0
     pack = tp.max_q * group <= 64
-    tma = False  # packed (decode) programs keep pointer loads, as the dense forward's do
+    # Packed (decode) programs keep pointer loads by default, as the dense forward's do
+    # (ATTNHUB_TRITON_TMA=3 forces descriptors there too; never for paged caches).
+    tma = not req.paged and _tma_mode(q, k, v, packed=True, dims=(64, 128)) == DESCRIPTORS
     interp = interpret_mode() or not _on_gpu(q.device)
     if pack:
         bm = max(16, _pow2(tp.max_q * group))

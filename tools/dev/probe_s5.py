@@ -202,6 +202,7 @@ def _decode_shape(shape, b, lk, lens, cfgs, fills, splits) -> None:
     print(json.dumps({"part": "decode", "shape": shape, "who": "sdpa", "us": round(ts * 1e3, 1),
                       "tbps": round(nbytes / ts / 1e9, 3)}), flush=True)  # fmt: skip
     runs = [(f, None) for f in fills] + [(4, n) for n in splits]
+    tma = os.environ.get("ATTNHUB_TRITON_TMA", "")
     for cfg in cfgs:
         for fill, forced in runs:
             ragged_launch.TUNE.update(decode=tuple(cfg), fill=fill)
@@ -215,7 +216,7 @@ def _decode_shape(shape, b, lk, lens, cfgs, fills, splits) -> None:
             finally:
                 os.environ.pop("ATTNHUB_TRITON_SPLITS", None)
             plan = next(reversed(ragged_launch._PLANS.values()))
-            print(json.dumps({"part": "decode", "shape": shape, "cfg": list(cfg), "fill": fill, "forced": forced,
+            print(json.dumps({"part": "decode", "shape": shape, "tma": tma, "cfg": list(cfg), "fill": fill, "forced": forced,
                               "splits": plan.splits, "us": round(t * 1e3, 1),
                               "tbps": round(nbytes / t / 1e9, 3), "vs_sdpa": round(ts / t, 3)}), flush=True)  # fmt: skip
 
@@ -247,8 +248,12 @@ def part_biascfg(fwd_cfgs: list[str], tmas: list[str]) -> None:
         for cfg in fwd_cfgs:
             os.environ["ATTNHUB_TRITON_FWD_CFG"] = cfg
             os.environ["ATTNHUB_TRITON_TMA"] = tma
-            with torch.no_grad():
-                t = _ms(lambda: attnhub.attention(q, k, v, bias=bias, backend="triton"))
+            try:
+                with torch.no_grad():
+                    t = _ms(lambda: attnhub.attention(q, k, v, bias=bias, backend="triton"))
+            except Exception as e:  # noqa: BLE001 - a config that does not fit
+                print(json.dumps({"part": "bias_fwd", "tma": tma, "cfg": cfg, "error": str(e)[-120:]}))
+                continue
             print(json.dumps({"part": "bias_fwd", "tma": tma, "cfg": cfg, "ms": round(t, 4)}), flush=True)
     os.environ.pop("ATTNHUB_TRITON_FWD_CFG", None)
     os.environ.pop("ATTNHUB_TRITON_TMA", None)
