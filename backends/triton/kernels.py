@@ -140,20 +140,50 @@ else:
 def _modify(qk, qk_scale, bias_ptrs, ld, softcap2, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr):
     """SPEC §9 scores of a tile in the log2 domain: ``softcap·tanh(scale·qk / softcap) + bias``
     (``softcap2`` is the softcap times log2(e)), and the tanh (for the backward's derivative)."""
+    bias = 0.0
+    if HAS_BIAS:
+        bias = tl.load(bias_ptrs, mask=ld, other=0.0)
+    return _modify_with(qk, qk_scale, bias, softcap2, SOFTCAP, HAS_BIAS)
+
+
+@triton.jit
+def _modify_with(qk, qk_scale, bias, softcap2, SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """:func:`_modify` with the bias tile already loaded."""
     s = qk * qk_scale
     th = s
     if SOFTCAP:
         th = _tanh(s * (1.0 / softcap2))
         s = softcap2 * th
     if HAS_BIAS:
-        s = s + tl.load(bias_ptrs, mask=ld, other=0.0).to(tl.float32) * LOG2E
+        s = s + bias.to(tl.float32) * LOG2E
     return s, th
+
+
+@triton.jit
+def _row_tile(ptrs, row_ok, cols, Nk, start_n, BN: tl.constexpr, other, INBOUNDS: tl.constexpr):
+    """A (rows, BN) tile of a bias or mask whose columns are keys: the column bounds mask only on a
+    tile that reaches past ``Nk``. The forward leaves ``Nk`` unspecialised (a new length compiles
+    nothing), so a mask that follows it would make every load a scalar one; tiles below ``Nk``
+    (``INBOUNDS``, or found so at run time) load whole vectors."""
+    if INBOUNDS:  # noqa: SIM114 - a compile-time branch, then a run-time one (no mixed `or`)
+        x = tl.load(ptrs, mask=row_ok[:, None], other=other)
+    elif start_n + BN <= Nk:
+        x = tl.load(ptrs, mask=row_ok[:, None], other=other)
+    else:
+        x = tl.load(ptrs, mask=row_ok[:, None] & (cols < Nk)[None, :], other=other)
+    return x
 
 
 @triton.jit
 def _mask_keep(mask_ptrs, ld):
     """The boolean mask tile (True = attend; stored as bytes), False outside ``ld``."""
     return tl.load(mask_ptrs, mask=ld, other=0) != 0
+
+
+@triton.jit
+def _mask_tile(mask_ptrs, row_ok, cols, Nk, start_n, BN: tl.constexpr):
+    """The forward's boolean mask tile (as :func:`_mask_keep`), loaded as :func:`_row_tile` does."""
+    return _row_tile(mask_ptrs, row_ok, cols, Nk, start_n, BN, 0, False) != 0
 
 
 # --- forward --------------------------------------------------------------------------------------
@@ -224,14 +254,16 @@ def _fwd_step(
     qk = _dot(q, kt, DOT_PRECISION)
     if SOFTCAP or HAS_BIAS:
         bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
-        ld = row_ok[:, None] & (cols < Nk)[None, :]
-        qk, _ = _modify(
-            qk, qk_scale, bias_ptr + brow[:, None] + (cols * sbn)[None, :], ld, softcap2, SOFTCAP, HAS_BIAS
-        )
+        bias = 0.0
+        if HAS_BIAS:
+            bias = _row_tile(bias_ptr + brow[:, None] + (cols * sbn)[None, :], row_ok, cols, Nk, start_n, BN,
+                             0.0, not MASKED)  # fmt: skip
+        qk, _ = _modify_with(qk, qk_scale, bias, softcap2, SOFTCAP, HAS_BIAS)
         if MASKED:
             keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
             if HAS_MASK:
-                keep = keep & _mask_keep(mask_ptr + mrow[:, None] + (cols * smn)[None, :], ld)
+                keep = keep & _mask_tile(mask_ptr + mrow[:, None] + (cols * smn)[None, :], row_ok, cols, Nk,
+                                         start_n, BN)  # fmt: skip
             qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -240,8 +272,8 @@ def _fwd_step(
         keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
         if HAS_MASK:
             bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
-            ld = row_ok[:, None] & (cols < Nk)[None, :]
-            keep = keep & _mask_keep(mask_ptr + mrow[:, None] + (cols * smn)[None, :], ld)
+            keep = keep & _mask_tile(mask_ptr + mrow[:, None] + (cols * smn)[None, :], row_ok, cols, Nk,
+                                     start_n, BN)  # fmt: skip
         qk = tl.where(keep, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -284,14 +316,16 @@ def _fwd_band_step(
     qk = _dot(q, kt, DOT_PRECISION)
     if SOFTCAP or HAS_BIAS:
         bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
-        ld = row_ok[:, None] & (cols < Nk)[None, :]
-        qk, _ = _modify(
-            qk, qk_scale, bias_ptr + brow[:, None] + (cols * sbn)[None, :], ld, softcap2, SOFTCAP, HAS_BIAS
-        )
+        bias = 0.0
+        if HAS_BIAS:
+            bias = _row_tile(bias_ptr + brow[:, None] + (cols * sbn)[None, :], row_ok, cols, Nk, start_n, BN,
+                             0.0, EVEN_K)  # fmt: skip
+        qk, _ = _modify_with(qk, qk_scale, bias, softcap2, SOFTCAP, HAS_BIAS)
         if (t < full_lo) | (t >= full_hi):
             keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
             if HAS_MASK:
-                keep = keep & _mask_keep(mask_ptr + mrow[:, None] + (cols * smn)[None, :], ld)
+                keep = keep & _mask_tile(mask_ptr + mrow[:, None] + (cols * smn)[None, :], row_ok, cols, Nk,
+                                         start_n, BN)  # fmt: skip
             qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -301,8 +335,8 @@ def _fwd_band_step(
             keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
             if HAS_MASK:
                 bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
-                ld = row_ok[:, None] & (cols < Nk)[None, :]
-                keep = keep & _mask_keep(mask_ptr + mrow[:, None] + (cols * smn)[None, :], ld)
+                keep = keep & _mask_tile(mask_ptr + mrow[:, None] + (cols * smn)[None, :], row_ok, cols, Nk,
+                                         start_n, BN)  # fmt: skip
             qk = tl.where(keep, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
