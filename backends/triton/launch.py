@@ -112,7 +112,12 @@ DESCRIPTORS = 3  # host-made 4-d (B, H, L, D) tensor descriptors: TMA loads
 
 
 def _tma_mode(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: bool = False, dims: tuple[int, ...] = (128,)
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    packed: bool = False,
+    dims: tuple[int, ...] = (128,),
+    bias: bool = False,
 ) -> int:
     """The forward's K/V load path: ``DESCRIPTORS`` where TMA's rules hold, else ``POINTERS``.
 
@@ -120,13 +125,16 @@ def _tma_mode(
     that is its own power-of-two tile (no padding). By default they are used on sm90+ for 16-bit
     dtypes at the head dims ``dims`` where they were measured faster (the dense forward: 128; the
     ragged forward: 64 and 128), except for decode-shaped calls (``packed``: GQA rows packed into
-    one tile, split-KV), where pointer loads were faster (docs/backends/triton.md). The interpreter
-    always uses pointers. ``ATTNHUB_TRITON_TMA=0`` or ``=3`` forces a path where it is allowed
+    one tile, split-KV), where pointer loads were faster (docs/backends/triton.md), and forwards
+    that read a ``bias`` tile per key tile: on the pointer path a key count that is a multiple of
+    the key tile (EVEN_K, off under TMA) lets every bias load go unmasked and pipelined (H100,
+    B 4, H 16, L 4k, D 128, (1, H, L, L) bias: 1.46 against 2.16 ms, tools/dev/probe_s5.py, part
+    biascfg). The interpreter always uses pointers. ``ATTNHUB_TRITON_TMA=0`` or ``=3`` forces a path where it is allowed
     (packed calls too).
     """
     env = settings.raw("ATTNHUB_TRITON_TMA")
     if not env:  # unset (or set empty): the default
-        if packed or interpret_mode() or not _on_gpu(q.device) or _capability(q.device)[0] < 9:
+        if packed or bias or interpret_mode() or not _on_gpu(q.device) or _capability(q.device)[0] < 9:
             return 0
         if q.dtype not in (torch.float16, torch.bfloat16):
             return 0
@@ -294,7 +302,7 @@ def _make_launch(
     tiles = 1 if pack else triton_cdiv(nq, bm)
     heads = hkv if pack else hq
     splits = _splits(tiles * heads * b, pl.max_visits, q.device)
-    tma = _tma_mode(q, k, v, packed=pack)
+    tma = _tma_mode(q, k, v, packed=pack, bias=req.bias is not None)
     # The band walk needs contiguous visits (pl.band) and a positive scale (its -inf masking).
     band = cfg.band and not pack and pl.band is not None and req.scale > 0 and not has_mask
     # Element strides between the splits' partial buffers (made in _launch_forward), rounded up to
