@@ -160,6 +160,20 @@ def _modify_with(qk, qk_scale, bias, softcap2, SOFTCAP: tl.constexpr, HAS_BIAS: 
 
 
 @triton.jit
+def _head_batch(SWAP_HB: tl.constexpr):
+    """(axis-1 id, batch) of a program: grid axes (tiles, heads, batch), or (tiles, batch, heads)
+    with ``SWAP_HB``, so that the programs of one head's tiles for every batch entry run together
+    and a bias shared across the batch is read from DRAM about once (then from L2)."""
+    if SWAP_HB:
+        ax = tl.program_id(2)
+        b = tl.program_id(1)
+    else:
+        ax = tl.program_id(1)
+        b = tl.program_id(2)
+    return ax, b
+
+
+@triton.jit
 def _row_tile(ptrs, row_ok, cols, Nk, start_n, BN: tl.constexpr, other, INBOUNDS: tl.constexpr):
     """A (rows, BN) tile of a bias or mask whose columns are keys: the column bounds mask only on a
     tile that reaches past ``Nk``. The forward leaves ``Nk`` unspecialised (a new length compiles
@@ -361,6 +375,7 @@ def fwd_kernel(
     TMA: tl.constexpr = False, BAND: tl.constexpr = False, EVEN_K: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False, HAS_BIAS: tl.constexpr = False, HAS_MASK: tl.constexpr = False,
     HAS_SINKS: tl.constexpr = False, SPLIT: tl.constexpr = False, NQ1: tl.constexpr = False,
+    SWAP_HB: tl.constexpr = False,
 ):  # fmt: skip
     """One (query tile, key split, head, batch) program: out and natural-log lse of its rows.
 
@@ -388,17 +403,17 @@ def fwd_kernel(
     pid0 = tl.num_programs(0) - 1 - tl.program_id(0)  # heavy (late) tiles first under causal
     pid_m = pid0 // n_splits
     split = pid0 % n_splits
-    b = tl.program_id(2)
+    ax_h, b = _head_batch(SWAP_HB)
     if PACK:
         # GQA packing (few queries): the rows of one tile are (query head of the group, query),
         # so the kv head's keys are read once for the whole group. Axis 1 is the kv head.
-        hk = tl.program_id(1)
+        hk = ax_h
         r = tl.arange(0, BM)
         offs_m = r % Nq
         hrow = hk * GROUP + r // Nq
         row_ok = r < Nq * GROUP
     else:
-        h = tl.program_id(1)
+        h = ax_h
         hk = h // GROUP
         offs_m = pid_m * BM + tl.arange(0, BM)
         hrow = h
@@ -656,6 +671,7 @@ def dkdv_kernel(
     NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr = False, HAS_BIAS: tl.constexpr = False, HAS_MASK: tl.constexpr = False,
+    SWAP_HB: tl.constexpr = False,
 ):  # fmt: skip
     """One (key tile, kv head, batch) program: dk and dv summed over the query heads of its group.
 
@@ -665,8 +681,7 @@ def dkdv_kernel(
     rule = (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
             row_len, window_y, window_x)  # fmt: skip
     pid_n = tl.program_id(0)
-    hk = tl.program_id(1)
-    b = tl.program_id(2)
+    hk, b = _head_batch(SWAP_HB)
     offs_n = pid_n * BN + tl.arange(0, BN)
     offs_mb = tl.arange(0, BM)
     offs_dq = tl.arange(0, BDQK)
@@ -790,15 +805,14 @@ def dq_kernel(
     NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr = False, HAS_BIAS: tl.constexpr = False, HAS_MASK: tl.constexpr = False,
-    DBIAS: tl.constexpr = False,
+    DBIAS: tl.constexpr = False, SWAP_HB: tl.constexpr = False,
 ):  # fmt: skip
     """One (query tile, head, batch) program: dq of its rows; with ``DBIAS`` also dS into ``DB``
     (B, HQ, Nq, Nk), float32 or the bias's 16-bit dtype. The other §9 modifiers as in ``fwd_kernel``."""
     rule = (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
             row_len, window_y, window_x)  # fmt: skip
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2)
+    h, b = _head_batch(SWAP_HB)
     hk = h // GROUP
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = tl.arange(0, BN)

@@ -322,11 +322,22 @@ def _make_launch(
         )  # fmt: skip
     if cfg.maxnreg:
         kwargs["maxnreg"] = cfg.maxnreg
+    grid = (tiles * splits, heads, b)
+    if not pack and _swap_heads_batch(req):
+        kwargs["SWAP_HB"] = True
+        grid = (tiles * splits, b, heads)
     combine_kwargs = dict(DV=dv, BDV=_pad(dv), BM=16, BS=_combine_bs(splits))
     return _FwdLaunch(
-        cfg, pl.band if band else pl.rows, (tiles * splits, heads, b), splits, tma, req.scale * LOG2E,
-        kwargs, combine_kwargs,
+        cfg, pl.band if band else pl.rows, grid, splits, tma, req.scale * LOG2E, kwargs, combine_kwargs,
     )  # fmt: skip
+
+
+def _swap_heads_batch(req: Request) -> bool:
+    """Grid axes (tiles, batch, heads) for a bias shared across batch entries (T5's position bias,
+    ALiBi-style slopes made into a (1, H, L, L) tensor): the programs of one head for every batch
+    entry then run at once and read the head's bias rows from L2, not once per batch entry from
+    DRAM (kernels._head_batch)."""
+    return req.bias is not None and req.bias[0] == 1 and req.batch > 1
 
 
 def _round16(n: int) -> int:
@@ -464,6 +475,9 @@ def backward(
     )  # fmt: skip
     if mods.any:
         common.update(mods.consts())
+    swap = _swap_heads_batch(req)
+    if swap:
+        common["SWAP_HB"] = True
     dbias_full = None
     if req.bias is not None and req.bias_grad:
         # dS per element in the bias's dtype (16-bit biases: half the bytes to write and to sum,
@@ -489,7 +503,8 @@ def backward(
 
     def run_dkdv(cfg: configs.Cfg) -> None:
         rows, plan_b, plan_h = tiles(cfg, True)
-        kern.dkdv_kernel[(triton_cdiv(nk, cfg.bn), hkv, b)](
+        grid = (triton_cdiv(nk, cfg.bn), *((b, hkv) if swap else (hkv, b)))
+        kern.dkdv_kernel[grid](
             q, k, v, dout, lse2, delta, dk, dvv, rows, rows.stride(0),
             *q.stride(), *k.stride(), *v.stride(), *dout.stride(),
             hq, hkv, group, nq, nk, qk_scale, req.scale,
@@ -500,7 +515,8 @@ def backward(
     def run_dq(cfg: configs.Cfg) -> None:
         rows, plan_b, plan_h = tiles(cfg, False)
         extra = {"DBIAS": True} if dbias_full is not None else {}
-        kern.dq_kernel[(triton_cdiv(nq, cfg.bm), hq, b)](
+        grid = (triton_cdiv(nq, cfg.bm), *((b, hq) if swap else (hq, b)))
+        kern.dq_kernel[grid](
             q, k, v, dout, lse2, delta, dq, rows, rows.stride(0),
             *q.stride(), *k.stride(), *v.stride(), *dout.stride(),
             hq, group, nq, nk, qk_scale, req.scale,
