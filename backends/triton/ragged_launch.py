@@ -33,7 +33,13 @@ LOG2E = 1.4426950408889634
 #: grows (tests/test_triton_compile.py). (128, 4, 2) with fill 2 ran 57.0 against 61.2 µs at
 #: Lk 8k but 194 against 190 µs at 32k, and a per-length choice would compile a second variant
 #: mid-generation when a cache crosses the boundary (tools/dev/probe_s4.py, part decodecfg).
-TUNE: dict[str, Any] = {"fwd": None, "dkdv": None, "dq": None, "decode": (128, 4, 3), "fill": 4}
+#: With TMA descriptor loads (sm90, 16-bit, head dim 64 or 128, not paged) decode takes (64, 2, 3):
+#: kernels in CUDA graphs at B 4 (4 splits) Lk 8k / 32k 52.7 / 181.2 µs and B 1 Lk 8k 15.8 µs,
+#: against 54.7 / 183.6 / 16.9 with pointers and (128, 4, 3); SDPA 51.8 / 180.2 / 12.9
+#: (tools/dev/probe_s5.py, part decode, two rounds each, 17:50 UTC).
+TUNE: dict[str, Any] = {
+    "fwd": None, "dkdv": None, "dq": None, "decode": (128, 4, 3), "decode_tma": (64, 2, 3), "fill": 4,
+}  # fmt: skip
 
 
 def _kernels() -> ModuleType:
@@ -208,11 +214,12 @@ def _fwd_cfg(x: torch.Tensor, d: int, tma: bool = False) -> tuple[int, int, int,
     return 128, 64, 8, 3
 
 
-def _decode_cfg(x: torch.Tensor, d_sum: int) -> tuple[int, int, int]:
-    """(BN, warps, stages) of the packed forward: TUNE's, with smaller key tiles or fewer stages
-    where the K and V tiles buffered ahead (stages - 1 of them) would pass 160 KiB of shared memory
-    (Triton's pipeliner used 70 KiB at BN=64, 3 stages, bf16, D=128)."""
-    bn, warps, stages = TUNE["decode"]
+def _decode_cfg(x: torch.Tensor, d_sum: int, tma: bool = False) -> tuple[int, int, int]:
+    """(BN, warps, stages) of the packed forward: TUNE's (``decode_tma`` with descriptor loads),
+    with smaller key tiles or fewer stages where the K and V tiles buffered ahead (stages - 1 of
+    them) would pass 160 KiB of shared memory (Triton's pipeliner used 70 KiB at BN=64, 3 stages,
+    bf16, D=128)."""
+    bn, warps, stages = TUNE["decode_tma" if tma else "decode"]
     while bn > 32 and bn * d_sum * x.element_size() * (stages - 1) > 160 * 1024:
         bn //= 2
     while stages > 1 and bn * d_sum * x.element_size() * (stages - 1) > 160 * 1024:
@@ -313,22 +320,19 @@ def _plan_forward(
         vb, vh, vn = v.stride(0) * seq_stride, v.stride(1), v.stride(2)
         sbt = 0
     pack = tp.max_q * group <= 64
-    # Packed (decode) programs keep pointer loads by default, as the dense forward's do
-    # (ATTNHUB_TRITON_TMA=3 forces descriptors there too; never for paged caches).
-    tma = not req.paged and _tma_mode(q, k, v, packed=True, dims=(64, 128)) == DESCRIPTORS
+    # K/V through TMA on sm90 for 16-bit at head dims 64 and 128 (launch._tma_mode), packed
+    # (decode) programs included; not for paged caches (their rows are scattered over blocks).
+    tma = not req.paged and _tma_mode(q, k, v, dims=(64, 128)) == DESCRIPTORS
     interp = interpret_mode() or not _on_gpu(q.device)
     if pack:
         bm = max(16, _pow2(tp.max_q * group))
-        bn, warps, stages = (16, 1, 1) if interp else _decode_cfg(q, _pad(dqk) + _pad(dv))
+        bn, warps, stages = (16, 1, 1) if interp else _decode_cfg(q, _pad(dqk) + _pad(dv), tma)
         tiles = -(-tp.max_k // bn)
         splits = _splits(tiles, tp.seqs * hkv, q.device)
         chunk = -(-tiles // splits) if tiles else 0
         splits = -(-tiles // chunk) if tiles else 1
         grid = (splits, hkv, tp.seqs)
     else:
-        # K/V through TMA on sm90 for 16-bit at head dims 64 and 128 (launch._tma_mode), not for
-        # paged caches (their rows are scattered over blocks).
-        tma = not req.paged and _tma_mode(q, k, v, dims=(64, 128)) == DESCRIPTORS
         bm, bn, warps, stages = _fwd_cfg(q, max(_pad(dqk), _pad(dv)), tma)
         splits, chunk = 1, 0
         grid = (-(-tp.max_q // bm), hq, tp.seqs)
