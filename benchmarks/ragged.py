@@ -110,7 +110,8 @@ def decode(quick: bool) -> None:
 
 
 def _sweep_decode() -> None:
-    """Pick the packed forward's (BN, warps, stages) and split fill at Lk = 32k (kept in TUNE)."""
+    """Pick the packed forward's (BN, warps, stages) and split fill at Lk = 32k (kept in TUNE, for
+    the pointer and the TMA load paths alike: the sweep times whichever this GPU takes)."""
     b, hq, hkv, d, lk = 4, 32, 8, 128, 32768
     q = torch.randn(b, hq, 1, d, device="cuda", dtype=DT)
     k = torch.randn(b, hkv, lk, d, device="cuda", dtype=DT)
@@ -120,13 +121,13 @@ def _sweep_decode() -> None:
     times = {}
     for cfg in ((64, 4, 2), (64, 4, 3), (64, 4, 4), (32, 4, 4), (128, 4, 3), (128, 8, 3), (64, 8, 3)):
         for fill in (4, 8):
-            ragged_launch.TUNE.update(decode=cfg, fill=fill)
+            ragged_launch.TUNE.update(decode=cfg, decode_tma=cfg, fill=fill)
             try:
                 times[(cfg, fill)] = _ms_graph(lambda: ragged_launch.forward(q, k, v, req, ops))
             except Exception as e:  # noqa: BLE001 - e.g. out of shared memory
                 print(f"  decode cfg {cfg} fill {fill}: {type(e).__name__}: {str(e)[:200]}")
     (cfg, fill), t = min(times.items(), key=lambda kv: kv[1])
-    ragged_launch.TUNE.update(decode=cfg, fill=fill)
+    ragged_launch.TUNE.update(decode=cfg, decode_tma=cfg, fill=fill)
     nbytes = 4 * k.numel()
     _record(bench="decode_sweep", best=[cfg, fill], best_tbps=nbytes / t / 1e9,
             all={f"{c}/{f}": round(nbytes / x / 1e9, 3) for (c, f), x in times.items()})  # fmt: skip

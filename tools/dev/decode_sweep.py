@@ -35,7 +35,7 @@ def main() -> None:
         print(f"== {case.family} B={case.batch} Lk={case.len_k}: cuDNN {t_peer * 1e3:.1f} us")
         best = None
         for cfg, fill in itertools.product(CFGS, FILLS):
-            ragged_launch.TUNE["decode"], ragged_launch.TUNE["fill"] = cfg, fill
+            ragged_launch.TUNE.update(decode=cfg, decode_tma=cfg, fill=fill)
             ragged_launch._PLANS.clear()
             try:
                 t = do_bench(lambda: mine(q, k, v), warmup=25, rep=100, return_mode="median")  # noqa: B023
@@ -48,7 +48,7 @@ def main() -> None:
             if best is None or t < best[0]:
                 best = (t, cfg, fill)
         print(f"  best {best}")
-        ragged_launch.TUNE["decode"], ragged_launch.TUNE["fill"] = (128, 4, 3), 4
+        ragged_launch.TUNE.update(decode=(128, 4, 3), decode_tma=(64, 2, 3), fill=4)
         ragged_launch._PLANS.clear()
         torch.cuda.empty_cache()
 

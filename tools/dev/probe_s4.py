@@ -184,7 +184,7 @@ def part_decodecfg() -> None:
         rows = []
         for cfg, fill in itertools.product([(128, 4, 3), (128, 4, 2), (64, 2, 3), (128, 8, 2), (256, 8, 2)],
                                            [2, 4, 8]):  # fmt: skip
-            ragged_launch.TUNE["decode"], ragged_launch.TUNE["fill"] = cfg, fill
+            ragged_launch.TUNE.update(decode=cfg, decode_tma=cfg, fill=fill)
             ragged_launch._PLANS.clear()
             try:
                 t = graph_us(ours(q, k, v, kl))

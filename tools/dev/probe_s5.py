@@ -213,7 +213,7 @@ def _decode_shape(shape, b, lk, lens, cfgs, fills, splits) -> None:
     tma = os.environ.get("ATTNHUB_TRITON_TMA", "")
     for cfg in cfgs:
         for fill, forced in runs:
-            ragged_launch.TUNE.update(decode=tuple(cfg), fill=fill)
+            ragged_launch.TUNE.update(decode=tuple(cfg), decode_tma=tuple(cfg), fill=fill)
             if forced:
                 os.environ["ATTNHUB_TRITON_SPLITS"] = str(forced)
             try:
