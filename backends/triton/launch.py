@@ -124,13 +124,14 @@ def _tma_mode(
     Descriptors need 16-byte aligned bases and outer strides, a contiguous head dim and a head dim
     that is its own power-of-two tile (no padding). By default they are used on sm90+ for 16-bit
     dtypes at the head dims ``dims`` where they were measured faster (the dense forward: 128; the
-    ragged forward: 64 and 128), except for decode-shaped calls (``packed``: GQA rows packed into
-    one tile, split-KV), where pointer loads were faster (docs/backends/triton.md), and forwards
-    that read a ``bias`` tile per key tile: on the pointer path a key count that is a multiple of
-    the key tile (EVEN_K, off under TMA) lets every bias load go unmasked and pipelined (H100,
-    B 4, H 16, L 4k, D 128, (1, H, L, L) bias: 1.46 against 2.16 ms, tools/dev/probe_s5.py, part
-    biascfg). The interpreter always uses pointers. ``ATTNHUB_TRITON_TMA=0`` or ``=3`` forces a path where it is allowed
-    (packed calls too).
+    ragged forward, its decode programs included: 64 and 128), except for the dense forward's
+    decode-shaped calls (``packed``: GQA rows packed into one tile, split-KV), where pointer loads
+    were faster (docs/backends/triton.md), and forwards that read a ``bias`` tile per key tile: on
+    the pointer path a key count that is a multiple of the key tile (EVEN_K, off under TMA) lets
+    every bias load go unmasked and pipelined (H100, B 4, H 16, L 4k, D 128, (1, H, L, L) bias:
+    1.46 against 2.16 ms, tools/dev/probe_s5.py, part biascfg). The interpreter always uses
+    pointers. ``ATTNHUB_TRITON_TMA=0`` or ``=3`` forces a path where it is allowed (packed and bias
+    calls too).
     """
     env = settings.raw("ATTNHUB_TRITON_TMA")
     if not env:  # unset (or set empty): the default
