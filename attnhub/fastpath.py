@@ -39,17 +39,6 @@ def bind(plan: Any) -> Callable[..., Any]:
     name, shape = backend.name, plan.out_shape
     fn, problem = _backend_call(plan), ad.result_problem
 
-    def call(q: Any, k: Any, v: Any, mask: Any, extras: Any = None) -> Any:
-        try:
-            out = fn(q, k, v, None)[0]
-        except Exception as exc:
-            if passes_through(exc):
-                raise
-            raise backend_error(name, req, f"raised {type(exc).__name__}: {exc}") from exc
-        if problem(out, shape, None, q) is not None:  # what check_result asks first
-            check_result(ad, name, req, out, None, shape, False, q)
-        return out
-
     def unchecked(q: Any, k: Any, v: Any, mask: Any, extras: Any = None) -> Any:
         try:
             return fn(q, k, v, None)[0]
@@ -57,6 +46,12 @@ def bind(plan: Any) -> Callable[..., Any]:
             if passes_through(exc):
                 raise
             raise backend_error(name, req, f"raised {type(exc).__name__}: {exc}") from exc
+
+    def call(q: Any, k: Any, v: Any, mask: Any, extras: Any = None) -> Any:
+        out = unchecked(q, k, v, mask, extras)
+        if problem(out, shape, None, q) is not None:  # what check_result asks first
+            check_result(ad, name, req, out, None, shape, False, q)
+        return out
 
     def first(q: Any, k: Any, v: Any, mask: Any, extras: Any = None) -> Any:
         out = call(q, k, v, mask, extras)
