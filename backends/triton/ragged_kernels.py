@@ -501,13 +501,12 @@ def _merge_splits(
 @triton.jit
 def _dkdv_tile(
     k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_len, aq, bq, ak, bk, window,
-    sqb, sqh, sqn, sdb, sdh, sdn, slb, slh, qk_scale, cap, DQA, sdqb, sdqh, sdqn, sm_scale,
+    sqb, sqh, sqn, sdb, sdh, sdn, slb, slh, qk_scale, cap,
     DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BM: tl.constexpr,
     MASKED: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """One query tile's (rows ``m0 .. m0 + BM`` of head h) contribution to a key tile's dk, dv;
-    with ``ATOMIC_DQ`` also the key tile's share of its dq, added into float32 ``DQA``."""
+    """One query tile's (rows ``m0 .. m0 + BM`` of head h) contribution to a key tile's dk, dv."""
     i = m0 + tl.arange(0, BM)
     ok = i < q_len
     dq_ = tl.arange(0, BDQK)
@@ -535,32 +534,23 @@ def _dkdv_tile(
     dst = pt * (dpt - delta[None, :])
     if SOFTCAP:
         dst = dst * (1.0 - th * th)
-    ds = dst.to(q.dtype)
-    dk = _dot(ds, q, DOT_PRECISION, dk)
-    if ATOMIC_DQ:
-        dq = _dot(tl.trans(ds), k, DOT_PRECISION) * sm_scale
-        ptrs = DQA + s.to(tl.int64) * sdqb + h.to(tl.int64) * sdqh + rows[:, None] * sdqn + dq_[None, :]
-        if check:
-            tl.atomic_add(ptrs, dq, mask=ok[:, None] & (dq_ < DQK)[None, :], sem="relaxed")
-        else:
-            tl.atomic_add(ptrs, dq, sem="relaxed")
+    dk = _dot(dst.to(q.dtype), q, DOT_PRECISION, dk)
     return dk, dv
 
 
 @triton.jit(do_not_specialize=BWD_LENGTH_ARGS)
 def dkdv_kernel(
-    Q, K, V, DO, LSE2, DELTA, DK, DV_, DQA, TAB,
+    Q, K, V, DO, LSE2, DELTA, DK, DV_, TAB,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, slb, slh,
-    sdkb, sdkh, sdkn, sdvb, sdvh, sdvn, sdqb, sdqh, sdqn,
+    sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
     GROUP, qk_scale, sm_scale, cap, window,
     DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr,
     RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr = False,
+    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One (key tile, kv head, sequence) program: dk and dv summed over the group's query heads,
-    visiting only the query tiles that reach the key tile; with ``ATOMIC_DQ`` also dq, added into
-    float32 ``DQA`` (strides ``sdq*``), so that no dq kernel runs."""
+    visiting only the query tiles that reach the key tile."""
     s = tl.program_id(2)
     hk = tl.program_id(1)
     q_start, q_len, k_start, k_len, aq, bq, ak, bk = _seq(TAB, s)
@@ -594,20 +584,20 @@ def dkdv_kernel(
         for m0 in range(m_lo, m_full, BM):
             dk, dv = _dkdv_tile(
                 k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_len, aq, bq, ak, bk,
-                window, sqb, sqh, sqn, sdb, sdh, sdn, slb, slh, qk_scale, cap, DQA, sdqb, sdqh, sdqn, sm_scale,
-                DQK, DV, BDQK, BDV, BM, True, RULE, CAUSAL, LOG2_STRIDE, SOFTCAP, DOT_PRECISION, ATOMIC_DQ,
+                window, sqb, sqh, sqn, sdb, sdh, sdn, slb, slh, qk_scale, cap,
+                DQK, DV, BDQK, BDV, BM, True, RULE, CAUSAL, LOG2_STRIDE, SOFTCAP, DOT_PRECISION,
             )  # fmt: skip
         for m0 in range(m_full, m_end, BM):
             dk, dv = _dkdv_tile(
                 k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_len, aq, bq, ak, bk,
-                window, sqb, sqh, sqn, sdb, sdh, sdn, slb, slh, qk_scale, cap, DQA, sdqb, sdqh, sdqn, sm_scale,
-                DQK, DV, BDQK, BDV, BM, False, RULE, CAUSAL, LOG2_STRIDE, SOFTCAP, DOT_PRECISION, ATOMIC_DQ,
+                window, sqb, sqh, sqn, sdb, sdh, sdn, slb, slh, qk_scale, cap,
+                DQK, DV, BDQK, BDV, BM, False, RULE, CAUSAL, LOG2_STRIDE, SOFTCAP, DOT_PRECISION,
             )  # fmt: skip
         for m0 in range(m_end, tl.cdiv(i_hi, BM) * BM, BM):
             dk, dv = _dkdv_tile(
                 k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_len, aq, bq, ak, bk,
-                window, sqb, sqh, sqn, sdb, sdh, sdn, slb, slh, qk_scale, cap, DQA, sdqb, sdqh, sdqn, sm_scale,
-                DQK, DV, BDQK, BDV, BM, True, RULE, CAUSAL, LOG2_STRIDE, SOFTCAP, DOT_PRECISION, ATOMIC_DQ,
+                window, sqb, sqh, sqn, sdb, sdh, sdn, slb, slh, qk_scale, cap,
+                DQK, DV, BDQK, BDV, BM, True, RULE, CAUSAL, LOG2_STRIDE, SOFTCAP, DOT_PRECISION,
             )  # fmt: skip
     dk = dk * sm_scale
     tl.store(DK + s.to(tl.int64) * sdkb + hk.to(tl.int64) * sdkh + k_rows[:, None] * sdkn + dq_[None, :],

@@ -16,14 +16,7 @@ import torch
 from attnhub import settings
 from attnhub.request import Request
 from attnhub.rules import Causal, Full, Local
-from attnhub_backends.triton.launch import (
-    DESCRIPTORS,
-    _dot_precision,
-    _pad,
-    _tma_mode,
-    atomic_dq,
-    kv_descriptors,
-)
+from attnhub_backends.triton.launch import DESCRIPTORS, _dot_precision, _pad, _tma_mode, kv_descriptors
 from attnhub_backends.triton.loader import interpret_mode, load
 from attnhub_backends.triton.loader import kernels as dense_kernels
 from attnhub_backends.triton.relaunch import Relauncher
@@ -45,7 +38,7 @@ LOG2E = 1.4426950408889634
 #: against 54.7 / 183.6 / 16.9 with pointers and (128, 4, 3); SDPA 51.8 / 180.2 / 12.9
 #: (tools/dev/probe_s5.py, part decode, two rounds each, 17:50 UTC).
 TUNE: dict[str, Any] = {
-    "fwd": None, "dkdv": None, "dq": None, "dkdv_atomic": None, "decode": (128, 4, 3), "decode_tma": (64, 2, 3), "fill": 4,
+    "fwd": None, "dkdv": None, "dq": None, "decode": (128, 4, 3), "decode_tma": (64, 2, 3), "fill": 4,
 }  # fmt: skip
 
 
@@ -446,16 +439,12 @@ def forward_for_grad(
     return out32.to(q.dtype), lse, out32
 
 
-def _bwd_cfgs(
-    x: torch.Tensor, d: int, atomic: bool = False
-) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+def _bwd_cfgs(x: torch.Tensor, d: int) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
     """(BM, BN, warps, stages) of the dk/dv and dq kernels."""
     if interpret_mode() or not _on_gpu(x.device):
         return (16, 16, 1, 1), (16, 16, 1, 1)
     if TUNE["dkdv"] is not None and TUNE["dq"] is not None:
         return TUNE["dkdv"], TUNE["dq"]
-    if atomic and TUNE["dkdv_atomic"] is not None:
-        return TUNE["dkdv_atomic"], TUNE["dq"] or (64, 64, 4, 2)
     if x.element_size() == 4:
         return (32, 64, 4, 1), (64, 32, 4, 1)
     if d > 128:
@@ -506,25 +495,19 @@ def backward(
             v.stride(0) * ss, v.stride(1), v.stride(2), dout.stride(0) * ss, dout.stride(1), dout.stride(2),
             delta.stride(0) * ss, delta.stride(1),
         )  # fmt: skip
-        atomic = atomic_dq(q)
-        (bm1, bn1, w1, s1), (bm2, bn2, w2, s2) = _bwd_cfgs(q, max(_pad(dqk), _pad(dv)), atomic)
-        dq_acc = torch.zeros((b, hq, nq, dqk), dtype=torch.float32, device=q.device) if atomic else dq
+        (bm1, bn1, w1, s1), (bm2, bn2, w2, s2) = _bwd_cfgs(q, max(_pad(dqk), _pad(dv)))
         kern.dkdv_kernel[(-(-t.max_k // bn1), hkv, t.seqs)](
-            q, k, v, dout, lse2, delta, dk, dvv, dq_acc, t.tab, *strides,
+            q, k, v, dout, lse2, delta, dk, dvv, t.tab, *strides,
             dk.stride(0) * ss, dk.stride(1), dk.stride(2), dvv.stride(0) * ss, dvv.stride(1), dvv.stride(2),
-            dq_acc.stride(0) * ss, dq_acc.stride(1), dq_acc.stride(2),
             group, req.scale * LOG2E, req.scale, cap, window,
-            BM=bm1, BN=bn1, num_warps=w1, num_stages=s1, ATOMIC_DQ=atomic, **common,
+            BM=bm1, BN=bn1, num_warps=w1, num_stages=s1, **common,
         )  # fmt: skip
-        if atomic:
-            dq = dq_acc.to(q.dtype)
-        else:
-            kern.dq_kernel[(-(-t.max_q // bm2), hq, t.seqs)](
-                q, k, v, dout, lse2, delta, dq, t.tab, *strides,
-                dq.stride(0) * ss, dq.stride(1), dq.stride(2),
-                group, req.scale * LOG2E, req.scale, cap, window,
-                BM=bm2, BN=bn2, num_warps=w2, num_stages=s2, **common,
-            )  # fmt: skip
+        kern.dq_kernel[(-(-t.max_q // bm2), hq, t.seqs)](
+            q, k, v, dout, lse2, delta, dq, t.tab, *strides,
+            dq.stride(0) * ss, dq.stride(1), dq.stride(2),
+            group, req.scale * LOG2E, req.scale, cap, window,
+            BM=bm2, BN=bn2, num_warps=w2, num_stages=s2, **common,
+        )  # fmt: skip
     if not req.sinks:
         return dq, dk, dvv
     dsinks = None
