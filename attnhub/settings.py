@@ -161,7 +161,6 @@ _declare("ATTNHUB_TRITON_FWD_CFG", _ints, None, "pin the triton forward kernel's
 _declare("ATTNHUB_TRITON_DQ_CFG", _ints, None, "pin the triton dq kernel's config", expects=_CFG)
 _declare("ATTNHUB_TRITON_DKDV_CFG", _ints, None, "pin the triton dk/dv kernel's config", expects=_CFG)
 _declare("ATTNHUB_TRITON_TMA", _int, None, "force the triton forward's K/V load path", expects="0 (pointers) or 3 (descriptors)")
-_declare("ATTNHUB_TRITON_ATOMIC_DQ", _choice("0", "1", "2"), None, "triton backward: dq added into float32 by the dk/dv kernel (1: atomics, 2: TMA reduce-adds) or its own kernel (0)", expects="0, 1 or 2")
 _declare("ATTNHUB_TRITON_SPLITS", _int, None, "force the triton split-KV factor", expects="an integer >= 1")
 _declare("ATTNHUB_CUDA_FWD", _choice("mma", "wgmma"), None, "force the cuda half-type forward kernel", expects="mma or wgmma")
 _declare("ATTNHUB_CUDA_BWD", _choice("wgmma", "fused", "split", "simt"), None, "force the cuda backward kernel", expects="wgmma, fused, split or simt")

@@ -610,16 +610,14 @@ def bwd_prep_kernel(
 @triton.jit
 def _dkdv_step(
     k, v, dk, dv, q_ptrs, do_ptrs, lse2_base, delta_base, start_m, offs_n, offs_mb, offs_dq, offs_dv,
-    qk_scale, sqn, sdn, Nq, Nk, rule, mod, dqa_ptrs, sm_scale,
+    qk_scale, sqn, sdn, Nq, Nk, rule, mod,
     DQK: tl.constexpr, DV: tl.constexpr, PADQ: tl.constexpr, PADV: tl.constexpr, MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
     SOFTCAP: tl.constexpr = False, HAS_BIAS: tl.constexpr = False, HAS_MASK: tl.constexpr = False,
-    ATOMIC_DQ: tl.constexpr = False,
 ):  # fmt: skip
     """One query tile's contribution to a key tile's dk and dv (the rule, and a boolean mask,
-    evaluated where ``MASKED``); ``mod`` as in ``dkdv_kernel``. With ``ATOMIC_DQ`` also the key
-    tile's share of the query tile's dq, added into the float32 rows at ``dqa_ptrs``."""
+    evaluated where ``MASKED``); ``mod`` as in ``dkdv_kernel``."""
     rows = start_m + offs_mb
     ok = rows < Nq
     q = _load_tile(
@@ -656,26 +654,13 @@ def _dkdv_step(
     dst = pt * (dpt - delta[None, :])
     if SOFTCAP:
         dst = dst * (1.0 - th * th)
-    ds = dst.to(q.dtype)
-    dk = _dot(ds, q, DOT_PRECISION, dk)
-    if ATOMIC_DQ == 2:  # one TMA reduce-add of the tile (dqa: a (B, HQ, Nq, DQK) descriptor, b, h)
-        dq = _dot(tl.trans(ds), k, DOT_PRECISION) * sm_scale
-        desc, b, h = dqa_ptrs
-        desc.atomic_add([b, h, start_m, 0], dq.reshape(1, 1, dq.shape[0], dq.shape[1]))
-    elif ATOMIC_DQ:
-        dq = _dot(tl.trans(ds), k, DOT_PRECISION) * sm_scale
-        if MASKED or PADQ:
-            tl.atomic_add(
-                dqa_ptrs + start_m * DQK, dq, mask=ok[:, None] & (offs_dq < DQK)[None, :], sem="relaxed"
-            )
-        else:
-            tl.atomic_add(dqa_ptrs + start_m * DQK, dq, sem="relaxed")
+    dk = _dot(dst.to(q.dtype), q, DOT_PRECISION, dk)
     return dk, dv
 
 
 @triton.jit(do_not_specialize=BWD_LENGTH_ARGS)
 def dkdv_kernel(
-    Q, K, V, DO, LSE2, DELTA, DK, DV_, DQA, PLAN, plan_stride,
+    Q, K, V, DO, LSE2, DELTA, DK, DV_, PLAN, plan_stride,
     sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdn, sdd,
     HQ, HKV, GROUP, Nq, Nk, qk_scale, sm_scale,
     BIAS, sbb, sbh, sbm, sbn, MASKP, smb, smh, smm, smn, softcap2, plan_b, plan_h,
@@ -686,11 +671,9 @@ def dkdv_kernel(
     NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SOFTCAP: tl.constexpr = False, HAS_BIAS: tl.constexpr = False, HAS_MASK: tl.constexpr = False,
-    SWAP_HB: tl.constexpr = False, ATOMIC_DQ: tl.constexpr = False,
+    SWAP_HB: tl.constexpr = False,
 ):  # fmt: skip
-    """One (key tile, kv head, batch) program: dk and dv summed over the query heads of its group;
-    with ``ATOMIC_DQ`` also dq, added tile by tile into ``DQA`` (float32, (B, HQ, Nq, DQK)), so that
-    S, P and dS are computed once per tile pair and no dq kernel runs.
+    """One (key tile, kv head, batch) program: dk and dv summed over the query heads of its group.
 
     The §9 modifiers as in ``fwd_kernel``; with ``HAS_MASK`` the plan's rows are per (mask batch,
     mask head, key tile), ``plan_b``/``plan_h`` rows apart.
@@ -728,10 +711,6 @@ def dkdv_kernel(
         delta_base = DELTA + (b.to(tl.int64) * HQ + h) * Nq
         q_ptrs = q_base + offs_mb[:, None] * sqn + offs_dq[None, :] * sqd
         do_ptrs = do_base + offs_mb[:, None] * sdn + offs_dv[None, :] * sdd
-        if ATOMIC_DQ == 2:
-            dqa_ptrs = (DQA, b, h)
-        else:
-            dqa_ptrs = DQA + ((b.to(tl.int64) * HQ + h) * Nq + offs_mb)[:, None] * DQK + offs_dq[None, :]
         mod = (
             BIAS + b.to(tl.int64) * sbb + h.to(tl.int64) * sbh, sbm, sbn,
             MASKP + b.to(tl.int64) * smb + h.to(tl.int64) * smh, smm, smn, softcap2,
@@ -745,16 +724,16 @@ def dkdv_kernel(
             start_m = tl.load(row + 3 + t) * BM
             dk, dv = _dkdv_step(
                 k, v, dk, dv, q_ptrs, do_ptrs, lse2_base, delta_base, start_m, offs_n, offs_mb, offs_dq,
-                offs_dv, qk_scale, sqn, sdn, Nq, Nk, rule, mod, dqa_ptrs, sm_scale,
+                offs_dv, qk_scale, sqn, sdn, Nq, Nk, rule, mod,
                 DQK, DV, BDQK != DQK, BDV != DV, True, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
-                SOFTCAP, HAS_BIAS, HAS_MASK, ATOMIC_DQ,
+                SOFTCAP, HAS_BIAS, HAS_MASK,
             )  # fmt: skip
         for start_m in range(full_lo * BM, full_hi * BM, BM):  # the unmasked run
             dk, dv = _dkdv_step(
                 k, v, dk, dv, q_ptrs, do_ptrs, lse2_base, delta_base, start_m, offs_n, offs_mb, offs_dq,
-                offs_dv, qk_scale, sqn, sdn, Nq, Nk, rule, mod, dqa_ptrs, sm_scale,
+                offs_dv, qk_scale, sqn, sdn, Nq, Nk, rule, mod,
                 DQK, DV, BDQK != DQK, BDV != DV, False, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
-                SOFTCAP, HAS_BIAS, HAS_MASK, ATOMIC_DQ,
+                SOFTCAP, HAS_BIAS, HAS_MASK,
             )  # fmt: skip
     dk = dk * sm_scale
     base = (b.to(tl.int64) * HKV + hk) * Nk

@@ -84,18 +84,7 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return (0, 0)
 
 
-def atomic_dq(x: torch.Tensor) -> int:
-    """Whether a backward adds dq into float32 from the dk/dv kernel (one pass over the tile pairs,
-    S, P and dS computed once) rather than running the dq kernel (a second pass that recomputes
-    them). Atomic float32 adds land in any order, so the bits of dq can differ between runs: off
-    under ``torch.use_deterministic_algorithms`` (and ``ATTNHUB_TRITON_ATOMIC_DQ=0``)."""
-    forced = settings.value("ATTNHUB_TRITON_ATOMIC_DQ")
-    if forced is not None:
-        return int(forced)
-    return 0
-
-
-def _cfgs(kernel: str, req: Request, x: torch.Tensor, atomic: bool = False) -> list[configs.Cfg]:
+def _cfgs(kernel: str, req: Request, x: torch.Tensor) -> list[configs.Cfg]:
     forced = configs.forced(kernel)
     if forced is not None:
         return [forced]
@@ -534,25 +523,15 @@ def backward(
         )  # fmt: skip
         return (pl.cols if transposed else pl.rows), 0, 0
 
-    atomic = atomic_dq(q) if dbias_full is None else 0
-    dq_acc = torch.empty((b, hq, nq, dqk), dtype=torch.float32, device=q.device) if atomic else dq
-
     def run_dkdv(cfg: configs.Cfg) -> None:
         rows, plan_b, plan_h = tiles(cfg, True)
         grid = (triton_cdiv(nk, cfg.bn), *((b, hkv) if swap else (hkv, b)))
-        dqa = dq_acc
-        if atomic:
-            dq_acc.zero_()  # here: tuning runs the launch more than once
-        if atomic == 2:
-            from triton.tools.tensor_descriptor import TensorDescriptor
-
-            dqa = TensorDescriptor(dq_acc, list(dq_acc.shape), list(dq_acc.stride()), [1, 1, cfg.bm, dqk])
         kern.dkdv_kernel[grid](
-            q, k, v, dout, lse2, delta, dk, dvv, dqa, rows, rows.stride(0),
+            q, k, v, dout, lse2, delta, dk, dvv, rows, rows.stride(0),
             *q.stride(), *k.stride(), *v.stride(), *dout.stride(),
             hq, hkv, group, nq, nk, qk_scale, req.scale,
             *runtime_args(mods, q, plan_b, plan_h, extra=False),
-            BM=cfg.bm, BN=cfg.bn, num_warps=cfg.warps, num_stages=cfg.stages, ATOMIC_DQ=atomic, **common,
+            BM=cfg.bm, BN=cfg.bn, num_warps=cfg.warps, num_stages=cfg.stages, **common,
         )  # fmt: skip
 
     def run_dq(cfg: configs.Cfg) -> None:
@@ -568,12 +547,8 @@ def backward(
         )  # fmt: skip
 
     work, persist = _work(req), _persist(q)
-    dkdv_key = (*_key("dkdv", req, q), atomic)
-    run_dkdv(configs.choose(dkdv_key, _cfgs("dkdv", req, q, atomic), run_dkdv, work, persist))
-    if atomic:
-        dq = dq_acc.to(q.dtype)
-    else:
-        run_dq(configs.choose(_key("dq", req, q), _cfgs("dq", req, q), run_dq, work, persist))
+    run_dkdv(configs.choose(_key("dkdv", req, q), _cfgs("dkdv", req, q), run_dkdv, work, persist))
+    run_dq(configs.choose(_key("dq", req, q), _cfgs("dq", req, q), run_dq, work, persist))
     if req.bias is None and not req.sinks:
         return dq, dk, dvv
     dbias = None
