@@ -313,6 +313,8 @@ class _SdpaCuda(_SdpaBase):
     priority: ClassVar[int] = 40
     #: The ``SDPBackend`` member and the ``torch.backends.cuda.can_use_*`` probe of the kernel.
     kernel: ClassVar[str] = ""
+    #: The kernel's own differentiable torch op (a ``torch`` attribute), if it has one.
+    direct_name: ClassVar[str] = ""
     probe: ClassVar[str] = ""
     #: Whether the kernel takes SDPA's ``attn_mask`` (explicit masks and materialised rule masks).
     takes_mask: ClassVar[bool] = True
@@ -453,6 +455,10 @@ class _SdpaCuda(_SdpaBase):
 
         return make
 
+    def _direct_args(self, causal: bool, lse: bool) -> tuple:
+        """The op's arguments after q, k, v (dropout 0, no mask)."""
+        raise NotImplementedError
+
     def _direct_op(self, causal: bool, scale: float, lse: bool) -> Callable[[Any, Any, Any], Any] | None:
         """``out = fn(q, k, v)`` through the kernel's own differentiable torch op, or None.
 
@@ -461,7 +467,17 @@ class _SdpaCuda(_SdpaBase):
         result and its gradient are SDPA's; skipping SDPA's selection and the flag pinning saves
         host time on every call. ``lse``: the op computes the logsumexp its backward reads (SDPA
         asks for it when an input requires grad under grad mode; the plan's key fixes both)."""
-        return None
+        import torch
+
+        op = getattr(torch, self.direct_name, None) if self.direct_name else None
+        if op is None:
+            return None
+        args = self._direct_args(causal, lse)
+
+        def direct(q: Any, k: Any, v: Any) -> Any:
+            return op(q, k, v, *args, scale=scale)[0]
+
+        return direct
 
 
 @lru_cache(maxsize=512)
@@ -515,17 +531,10 @@ class SdpaFlash(_SdpaCuda):
     features: ClassVar[frozenset[str]] = frozenset({"1d", "2d", "full", "causal", "gqa", "backward"})
     takes_mask: ClassVar[bool] = False
 
-    def _direct_op(self, causal: bool, scale: float, lse: bool) -> Callable[[Any, Any, Any], Any] | None:
-        import torch
+    direct_name: ClassVar[str] = "_scaled_dot_product_flash_attention"
 
-        op = getattr(torch, "_scaled_dot_product_flash_attention", None)
-        if op is None:
-            return None
-
-        def direct(q: Any, k: Any, v: Any) -> Any:  # the op always returns the logsumexp
-            return op(q, k, v, 0.0, causal, False, scale=scale)[0]
-
-        return direct
+    def _direct_args(self, causal: bool, lse: bool) -> tuple:
+        return (0.0, causal, False)  # the op always returns the logsumexp
 
 
 class SdpaEfficient(_SdpaCuda):
@@ -540,17 +549,10 @@ class SdpaEfficient(_SdpaCuda):
     )
     zero_rows: ClassVar[bool] = True
 
-    def _direct_op(self, causal: bool, scale: float, lse: bool) -> Callable[[Any, Any, Any], Any] | None:
-        import torch
+    direct_name: ClassVar[str] = "_scaled_dot_product_efficient_attention"
 
-        op = getattr(torch, "_scaled_dot_product_efficient_attention", None)
-        if op is None:
-            return None
-
-        def direct(q: Any, k: Any, v: Any) -> Any:
-            return op(q, k, v, None, lse, 0.0, causal, scale=scale)[0]
-
-        return direct
+    def _direct_args(self, causal: bool, lse: bool) -> tuple:
+        return (None, lse, 0.0, causal)
 
 
 class SdpaCudnn(_SdpaCuda):
@@ -564,14 +566,7 @@ class SdpaCudnn(_SdpaCuda):
         {"1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "backward"}
     )
 
-    def _direct_op(self, causal: bool, scale: float, lse: bool) -> Callable[[Any, Any, Any], Any] | None:
-        import torch
+    direct_name: ClassVar[str] = "_scaled_dot_product_cudnn_attention"
 
-        op = getattr(torch, "_scaled_dot_product_cudnn_attention", None)
-        if op is None:
-            return None
-
-        def direct(q: Any, k: Any, v: Any) -> Any:
-            return op(q, k, v, None, lse, 0.0, causal, False, scale=scale)[0]
-
-        return direct
+    def _direct_args(self, causal: bool, lse: bool) -> tuple:
+        return (None, lse, 0.0, causal, False)
