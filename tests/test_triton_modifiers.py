@@ -314,6 +314,15 @@ if CHILD:
         m[:, :, 16:32, :] = False  # EMPTY tiles, fully masked rows
         run_case(mask=m, lq=40, lk=36)
 
+    def test_softcap_bool_mask_rows_empty_and_sinks() -> None:
+        """Softcap without a bias (the forward caps only each row's max): random mask with EMPTY
+        tiles and fully masked rows (out 0, lse -inf), large logits; then with sinks."""
+        g = torch.Generator().manual_seed(8)
+        m = torch.rand(2, 1, 40, 36, generator=g) > 0.4
+        m[:, :, 16:32, :] = False
+        run_case(mask=m, lq=40, lk=36, softcap=3.0, boost=6.0)
+        run_case(mask=m, lq=40, lk=36, softcap=3.0, boost=6.0, sinks=True)
+
     def test_bool_mask_broadcast_rows_with_bias_softcap_sinks() -> None:
         m = torch.rand(1, 1, 1, 24) > 0.3
         run_case(mask=m, bias_shape=(2, 1, 24, 24), softcap=4.0, sinks=True, boost=2.0)

@@ -108,10 +108,13 @@ def small_q_candidates(head_dim: int, elem_size: int) -> list[Cfg]:
 
 # Softcap (16-bit, head dim 128, full or causal): the per-score tanh (an exp2 and a reciprocal on
 # top of the softmax's exp2) makes the forward bound by special functions, and 64 x 64 tiles with
-# 4 warps keep more programs per SM to hide them. H100, causal, B = 16k / L, H 16: 0.912 / 1.693 /
-# 3.191 ms -> 0.834 / 1.624 / 3.124 at L 4k / 8k / 16k against the dense default 128 x 128 x 8
-# (tools/dev/probe_s5.py, part softcap). The backward keeps the dense pair (fastest there too).
-_SOFTCAP_128 = [_band(64, 64, 4, 3), _band(128, 128, 8, 3)]
+# 4 warps keep more programs per SM to hide them. The index-list walk takes kernels._softcap_probs
+# (four operations per score, only each row's max capped); the band walk keeps the general path
+# (that helper under its runtime tile test broke Triton 3.6's pipeliner). H100, causal, B = 16k / L,
+# H 16, L 4k / 8k / 16k: 0.771 / 1.481 / 3.026 ms against 0.829 / 1.600 / 3.058 for the band walk
+# and 0.872 / 1.612 for 128 x 128 x 8 (tools/dev/s6_round7.sh, s6_round8.sh; 64 x 32, 64 x 128,
+# 2 or 4 stages and register caps slower). The backward keeps the dense pair (fastest there too).
+_SOFTCAP_128 = [Cfg(64, 64, 4, 3), _band(64, 64, 4, 3), _band(128, 128, 8, 3)]
 
 
 def softcap_candidates(head_dim: int, elem_size: int, capability: tuple[int, int]) -> list[Cfg] | None:

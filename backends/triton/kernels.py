@@ -119,21 +119,43 @@ def _keep(
 if os.environ.get("TRITON_INTERPRET") == "1":
 
     @triton.jit
-    def _tanh(x):
-        """tanh(x) = 1 - 2 / (exp(2x) + 1): exact at both ends (exp overflows to inf, or is 0)."""
-        return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)
+    def _rcp(x):
+        return 1.0 / x
 
 else:
 
     @triton.jit
-    def _tanh(x):
-        """tanh as above, with the hardware's approximate reciprocal (1 ulp; no division
-        sequence): with softcap the forward is bound by these per-element special functions."""
-        e = tl.math.exp2(x * 2.8853900817779268) + 1.0
-        r = tl.inline_asm_elementwise(
-            "rcp.approx.ftz.f32 $0, $1;", "=r,r", [e], dtype=tl.float32, is_pure=True, pack=1
+    def _rcp(x):
+        """The hardware's approximate reciprocal (1 ulp; no division sequence): with softcap the
+        forward is bound by the per-element special functions."""
+        return tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
         )
-        return 1.0 - 2.0 * r
+
+
+@triton.jit
+def _tanh(x):
+    """tanh(x) = 1 - 2 / (exp(2x) + 1): exact at both ends (exp overflows to inf, or is 0)."""
+    return 1.0 - 2.0 * _rcp(tl.math.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@triton.jit
+def _softcap_probs(qk, m_i, qk_scale, softcap2, keep, MASKED: tl.constexpr):
+    """(m_new, m_use, p) of a softcapped tile without a bias (positive scale), in four operations
+    per score: e = exp2(a·qk) + 1, r = 1/e, p = exp2((softcap2 - m) - 2·softcap2·r), the same
+    ``softcap2·tanh(s/softcap2) - m`` as ``_modify_with`` then ``p = exp2(s - m)``. tanh increases,
+    so the row max is taken on the raw products and only the max is capped (one per row)."""
+    if MASKED:
+        qk = tl.where(keep, qk, float("-inf"))
+    mx = tl.max(qk, 1) * qk_scale
+    m_tile = tl.where(mx == float("-inf"), float("-inf"), softcap2 * _tanh(mx * (1.0 / softcap2)))
+    m_new = tl.maximum(m_i, m_tile)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    r = _rcp(tl.math.exp2(qk * (qk_scale * 2.8853900817779268 / softcap2)) + 1.0)
+    p = tl.math.exp2((softcap2 - m_use)[:, None] - (2.0 * softcap2) * r)
+    if MASKED:
+        p = tl.where(keep, p, 0.0)
+    return m_new, m_use, p
 
 
 @triton.jit
@@ -266,7 +288,16 @@ def _fwd_step(
         DQK, DV, BDQK, BDV, BN, MASKED, TMA,
     )  # fmt: skip
     qk = _dot(q, kt, DOT_PRECISION)
-    if SOFTCAP or HAS_BIAS:
+    if SOFTCAP and not HAS_BIAS and not NEG:
+        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
+        keep = None
+        if MASKED:
+            keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
+            if HAS_MASK:
+                keep = keep & _mask_tile(mask_ptr + mrow[:, None] + (cols * smn)[None, :], row_ok, cols, Nk,
+                                         start_n, BN)  # fmt: skip
+        m_new, m_use, p = _softcap_probs(qk, m_i, qk_scale, softcap2, keep, MASKED)
+    elif SOFTCAP or HAS_BIAS:
         bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
         bias = 0.0
         if HAS_BIAS:
