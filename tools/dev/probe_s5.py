@@ -6,10 +6,9 @@ the bias gradient's batch sum.
     python tools/dev/probe_s5.py --part bias
 
 softcap: causal, H 16, D 128, bf16, B = 16k / L at L 4k / 8k / 16k (the bench family's cases);
-forward and backward (autograd.grad only) times of backend="triton" with the dense kernels' ``_tanh``
-replaced by the ``--tanh`` variant (base: exp2 and rcp.approx, as shipped; newton: exp2 and an
-FMA-only reciprocal, moving one special function per score off the MUFU pipe; approx:
-tanh.approx.f32, a speed bound only: not accurate enough to ship), each forward config given by
+forward and backward (autograd.grad only) times of backend="triton" with the dense kernels' ``_rcp``
+(the softcap tanh's reciprocal) replaced by the ``--tanh`` variant (base: rcp.approx, as shipped;
+newton: an FMA-only reciprocal, one special function per score off the MUFU pipe), each forward config given by
 ``--fwd-cfgs`` (``ATTNHUB_TRITON_FWD_CFG`` values) and each backward pair by ``--bwd-cfgs``; the
 maximum error of each variant's output and gradients against a float64 formula at L 1k.
 decode: CUDA-graph times of ``ragged_launch.forward`` for decode tile configs x split fill at
@@ -31,30 +30,25 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
+#: Compiled-mode ``_rcp`` variants (kernels.py; the softcap tanh's reciprocal). Until e974cb1 this
+#: probe patched ``_tanh`` itself (variants newton and tanh.approx.f32; see docs/benchmarks.md).
 TANH = {
     "base": None,
     "newton": """
     @triton.jit
-    def _tanh(x):
-        e = tl.math.exp2(tl.minimum(x * 2.8853900817779268, 64.0, propagate_nan=tl.PropagateNan.ALL)) + 1.0
-        r = (0x7EF311C3 - e.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
-        r = r * (2.0 - e * r)
-        r = r * (2.0 - e * r)
-        r = r * (2.0 - e * r)
-        return 1.0 - 2.0 * r
-""",
-    "approx": """
-    @triton.jit
-    def _tanh(x):
-        return tl.inline_asm_elementwise(
-            "tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
+    def _rcp(x):
+        x = tl.minimum(x, 1.8e19, propagate_nan=tl.PropagateNan.ALL)
+        r = (0x7EF311C3 - x.to(tl.int32, bitcast=True)).to(tl.float32, bitcast=True)
+        r = r * (2.0 - x * r)
+        r = r * (2.0 - x * r)
+        r = r * (2.0 - x * r)
+        return r
 """,
 }
 
 
 def _patch_tanh(variant: str) -> None:
-    """Load kernels.py with the compiled-mode ``_tanh`` replaced, as the loader would."""
+    """Load kernels.py with the compiled-mode ``_rcp`` replaced, as the loader would."""
     body = TANH[variant]
     if body is None:
         return
@@ -62,8 +56,8 @@ def _patch_tanh(variant: str) -> None:
 
     src_path = Path(loader.__file__).with_name("kernels.py")
     src = src_path.read_text()
-    start = src.index("else:\n\n    @triton.jit\n    def _tanh(x):")
-    end = src.index("@triton.jit\ndef _modify(")
+    start = src.index("else:\n\n    @triton.jit\n    def _rcp(x):")
+    end = src.index("@triton.jit\ndef _tanh(x):")
     src = src[:start] + "else:\n" + body + "\n\n" + src[end:]
     tmp = Path(tempfile.mkdtemp()) / "kernels.py"
     tmp.write_text(src)
