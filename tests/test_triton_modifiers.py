@@ -33,6 +33,23 @@ GRAD_TOL = {"float32": 1e-4, "float16": 8e-3, "bfloat16": 4e-2}
 
 if not CHILD:
 
+    def test_cap_max_policy() -> None:
+        """The bound as every row's max only where its exponentials stay normal in P's dtype."""
+        from attnhub.request import build_request
+        from attnhub_backends.triton.launch import _cap_max
+
+        def req_for(dtype, softcap, scale=None, bias=None):
+            q = torch.zeros(1, 1, 4, 8, dtype=dtype)
+            req, _ = build_request(q, q, q, "causal", "none_front", scale, "bhsd", False)
+            return dataclasses.replace(req, softcap=softcap, bias=bias), q
+
+        assert _cap_max(*req_for(torch.bfloat16, 30.0)) and _cap_max(*req_for(torch.float32, 41.0))
+        assert not _cap_max(*req_for(torch.bfloat16, 42.0))  # 42·log2(e) > 60
+        assert not _cap_max(*req_for(torch.float16, 30.0))  # float16 exponentials would be subnormal
+        assert not _cap_max(*req_for(torch.bfloat16, None))
+        assert not _cap_max(*req_for(torch.bfloat16, 30.0, bias=(1, 1, 4, 4)))
+        assert not _cap_max(*req_for(torch.bfloat16, 30.0, scale=-0.5))
+
     @pytest.mark.slow
     def test_modifiers_under_interpreter() -> None:
         """Runs this module's cases in a child pytest under ``TRITON_INTERPRET=1``."""
@@ -114,6 +131,7 @@ def run_case(
     bias_view=None,
     grid: tuple[tuple[int, int], tuple[int, int]] | None = None,
     device: str = "cpu",
+    inputs_edit=None,
 ) -> None:
     """One case through the backend against :func:`dense` (SPEC §6 tolerances)."""
     from attnhub.operands import Operands
@@ -127,6 +145,8 @@ def run_case(
     q64 = torch.randn(b, hq, lq, d, generator=g, dtype=torch.float64) * boost
     k64 = torch.randn(b, hkv, lk, d, generator=g, dtype=torch.float64)
     v64 = torch.randn(b, hkv, lk, d, generator=g, dtype=torch.float64)
+    if inputs_edit is not None:
+        inputs_edit(q64, k64)
     q, k, v = (x.to(tdt).to(device) for x in (q64, k64, v64))
     if mask is not None:
         mask = mask.to(device)
@@ -313,6 +333,19 @@ if CHILD:
         m[:, :, :16, :16] = True  # a FULL tile
         m[:, :, 16:32, :] = False  # EMPTY tiles, fully masked rows
         run_case(mask=m, lq=40, lk=36)
+
+    @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+    def test_softcap_rows_at_the_lower_bound(dtype) -> None:
+        """Rows whose every score sits near -softcap: with the bound as every row's max
+        (launch._cap_max, softcap 40) their exponentials are about 2^-115, still normal floats;
+        then a softcap past the bound's range (50: the running max) on the same rows."""
+
+        def edit(q, k):
+            k[..., 0] += 8.0
+            q[:, :, :8, 0] = -60.0  # q·k about -480, scaled -120: tanh(-3) saturates
+
+        run_case(dtype=dtype, rule=Causal(), softcap=40.0, inputs_edit=edit, sinks=True)
+        run_case(dtype=dtype, rule=Causal(), softcap=50.0, inputs_edit=edit)
 
     def test_softcap_bool_mask_rows_empty_and_sinks() -> None:
         """Softcap without a bias (the forward caps only each row's max): random mask with EMPTY

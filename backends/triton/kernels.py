@@ -140,11 +140,20 @@ def _tanh(x):
 
 
 @triton.jit
-def _softcap_probs(qk, m_i, qk_scale, softcap2, keep, MASKED: tl.constexpr):
+def _softcap_probs(qk, m_i, qk_scale, softcap2, keep, MASKED: tl.constexpr, CAP_MAX: tl.constexpr = False):
     """(m_new, m_use, p) of a softcapped tile without a bias (positive scale), in four operations
     per score: e = exp2(a·qk) + 1, r = 1/e, p = exp2((softcap2 - m) - 2·softcap2·r), the same
     ``softcap2·tanh(s/softcap2) - m`` as ``_modify_with`` then ``p = exp2(s - m)``. tanh increases,
-    so the row max is taken on the raw products and only the max is capped (one per row)."""
+    so the row max is taken on the raw products and only the max is capped (one per row).
+
+    ``CAP_MAX``: every row's max is the bound softcap2 itself (``m_i`` holds it from the start; see
+    ``launch._cap_max``), so no max is taken and p = exp2(-2·softcap2·r)."""
+    if CAP_MAX:
+        r = _rcp(tl.math.exp2(qk * (qk_scale * 2.8853900817779268 / softcap2)) + 1.0)
+        p = tl.math.exp2((-2.0 * softcap2) * r)
+        if MASKED:
+            p = tl.where(keep, p, 0.0)
+        return m_i, m_i, p
     if MASKED:
         qk = tl.where(keep, qk, float("-inf"))
     mx = tl.max(qk, 1) * qk_scale
@@ -274,7 +283,7 @@ def _fwd_step(
     DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BN: tl.constexpr,
     MASKED: tl.constexpr, NEG: tl.constexpr, TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
     NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-    SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, CAP_MAX: tl.constexpr = False,
 ):  # fmt: skip
     """One key tile of the index-list walk: the rule (and a boolean mask) evaluated only where
     ``MASKED``.
@@ -296,7 +305,11 @@ def _fwd_step(
             if HAS_MASK:
                 keep = keep & _mask_tile(mask_ptr + mrow[:, None] + (cols * smn)[None, :], row_ok, cols, Nk,
                                          start_n, BN)  # fmt: skip
-        m_new, m_use, p = _softcap_probs(qk, m_i, qk_scale, softcap2, keep, MASKED)
+        m_new, m_use, p = _softcap_probs(qk, m_i, qk_scale, softcap2, keep, MASKED, CAP_MAX)
+        if CAP_MAX:  # a fixed max: nothing to rescale
+            l_i = l_i + tl.sum(p, 1)
+            acc = _dot(p.to(v.dtype), v, DOT_PRECISION, acc)
+            return m_new, l_i, acc
     elif SOFTCAP or HAS_BIAS:
         bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
         bias = 0.0
@@ -406,7 +419,7 @@ def fwd_kernel(
     TMA: tl.constexpr = False, BAND: tl.constexpr = False, EVEN_K: tl.constexpr = False,
     SOFTCAP: tl.constexpr = False, HAS_BIAS: tl.constexpr = False, HAS_MASK: tl.constexpr = False,
     HAS_SINKS: tl.constexpr = False, SPLIT: tl.constexpr = False, NQ1: tl.constexpr = False,
-    SWAP_HB: tl.constexpr = False,
+    SWAP_HB: tl.constexpr = False, CAP_MAX: tl.constexpr = False,
 ):  # fmt: skip
     """One (query tile, key split, head, batch) program: out and natural-log lse of its rows.
 
@@ -470,7 +483,10 @@ def fwd_kernel(
         mask=row_ok[:, None] & (offs_dq < DQK)[None, :],
         other=0.0,
     )
-    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    if CAP_MAX:  # softcapped scores never pass softcap2: every row's max from the start
+        m_i = tl.zeros([BM], dtype=tl.float32) + softcap2
+    else:
+        m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, BDV], dtype=tl.float32)
     hrow64 = tl.cast(hrow, tl.int64)
@@ -502,14 +518,14 @@ def fwd_kernel(
                 q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc,
                 qk_scale, skn, svn, Nk, rule, mod, row_ok,
                 DQK, DV, BDQK, BDV, BN, True, NEG, TMA, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
-                SOFTCAP, HAS_BIAS, HAS_MASK,
+                SOFTCAP, HAS_BIAS, HAS_MASK, CAP_MAX,
             )  # fmt: skip
         for start_n in range(full_lo * BN, full_hi * BN, BN):
             m_i, l_i, acc = _fwd_step(
                 q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc,
                 qk_scale, skn, svn, Nk, rule, mod, row_ok,
                 DQK, DV, BDQK, BDV, BN, False, NEG, TMA, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
-                SOFTCAP, HAS_BIAS, HAS_MASK,
+                SOFTCAP, HAS_BIAS, HAS_MASK, CAP_MAX,
             )  # fmt: skip
     if HAS_SINKS:  # the sink: one more exponential in the row sum, none in the accumulator
         sink = tl.load(SINKS + hrow + offs_m * 0, mask=row_ok, other=float("-inf")).to(tl.float32) * LOG2E

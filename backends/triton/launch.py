@@ -340,7 +340,7 @@ def _make_launch(
     if req.modified or has_mask:
         kwargs.update(
             SOFTCAP=req.softcap is not None, HAS_BIAS=req.bias is not None, HAS_MASK=has_mask,
-            HAS_SINKS=req.sinks,
+            HAS_SINKS=req.sinks, CAP_MAX=_cap_max(req, q),
         )  # fmt: skip
     if cfg.maxnreg:
         kwargs["maxnreg"] = cfg.maxnreg
@@ -351,6 +351,22 @@ def _make_launch(
     combine_kwargs = dict(DV=dv, BDV=_pad(dv), BM=16, BS=_combine_bs(splits))
     return _FwdLaunch(
         cfg, pl.band if band else pl.rows, grid, splits, tma, req.scale * LOG2E, kwargs, combine_kwargs,
+    )  # fmt: skip
+
+
+#: Largest softcap·log2(e) for which the forward takes the bound as every row's max (``_cap_max``).
+CAP_MAX_LOG2 = 60.0
+
+
+def _cap_max(req: Request, q: torch.Tensor) -> bool:
+    """Whether the forward uses softcap's bound as the running max of every row (no max taken, no
+    rescaling; ``kernels._softcap_probs``). Exact: any reference at or above a row's max gives the
+    same softmax. Its exponentials reach down to 2^(-2·softcap·log2 e), which must stay normal in
+    P's dtype: bfloat16 (float32's exponent range) and float32 only, softcap·log2 e ≤ 60 (softcap
+    up to about 41; Grok's 30 yes, Gemma 2's 50 no); no bias (it moves the bound), positive scale."""
+    return (
+        req.softcap is not None and req.bias is None and req.scale > 0
+        and q.dtype in (torch.bfloat16, torch.float32) and req.softcap * LOG2E <= CAP_MAX_LOG2
     )  # fmt: skip
 
 
