@@ -113,7 +113,8 @@ def small_q_candidates(head_dim: int, elem_size: int) -> list[Cfg]:
 # (that helper under its runtime tile test broke Triton 3.6's pipeliner). H100, causal, B = 16k / L,
 # H 16, L 4k / 8k / 16k: 0.771 / 1.481 / 3.026 ms against 0.829 / 1.600 / 3.058 for the band walk
 # and 0.872 / 1.612 for 128 x 128 x 8 (tools/dev/s6_round7.sh, s6_round8.sh; 64 x 32, 64 x 128,
-# 2 or 4 stages and register caps slower). The backward keeps the dense pair (fastest there too).
+# 2 or 4 stages and register caps slower); with the bound as row max (launch._cap_max) 0.732 / 1.363 /
+# 2.604 ms (s6_round12.sh). The backward keeps the dense pair (fastest there too).
 _SOFTCAP_128 = [Cfg(64, 64, 4, 3), _band(64, 64, 4, 3), _band(128, 128, 8, 3)]
 
 
