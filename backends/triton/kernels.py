@@ -148,20 +148,19 @@ def _softcap_probs(qk, m_i, qk_scale, softcap2, keep, MASKED: tl.constexpr, CAP_
 
     ``CAP_MAX``: every row's max is the bound softcap2 itself (``m_i`` holds it from the start; see
     ``launch._cap_max``), so no max is taken and p = exp2(-2·softcap2·r)."""
-    if CAP_MAX:
-        r = _rcp(tl.math.exp2(qk * (qk_scale * 2.8853900817779268 / softcap2)) + 1.0)
-        p = tl.math.exp2((-2.0 * softcap2) * r)
-        if MASKED:
-            p = tl.where(keep, p, 0.0)
-        return m_i, m_i, p
-    if MASKED:
-        qk = tl.where(keep, qk, float("-inf"))
-    mx = tl.max(qk, 1) * qk_scale
-    m_tile = tl.where(mx == float("-inf"), float("-inf"), softcap2 * _tanh(mx * (1.0 / softcap2)))
-    m_new = tl.maximum(m_i, m_tile)
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     r = _rcp(tl.math.exp2(qk * (qk_scale * 2.8853900817779268 / softcap2)) + 1.0)
-    p = tl.math.exp2((softcap2 - m_use)[:, None] - (2.0 * softcap2) * r)
+    if CAP_MAX:
+        m_new = m_i
+        m_use = m_i
+        p = tl.math.exp2((-2.0 * softcap2) * r)
+    else:
+        if MASKED:
+            qk = tl.where(keep, qk, float("-inf"))
+        mx = tl.max(qk, 1) * qk_scale
+        m_tile = tl.where(mx == float("-inf"), float("-inf"), softcap2 * _tanh(mx * (1.0 / softcap2)))
+        m_new = tl.maximum(m_i, m_tile)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2((softcap2 - m_use)[:, None] - (2.0 * softcap2) * r)
     if MASKED:
         p = tl.where(keep, p, 0.0)
     return m_new, m_use, p
@@ -267,12 +266,17 @@ def _load_kv(
 
 
 @triton.jit
-def _accumulate(m_i, m_use, l_i, acc, p, v, DOT_PRECISION: tl.constexpr):
+def _accumulate(m_i, m_use, l_i, acc, p, v, DOT_PRECISION: tl.constexpr, FIXED_MAX: tl.constexpr = False):
     """Online-softmax update with a key tile's exponentials ``p`` (taken against ``m_use``): the
-    row sums and output accumulator rescaled from the running max ``m_i``, then P V added."""
-    alpha = tl.math.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = _dot(p.to(v.dtype), v, DOT_PRECISION, acc * alpha[:, None])
+    row sums and output accumulator rescaled from the running max ``m_i``, then P V added.
+    ``FIXED_MAX``: ``m_use`` is ``m_i`` by construction (softcap's bound, ``CAP_MAX``): no rescale."""
+    if FIXED_MAX:
+        l_i = l_i + tl.sum(p, 1)
+        acc = _dot(p.to(v.dtype), v, DOT_PRECISION, acc)
+    else:
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = _dot(p.to(v.dtype), v, DOT_PRECISION, acc * alpha[:, None])
     return l_i, acc
 
 
@@ -306,10 +310,6 @@ def _fwd_step(
                 keep = keep & _mask_tile(mask_ptr + mrow[:, None] + (cols * smn)[None, :], row_ok, cols, Nk,
                                          start_n, BN)  # fmt: skip
         m_new, m_use, p = _softcap_probs(qk, m_i, qk_scale, softcap2, keep, MASKED, CAP_MAX)
-        if CAP_MAX:  # a fixed max: nothing to rescale
-            l_i = l_i + tl.sum(p, 1)
-            acc = _dot(p.to(v.dtype), v, DOT_PRECISION, acc)
-            return m_new, l_i, acc
     elif SOFTCAP or HAS_BIAS:
         bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
         bias = 0.0
@@ -345,7 +345,7 @@ def _fwd_step(
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_use = m_new
         p = tl.math.exp2(qk - m_use[:, None])
-    l_i, acc = _accumulate(m_i, m_use, l_i, acc, p, v, DOT_PRECISION)
+    l_i, acc = _accumulate(m_i, m_use, l_i, acc, p, v, DOT_PRECISION, CAP_MAX)
     return m_new, l_i, acc
 
 
