@@ -1,0 +1,89 @@
+"""Compile the triton forward of softcap requests for sm90 on a machine without a GPU, and count
+the PTX instructions by opcode: a check that a kernel edit compiles and does the same work, when
+no device time is left (Triton's own version here, not necessarily the device image's).
+
+    python tools/dev/sm90_ptx.py            # prints per launch: kernel, constexprs, opcode counts
+
+The launch code runs as on one H100 (sm90, 132 SMs); each kernel launch is bound with Triton's
+own binder and compiled with ``triton.compile`` instead of run.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import re
+from collections import OrderedDict
+
+os.environ["TRITON_INTERPRET"] = "0"
+os.environ["ATTNHUB_TRITON_TUNE"] = "0"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler.compiler import ASTSource, make_backend  # noqa: E402
+from triton.runtime.jit import create_function_from_signature  # noqa: E402
+
+from attnhub.request import Request  # noqa: E402
+from attnhub.rules import Causal  # noqa: E402
+from attnhub_backends.triton import configs, launch, loader  # noqa: E402
+from attnhub_backends.triton.modifiers import Mods  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+OPS = re.compile(r"^\s+(ex2|rcp|fma|mul|add|sub|max|selp|wgmma|mma|cvt)\b")
+
+
+def _recording_module(backend, dense, out: list) -> object:
+    class Module:
+        def __getattr__(self, name):
+            fn = getattr(dense, name)
+            binder = create_function_from_signature(fn.signature, fn.params, backend)
+
+            class Indexed:
+                def __getitem__(self, grid):
+                    def call(*args, **kwargs):
+                        bound, spec, options = binder(*args, **kwargs)
+                        opts, sig, consts, attrs = fn._pack_args(backend, kwargs, bound, spec, options)
+                        k = triton.compile(
+                            ASTSource(fn, sig, consts, attrs), target=TARGET, options=opts.__dict__
+                        )
+                        ops = collections.Counter(
+                            m.group(1) for line in k.asm["ptx"].splitlines() if (m := OPS.match(line))
+                        )
+                        keys = ("BM", "BN", "BAND", "CAP_MAX", "SOFTCAP")
+                        out.append(
+                            (name, {x: kwargs[x] for x in keys if x in kwargs}, dict(sorted(ops.items())))
+                        )
+
+                    return call
+
+            return Indexed()
+
+    return Module()
+
+
+def main() -> None:
+    out: list = []
+    launch._on_gpu = lambda d: True
+    launch._capability = lambda d: (9, 0)
+    launch._sm_count = lambda d: 132
+    launch._FWD_LAUNCHES = OrderedDict()
+    configs._CHOSEN = {}
+    module = _recording_module(make_backend(TARGET), loader.kernels(interpret=False), out)
+    launch.kernels = lambda: module
+    for dtype, cap in ((torch.bfloat16, 30.0), (torch.bfloat16, 50.0), (torch.float16, 30.0)):
+        b, h, n, d = 8, 16, 4096, 128
+        req = Request(
+            "torch", "cuda:0", str(dtype).removeprefix("torch."), "bhsd", b, h, h, (n,), (n,), d, d, Causal(),
+            "none_front", 1 / math.sqrt(d), softcap=cap,
+        )  # fmt: skip
+        q = torch.empty((b, h, n, d), dtype=dtype, device="meta")
+        launch.forward(q, q, q, req, mods=Mods(softcap=cap))
+        for name, consts, ops in out:
+            print(f"{dtype} softcap {cap}: {name} {consts} {ops}")
+        out.clear()
+
+
+if __name__ == "__main__":
+    main()
