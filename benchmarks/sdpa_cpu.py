@@ -3,7 +3,8 @@
     python benchmarks/sdpa_cpu.py [--reps 10] [--threads N]
 
 With the ``sdpa`` plugin installed, auto picks ``sdpa-cpu`` for torch CPU tensors; the ratio is
-torch's time over attnhub's (>= 1: attnhub as fast or faster). Medians of interleaved runs.
+torch's time over attnhub's (>= 1: attnhub as fast or faster). Medians of interleaved samples,
+each a loop of calls long enough (about 2 ms) for the timer not to count.
 """
 
 from __future__ import annotations
@@ -23,20 +24,28 @@ SHAPES = [
     (4, 8, 1024, 64, False, False),
     (4, 8, 1024, 64, True, True),
     (1, 8, 128, 64, True, False),
+    (1, 8, 16, 32, True, False),
     (1, 1, 16, 32, True, False),
 ]
 
 
-def _median_ms(fns, reps):
-    times = [[] for _ in fns]
+def _median_us(fns, reps):
+    """Median time per call (us) of each fn, from ``reps`` interleaved samples of ``inner`` calls
+    each (``inner`` sized so that a sample takes about 2 ms: a tiny call's timer cost stays out)."""
     for fn in fns:
-        fn()
+        for _ in range(20):  # past the first calls (a plan's first-call check, its thread choice)
+            fn()
+    start = time.perf_counter()
+    fns[0]()
+    inner = max(1, int(2e-3 / max(time.perf_counter() - start, 1e-7)))
+    times = [[] for _ in fns]
     for _ in range(reps):
         for i, fn in enumerate(fns):  # interleaved, so drift hits both alike
-            t = time.perf_counter()
-            fn()
-            times[i].append(time.perf_counter() - t)
-    return [statistics.median(t) * 1e3 for t in times]
+            start = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            times[i].append((time.perf_counter() - start) / inner)
+    return [statistics.median(t) * 1e6 for t in times]
 
 
 def main() -> None:
@@ -62,11 +71,11 @@ def main() -> None:
             if grad:
                 out.sum().backward()
 
-        reps = args.reps if n >= 512 else args.reps * 20
-        t_ours, t_torch = _median_ms([ours, theirs], reps)
+        reps = args.reps if n >= 512 else args.reps * 5
+        t_ours, t_torch = _median_us([ours, theirs], reps)
         print(
             f"B={b} H={h} L={n} D={d} {'causal' if causal else 'full'}{' fwd+bwd' if grad else ''}: "
-            f"auto={chosen} {t_ours:.3f} ms, torch SDPA {t_torch:.3f} ms, ratio {t_torch / t_ours:.2f}x"
+            f"auto={chosen} {t_ours:.1f} us, torch SDPA {t_torch:.1f} us, ratio {t_torch / t_ours:.2f}x"
         )
 
 

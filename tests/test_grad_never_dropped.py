@@ -36,12 +36,38 @@ def test_torch_bias_that_requires_grad_gets_its_gradient_or_is_declined():
         for g, w in zip(got, _dense_grads(q, k, v, bias)):
             assert torch.allclose(g, w, atol=1e-12)
     exp = attnhub.explain(q, k, v, mask=bias)
-    assert exp.chosen == "reference" and "bias-grad" in exp.request.describe()
-    # A backend without "dbias" declines it (sdpa-cpu reads float masks, not their gradient).
-    declined = dict((v.name, v.reasons) for v in exp.verdicts)
-    assert any("SPEC §9" in r for r in declined["sdpa-cpu"])
-    with pytest.raises(BackendUnsupported, match="SPEC §9"):
-        attnhub.attention(q, k, v, mask=bias, backend="sdpa-cpu")
+    chosen = attnhub.REGISTRY.backends()[exp.chosen]
+    assert "dbias" in chosen.features and "bias-grad" in exp.request.describe()
+    # A backend that takes a bias but not its gradient declines it, with SPEC §9's reason.
+    plugin = _NoDbiasPlugin()
+    attnhub.REGISTRY.register_plugin(plugin)
+    try:
+        declined = dict((v.name, v.reasons) for v in attnhub.explain(q, k, v, mask=bias).verdicts)
+        assert any("SPEC §9" in r for r in declined["no-dbias-test"])
+        with pytest.raises(BackendUnsupported, match="SPEC §9"):
+            attnhub.attention(q, k, v, mask=bias, backend="no-dbias-test")
+        attnhub.attention(q, k, v, mask=bias.detach(), backend="no-dbias-test")  # no grad: served
+    finally:
+        attnhub.REGISTRY.unregister_plugin(plugin)
+
+
+class _NoDbias(attnhub.Backend):
+    """Takes a bias (through torch's fused CPU kernel) but computes no gradient for it."""
+
+    name = "no-dbias-test"
+    priority = -1
+    frameworks = ("torch",)
+    features = frozenset({"1d", "full", "causal", "explicit_mask", "bias", "backward"})
+
+    def run(self, q, k, v, req, mask=None, operands=None):
+        bias = operands.bias if operands is not None else mask
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias.detach()), None
+
+
+class _NoDbiasPlugin:
+    @attnhub.hookimpl
+    def attnhub_backends(self):
+        return [_NoDbias()]
 
 
 def test_bias_without_grad_still_runs():

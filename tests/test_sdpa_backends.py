@@ -134,11 +134,12 @@ def test_sdpa_cpu_is_auto_for_torch_cpu_and_declines_what_it_cannot():
     assert any("materialised" in r for r in verdict.reasons), verdict.reasons
     with pytest.raises(BackendUnsupported, match="materialised"):
         attnhub.attention(q, k, v, mask="causal", sync="none_end", backend="sdpa-cpu")
-    # A float mask that requires grad: no dbias.
+    # softcap and sinks: no attention mask expresses them.
     q, k, v = _inputs((1, 1, 4, 8), (1, 1, 4), 8, "float32")
-    bias = torch.zeros(1, 1, 4, 4, requires_grad=True)
-    with pytest.raises(BackendUnsupported, match="gradient of a float mask"):
-        attnhub.attention(q, k, v, mask=bias, backend="sdpa-cpu")
+    with pytest.raises(BackendUnsupported, match="softcap"):
+        attnhub.attention(q, k, v, softcap=20.0, backend="sdpa-cpu")
+    with pytest.raises(BackendUnsupported, match="sinks"):
+        attnhub.attention(q, k, v, sinks=torch.zeros(1), backend="sdpa-cpu")
     # numpy arrays are not torch tensors
     with pytest.raises(BackendUnsupported, match="takes torch"):
         attnhub.attention(*(x.numpy() for x in (q, k, v)), backend="sdpa-cpu")

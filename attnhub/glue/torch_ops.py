@@ -103,7 +103,7 @@ def _decide(
                 req = req.legacy_additive()
         check_backend_arg(backend)
         chosen = DISPATCHER.choose(req, backend)
-        if needs_grad and getattr(chosen, "backward_by_autograd", False):
+        if (needs_grad or mask_grad) and getattr(chosen, "backward_by_autograd", False):
             chosen = _graph_safe_backend(req, backend, chosen)
     except AttnhubError as exc:
         return (exc, decline_reason(exc))

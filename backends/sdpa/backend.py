@@ -22,6 +22,7 @@ the kernels do not take.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import threading
 import warnings
@@ -31,7 +32,8 @@ from typing import Any, ClassVar
 
 from attnhub.backend import Backend
 from attnhub.request import Request
-from attnhub_backends.sdpa.masks import RulePlan, rule_plan, torch_rule_mask
+from attnhub_backends.sdpa.masks import MAX_MASK_ELEMENTS, RulePlan, rule_plan, torch_rule_mask
+from attnhub_backends.sdpa.ragged import keep_mask
 
 _HALF = ("float16", "bfloat16")
 
@@ -65,13 +67,21 @@ def _positive_scale(q: Any, scale: float, causal: bool) -> tuple[Any, float]:
     return q, scale
 
 
-def _grads_by_autograd(backend: Backend, q, k, v, dout, req, mask) -> tuple[Any, Any, Any]:
+def _grads_by_autograd(backend: Backend, q, k, v, dout, req, mask, operands=None) -> tuple[Any, ...]:
+    """(dq, dk, dv), and the bias's (or float mask's) gradient after them where it requires grad."""
     import torch
 
     with torch.enable_grad():
         leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
-        out, _ = backend._compute(*leaves, req, mask)  # type: ignore[attr-defined]
-        return tuple(torch.autograd.grad(out, leaves, dout))  # type: ignore[return-value]
+        bias = operands.bias if operands is not None else None
+        if bias is not None and bias.requires_grad:
+            leaves.append(bias.detach().requires_grad_(True))
+            operands = dataclasses.replace(operands, bias=leaves[-1])
+        elif mask is not None and mask.is_floating_point() and mask.requires_grad:
+            leaves.append(mask.detach().requires_grad_(True))
+            mask = leaves[-1]
+        out, _ = backend._compute(*leaves[:3], req, mask, operands)  # type: ignore[attr-defined]
+        return tuple(torch.autograd.grad(out, leaves, dout))
 
 
 class _SdpaBase(Backend):
@@ -83,22 +93,29 @@ class _SdpaBase(Backend):
     def version(self) -> str | None:
         return _torch_version()
 
-    def run(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
+    def run(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
+    ) -> tuple[Any, Any]:
         # torch autograd differentiates the kernel call itself: no attnhub glue in between.
-        return self._compute(q, k, v, req, mask)
+        return self._compute(q, k, v, req, mask, operands)
 
-    def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
+    def forward(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
+    ) -> tuple[Any, Any]:
         import torch
 
         with torch.no_grad():
-            return self._compute(q, k, v, req, mask)
+            return self._compute(q, k, v, req, mask, operands)
 
     def backward(
-        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
-    ) -> tuple[Any, Any, Any]:
-        return _grads_by_autograd(self, q, k, v, dout, req, mask)
+        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None,
+        operands: Any = None,
+    ) -> tuple[Any, ...]:  # fmt: skip
+        return _grads_by_autograd(self, q, k, v, dout, req, mask, operands)
 
-    def _compute(self, q: Any, k: Any, v: Any, req: Request, mask: Any) -> tuple[Any, Any]:
+    def _compute(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any, operands: Any = None
+    ) -> tuple[Any, Any]:
         raise NotImplementedError
 
     def bind(self, req: Request) -> Callable[[Any, Any, Any, Any], tuple[Any, Any]]:
@@ -121,6 +138,12 @@ class _SdpaBase(Backend):
         return None
 
 
+def _math_kernel(req: Request) -> bool:
+    """True when ``sdpa-cpu`` runs SDPA's math kernel: a bias (or float mask) that requires grad,
+    for which torch's fused CPU kernel has no gradient."""
+    return req.bias_grad or req.mask_needs_grad
+
+
 def _unit_last_stride(q: Any, k: Any, v: Any) -> bool:
     """True when the kernels read q, k, v as they are (``is_contiguous`` first: cheaper to ask)."""
     return (
@@ -139,15 +162,28 @@ def _plain(req: Request, plan: RulePlan) -> bool:
 
 
 class SdpaCpu(_SdpaBase):
-    """torch's fused CPU attention kernel for torch CPU tensors."""
+    """torch's fused CPU attention kernel for torch CPU tensors.
+
+    SPEC §9-§11 arguments that an attention mask expresses reach the kernel as one: a bias (or a
+    float mask) as the additive mask, lengths and offsets as the boolean mask of each entry's
+    valid segment (:mod:`attnhub_backends.sdpa.ragged`), composed with the rule and a boolean
+    mask. The fused kernel takes no gradient for its mask: a bias that requires grad runs SDPA's
+    math kernel, as SDPA itself does for such a mask (``dbias`` is torch autograd's, summed over
+    the bias's broadcast dims). softcap, sinks and packed or paged sequences: declined.
+    """
 
     name: ClassVar[str] = "sdpa-cpu"
     priority: ClassVar[int] = 30
     device_types: ClassVar[tuple[str, ...]] = ("cpu",)
     dtypes: ClassVar[tuple[str, ...]] = ("float16", "bfloat16", "float32", "float64")
     features: ClassVar[frozenset[str]] = frozenset(
-        {"1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward"}
-    )
+        {
+            "1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward",
+            "bias", "dbias", "lengths", "offsets",
+        }
+    )  # fmt: skip
+    #: A float mask under torch.compile arrives in the legacy form (the mask argument): read it too.
+    reads_additive_mask: ClassVar[bool] = True
 
     def availability(self) -> str | None:
         why = _torch_available()
@@ -161,34 +197,63 @@ class SdpaCpu(_SdpaBase):
 
     def extra_reasons(self, req: Request) -> list[str]:
         plan = rule_plan(req)
-        return [plan.why_not] if plan.why_not else []
+        if plan.why_not:
+            return [plan.why_not]
+        if _math_kernel(req) and plan.causal and req.nq * req.nk > MAX_MASK_ELEMENTS:
+            return [
+                "a bias that requires grad runs SDPA's math kernel, which needs the causal rule as a "
+                f"materialised Nq x Nk mask of {req.nq * req.nk} elements (limit {MAX_MASK_ELEMENTS})"
+            ]
+        return []
 
     def note(self, req: Request) -> str | None:
         plan = rule_plan(req)
-        how = "is_causal" if plan.causal else "rule mask" if plan.materialise else None
-        pad = " (head dims padded with zeros to match)" if req.dim_qk != req.dim_v else ""
-        return (how or "") + pad or None
+        parts = [
+            "is_causal" if plan.causal and not _math_kernel(req) else "",
+            "rule mask" if plan.materialise or (plan.causal and _math_kernel(req)) else "",
+            "lengths/offsets mask" if plan.ragged else "",
+            "bias as attn_mask" if req.bias is not None else "",
+            "SDPA math kernel (dbias)" if _math_kernel(req) else "",
+            "head dims padded with zeros to match" if req.dim_qk != req.dim_v else "",
+        ]
+        return ", ".join(p for p in parts if p) or None
 
-    def _compute(self, q: Any, k: Any, v: Any, req: Request, mask: Any) -> tuple[Any, Any]:
+    def _compute(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any, operands: Any = None
+    ) -> tuple[Any, Any]:
         import torch
         import torch.nn.functional as F
 
         plan = rule_plan(req)
+        bias = operands.bias if operands is not None else None
+        if mask is not None and mask.dtype != torch.bool:
+            bias, mask = mask, None  # the legacy form of a float mask (torch.compile's custom ops)
+        grads = torch.is_grad_enabled() and (req.needs_grad or (bias is not None and bias.requires_grad))
+        math = grads and bias is not None and bias.requires_grad
         # Masks in the accumulation dtype: the kernel adds them in float32 for half inputs.
         mdtype = torch.float32 if req.dtype in _HALF else q.dtype
-        attn_mask = None
-        if plan.materialise:
-            attn_mask = torch_rule_mask(req, q.device, mdtype)
-        elif mask is not None:
-            if mask.dtype == torch.bool:
-                attn_mask = torch.zeros(mask.shape, dtype=mdtype).masked_fill_(~mask, float("-inf"))
-            else:
-                attn_mask = mask if mask.dtype == mdtype else mask.to(mdtype)
+        causal = plan.causal and not math  # the math kernel takes a mask or is_causal, not both
+        keep = None  # boolean, True = attended
+        if plan.ragged:
+            keep = keep_mask(req, operands, q)
+        elif plan.materialise or (plan.causal and math):
+            keep = torch_rule_mask(req, q.device, torch.bool)
+        if mask is not None:
+            keep = mask if keep is None else keep & mask
+        if bias is not None:
+            bias = bias if bias.dtype == mdtype else bias.to(mdtype)
+            attn_mask = bias if keep is None else torch.where(keep, bias, float("-inf"))
+        elif plan.materialise and mask is None:
+            attn_mask = torch_rule_mask(req, q.device, mdtype)  # cached across calls
+        elif keep is not None:
+            attn_mask = torch.zeros(keep.shape, dtype=mdtype).masked_fill_(~keep, float("-inf"))
+        else:
+            attn_mask = None
         # The kernel reads rows as if the last dim were contiguous: it returns wrong values for a
         # view whose last stride is not 1 (the bhds layout's canonical view).
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
         in_dtype = q.dtype
-        if req.needs_grad and req.dtype in _HALF and torch.is_grad_enabled():
+        if grads and req.dtype in _HALF:
             # The kernel's backward forms rowsum(dO·O) from O in the input dtype; on rows whose
             # probability sits on one key that cancellation costs dq more than SPEC's tolerance
             # (tests/test_peaked_row_gradients.py). Run it in float32 and round the output once.
@@ -200,16 +265,28 @@ class SdpaCpu(_SdpaBase):
             d = max(req.dim_qk, dv)
             q, k = F.pad(q, (0, d - req.dim_qk)), F.pad(k, (0, d - req.dim_qk))
             v = F.pad(v, (0, d - dv))
-        q, scale = _positive_scale(q, req.scale, plan.causal)
-        out, lse = _cpu_kernel()(q, k, v, 0.0, plan.causal, attn_mask=attn_mask, scale=scale)
+        q, scale = _positive_scale(q, req.scale, causal)
+        if math:
+            out, _ = torch.ops.aten._scaled_dot_product_attention_math(
+                q, k, v, attn_mask, 0.0, False, scale=scale, enable_gqa=req.heads_q != req.heads_kv
+            )
+            lse = None
+            if req.return_lse:
+                with torch.no_grad():
+                    _, lse = _cpu_kernel()(q, k, v, 0.0, False, attn_mask=attn_mask, scale=scale)
+        else:
+            out, lse = _cpu_kernel()(q, k, v, 0.0, causal, attn_mask=attn_mask, scale=scale)
         if out.shape[-1] != dv:
             out = out[..., :dv]
         if out.dtype != in_dtype:
             out = out.to(in_dtype)
-        if req.return_lse and plan.empty_rows:
+        if req.return_lse and attn_mask is not None and (plan.empty_rows or bias is not None):
             # The kernel gives out = 0 on a row that attends no key, but lse = 0: SPEC wants -inf.
-            empty = _empty_rows(attn_mask if plan.materialise else mask)
-            lse = lse.masked_fill(empty.expand(lse.shape), float("-inf"))
+            # (With is_causal the mask alone may leave keys a causal row cannot see: fold it in.)
+            seen = attn_mask if not causal else attn_mask.masked_fill(
+                ~torch_rule_mask(req, q.device, torch.bool), float("-inf")
+            )  # fmt: skip
+            lse = lse.masked_fill(_empty_rows(seen.detach()).expand(lse.shape), float("-inf"))
         return out, lse
 
     def _bind_fast(self, req: Request) -> Callable[[Any], Any] | None:
@@ -384,7 +461,9 @@ class _SdpaCuda(_SdpaBase):
             return "repeat"
         return first
 
-    def _compute(self, q: Any, k: Any, v: Any, req: Request, mask: Any) -> tuple[Any, Any]:
+    def _compute(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any, operands: Any = None
+    ) -> tuple[Any, Any]:
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
 

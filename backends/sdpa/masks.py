@@ -37,6 +37,8 @@ class RulePlan:
     explicit: bool = False
     empty_rows: bool = False
     why_not: str | None = None
+    #: lengths or offsets (SPEC §10-§11): the rule is evaluated per entry (``ragged.keep_mask``)
+    ragged: bool = False
 
 
 def is_top_left_causal(req: Request) -> bool:
@@ -47,6 +49,16 @@ def is_top_left_causal(req: Request) -> bool:
 @lru_cache(maxsize=256)
 def rule_plan(req: Request) -> RulePlan:
     rule = req.rule
+    if req.q_lengths or req.k_lengths or req.q_offset or req.k_offset:
+        elements = (req.batch if req.q_lengths or req.k_lengths else 1) * req.nq * req.nk
+        if elements > MAX_MASK_ELEMENTS:
+            return RulePlan(
+                why_not=(
+                    f"lengths or offsets need a materialised (B, 1, Nq, Nk) mask of {elements} elements "
+                    f"(limit {MAX_MASK_ELEMENTS})"
+                )
+            )
+        return RulePlan(explicit=isinstance(rule, ExplicitMask), empty_rows=True, ragged=True)
     if isinstance(rule, Full):
         return RulePlan()
     if isinstance(rule, ExplicitMask):

@@ -1,0 +1,78 @@
+"""Padded batches and position offsets (SPEC §10-§11) as one boolean mask for torch's CPU kernels.
+
+Each batch entry's valid queries and keys are placed on the positions of their own segment
+(``padding_side`` decides where the segment starts, the sync mode aligns it on its own lengths,
+the offsets shift it), and a pair is attended iff both are valid and the rule holds on their
+positions: the same construction as the TensorFlow backend's (``attnhub_backends.tf.ragged``) and
+the reference's segments, written with torch ops on the inputs' device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnhub.request import Request
+from attnhub.rules import Causal, Local, Rule
+
+
+def _lengths(x: Any, full: int, like: Any) -> Any:
+    """(B, 1) int64 lengths, or a (1, 1) tensor of ``full`` where none were given. Clamped to
+    [0, full]: lengths the core did not read (``ATTNHUB_TRUST_LENGTHS=1``) act as clamped."""
+    import torch
+
+    if x is None:
+        return torch.full((1, 1), full, dtype=torch.int64, device=like.device)
+    return x.to(device=like.device, dtype=torch.int64).reshape(-1, 1).clamp(0, full)
+
+
+def _affine(lq: Any, lk: Any, sync: str) -> tuple[Any, Any, Any, Any]:
+    """(a_q, b_q, a_k, b_k) of :func:`attnhub.positions.axis_affine`, element-wise on (B, 1) tensors."""
+    import torch
+
+    one, zero = torch.ones_like(lq), torch.zeros_like(lq)
+    m = torch.maximum(lq, lk)
+    if sync == "none_front":
+        return one, zero, one, zero
+    if sync == "none_end":
+        return one, m - lq, one, m - lk
+    sq = torch.where(lq > 0, m // lq.clamp(min=1), one)
+    sk = torch.where(lk > 0, m // lk.clamp(min=1), one)
+    if sync == "scale_front":
+        return sq, zero, sk, zero
+    return sq, sq - 1, sk, sk - 1  # scale_end
+
+
+def rule_keep(rule: Rule, pq: Any, pk: Any) -> Any:
+    """The 1-d rule on broadcastable position tensors (True = attended); None for Full or a mask."""
+    if isinstance(rule, Causal):
+        return pq >= pk
+    if not isinstance(rule, Local):
+        return None  # Full, or an explicit mask (applied from its array)
+    (w,) = rule.windows(1)
+    s = rule.stride
+    delta = (pq - pk).abs()
+    keep = delta < w if s == 1 else (delta % s == 0) & (delta // s < w)
+    return keep & (pq >= pk) if rule.causal else keep
+
+
+def keep_mask(req: Request, operands: Any, like: Any) -> Any:
+    """(B or 1, 1, Nq, Nk) bool on ``like``'s device, True where query i attends key j."""
+    import torch
+
+    nq, nk = req.nq, req.nk
+    lq = _lengths(operands.q_lengths if operands is not None else None, nq, like)
+    lk = _lengths(operands.k_lengths if operands is not None else None, nk, like)
+    i = torch.arange(nq, device=like.device)[None, :]
+    j = torch.arange(nk, device=like.device)[None, :]
+    if req.padding_side == "left":
+        i, j = i - (nq - lq), j - (nk - lk)
+    q_valid = (i >= 0) & (i < lq)
+    k_valid = (j >= 0) & (j < lk)
+    aq, bq, ak, bk = _affine(lq, lk, req.sync)
+    qpos = aq * i + bq + req.q_offset
+    kpos = ak * j + bk + req.k_offset
+    keep = q_valid[:, :, None] & k_valid[:, None, :]
+    ok = rule_keep(req.rule, qpos[:, :, None], kpos[:, None, :])
+    if ok is not None:
+        keep = keep & ok
+    return keep[:, None]

@@ -1,0 +1,168 @@
+"""sdpa-cpu with SPEC §9-§11 arguments that an attention mask expresses: bias (and its gradient),
+q/k lengths on both padding sides, offsets, composed with rules, sync modes and boolean masks;
+out, lse and every gradient against the float64 reference on fresh random inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import attnhub  # noqa: E402
+from attnhub import Local  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("sdpa_registered")
+
+#: (forward, gradient) relative error bounds per dtype (SPEC §6's rule, as test_sdpa_backends).
+TOL = {"float64": (1e-10, 1e-9), "float32": (2e-5, 1e-4), "bfloat16": (1.6e-2, 4e-2)}
+B, H, L, D = 3, 4, 24, 16
+
+
+def _rel(got, want):
+    got, want = got.detach().double(), want.detach().double()
+    both_inf = torch.isinf(got) & torch.isinf(want) & (torch.sign(got) == torch.sign(want))
+    diff = torch.where(both_inf, 0.0, got - want)
+    assert not torch.isnan(diff).any(), "NaN where the reference has a value"
+    return diff.abs().max().item() / (want[torch.isfinite(want)].abs().max().item() or 1.0)
+
+
+def _case(dtype, seed, bias_shape=None, bias_grad=False, logit_scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    dt = getattr(torch, dtype)
+    q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64) for _ in range(3))
+    q = q * logit_scale  # large logits: peaked rows
+    q, k, v = (x.to(dt).requires_grad_(True) for x in (q, k, v))
+    bias = None
+    if bias_shape is not None:
+        bias = (3 * torch.randn(*bias_shape, generator=g, dtype=torch.float64)).to(dt)
+        bias.requires_grad_(bias_grad)
+    return q, k, v, bias
+
+
+def _run(backend, q, k, v, bias, kw):
+    """out, lse and the gradients of (q, k, v[, bias]) for one upstream gradient."""
+    leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+    b = None
+    if bias is not None:
+        b = bias.detach().clone().requires_grad_(bias.requires_grad)
+        if backend == "reference":
+            b = b.double().detach().requires_grad_(bias.requires_grad)
+    if backend == "reference":
+        leaves = [x.double().detach().requires_grad_(True) for x in leaves]
+    out, lse = attnhub.attention(*leaves, bias=b, backend=backend, return_lse=True, **kw)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    out.backward(dout.to(out.dtype))
+    grads = [x.grad for x in leaves] + ([b.grad] if b is not None and b.requires_grad else [])
+    return out, lse, grads
+
+
+LENGTHS = {"q_lengths": torch.tensor([10, 24, 0]), "k_lengths": torch.tensor([7, 24, 5])}
+
+_CASES = [
+    (dict(mask="causal", **LENGTHS), None, "lengths-causal"),
+    (dict(mask="causal", padding_side="left", **LENGTHS), None, "left-causal"),
+    (dict(mask="causal", sync="none_end", padding_side="left", **LENGTHS), None, "left-none_end"),
+    (dict(mask=Local(3, causal=True), sync="scale_end", **LENGTHS), None, "lengths-local-scale_end"),
+    (dict(mask=None, k_lengths=torch.tensor([1, 24, 13])), None, "k_lengths-only"),
+    (dict(mask="causal", q_offset=5, k_offset=2), None, "offsets-causal"),
+    (dict(mask=Local(4), q_offset=7), None, "offsets-local"),
+    (dict(mask="causal"), (1, H, L, L), "bias-causal"),
+    (dict(mask=None), (B, 1, L, L), "bias-full"),
+    (dict(mask="causal", sync="none_end", padding_side="left", **LENGTHS), (1, H, 1, L), "bias-lengths"),
+    (dict(mask=Local(5), q_offset=3), (1, 1, L, L), "bias-offsets-local"),
+]
+
+
+#: Each case without its bias's gradient, and the ones with a bias with it too (dbias).
+CASES = [
+    pytest.param(kw, shape, grad, id=name + ("-dbias" if grad else ""))
+    for kw, shape, name in _CASES
+    for grad in ((False, True) if shape is not None else (False,))
+]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("kw, bias_shape, bias_grad", CASES)
+def test_against_reference(kw, bias_shape, bias_grad, dtype):
+    fwd, bwd = TOL[dtype]
+    q, k, v, bias = _case(dtype, seed=len(str(kw)) + len(dtype), bias_shape=bias_shape, bias_grad=bias_grad)
+    kept = [x.detach().clone() for x in (q, k, v)] + ([bias.detach().clone()] if bias is not None else [])
+    assert attnhub.explain(q, k, v, bias=bias, **kw).chosen == "sdpa-cpu"
+    out, lse, grads = _run("sdpa-cpu", q, k, v, bias, kw)
+    want, want_lse, want_grads = _run("reference", q, k, v, bias, kw)
+    assert out.dtype == q.dtype and out.shape == want.shape
+    assert _rel(out, want) < fwd
+    assert _rel(lse, want_lse) < max(fwd, 1e-6)
+    assert len(grads) == len(want_grads) == 3 + bias_grad
+    for got, ref in zip(grads, want_grads):
+        assert got.shape == ref.shape and got.dtype == (bias if got is grads[-1] and bias_grad else q).dtype
+        assert _rel(got, ref) < bwd
+    # the caller's arrays are untouched
+    for before, now in zip(kept, [q, k, v] + ([bias] if bias is not None else [])):
+        assert torch.equal(before, now.detach())
+
+
+def test_padded_rows_and_entries_are_zero_with_zero_gradients():
+    q, k, v, _ = _case("float32", seed=3)
+    kw = dict(mask="causal", padding_side="left", **LENGTHS)
+    out, lse, grads = _run("sdpa-cpu", q, k, v, None, kw)
+    ql, kl = LENGTHS["q_lengths"], LENGTHS["k_lengths"]
+    for b in range(B):
+        pad_q, pad_k = L - int(ql[b]), L - int(kl[b])
+        assert torch.all(out[b, :, :pad_q] == 0) and torch.all(lse[b, :, :pad_q] == float("-inf"))
+        assert torch.all(grads[0][b, :, :pad_q] == 0)  # dq of padded queries
+        assert torch.all(grads[1][b, :, :pad_k] == 0) and torch.all(grads[2][b, :, :pad_k] == 0)
+    assert torch.all(out[2] == 0)  # an entry with no queries at all
+
+
+def test_large_logits_with_bias_gradient():
+    """Peaked rows (logits of several hundred) with a bias that requires grad (the math kernel)."""
+    q, k, v, bias = _case("float32", seed=11, bias_shape=(1, H, L, L), bias_grad=True, logit_scale=30.0)
+    kw = dict(mask="causal", **LENGTHS)
+    out, lse, grads = _run("sdpa-cpu", q, k, v, bias, kw)
+    want, want_lse, want_grads = _run("reference", q, k, v, bias, kw)
+    assert _rel(out, want) < 2e-5 and _rel(lse, want_lse) < 1e-6
+    for got, ref in zip(grads, want_grads):
+        assert _rel(got, ref) < 1e-4
+
+
+def test_bool_mask_with_lengths_and_bias():
+    q, k, v, bias = _case("float64", seed=5, bias_shape=(B, H, L, L), bias_grad=True)
+    keep = torch.rand(B, 1, L, L, generator=torch.Generator().manual_seed(2)) > 0.3
+    kw = dict(mask=keep, **LENGTHS)
+    out, lse, grads = _run("sdpa-cpu", q, k, v, bias, kw)
+    ref = [x.double().detach().requires_grad_(True) for x in (q, k, v)]
+    rb = bias.detach().clone().requires_grad_(True)
+    want, want_lse = attnhub.attention(
+        *ref, bias=rb, mask=keep, backend="reference", return_lse=True, **LENGTHS
+    )
+    assert _rel(out, want) < 1e-10 and _rel(lse, want_lse) < 1e-10
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    want.backward(dout)
+    for got, r in zip(grads, ref + [rb]):
+        assert _rel(got, r.grad) < 1e-9
+
+
+def test_kvcache_contiguous_runs_on_sdpa_cpu():
+    """``attention_kvcache`` without a block table: lengths with sync none_end (SPEC §10)."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 8, 1, 16, generator=g)
+    kc, vc = (torch.randn(2, 2, 40, 16, generator=g) for _ in range(2))
+    lengths = torch.tensor([17, 40], dtype=torch.int32)
+    got = attnhub.attention_kvcache(q, kc, vc, lengths, backend="sdpa-cpu")
+    want = attnhub.attention_kvcache(q.double(), kc.double(), vc.double(), lengths, backend="reference")
+    assert np.abs(got.double().numpy() - want.numpy()).max() < 1e-5
+
+
+def test_math_kernel_limit_is_a_decline_with_its_reason():
+    from attnhub_backends.sdpa import masks
+
+    n = 4200
+    assert n * n > masks.MAX_MASK_ELEMENTS
+    q, k, v = (torch.empty(1, 1, n, 8).normal_() for _ in range(3))
+    bias = torch.zeros(1, 1, 1, n, requires_grad=True)
+    verdict = next(
+        x for x in attnhub.explain(q, k, v, mask="causal", bias=bias).verdicts if x.name == "sdpa-cpu"
+    )
+    assert any("math kernel" in r for r in verdict.reasons), verdict.reasons
