@@ -1,6 +1,7 @@
 """A Llama-shaped transformers model with attn_implementation "attnhub", "sdpa" and "flex_attention".
 
 Run (GPU): python benchmarks/hf_llama.py [--impls sdpa,attnhub,flex_attention] [--out results.json]
+On the CPU: python benchmarks/hf_llama.py --cpu [--impls sdpa,attnhub,eager]
 Smoke test (CPU, tiny): python benchmarks/hf_llama.py --tiny
 
 The model: random weights (seeded, no download), 16 layers, hidden 2048, 32 query / 8 key-value
@@ -12,6 +13,8 @@ on the same weights:
 - decode: greedy ``generate()`` of 256 new tokens (``min_new_tokens`` = ``max_new_tokens``) after a
   512-token prompt, at batch 8 and batch 1, one timed run after a short warm-up; tokens/s = B·256 / s
   (the prompt's prefill included, as a user sees it).
+``--cpu``: 4 layers, hidden 512, 8 query / 2 key-value heads (head dim 64), float32; prefill 4 x 512,
+decode of 32 tokens after a 128-token prompt. ``--tiny``: 2 layers, hidden 64, prefill 2 x 32.
 For attnhub it prints the call counter (every attention call went through attnhub) and each
 implementation's last-position prefill logits against sdpa's (max |e| / max |ref|).
 """
@@ -30,16 +33,19 @@ import attnhub
 import attnhub.integrations.transformers as ah_hf
 
 
-def build(tiny: bool, device: str) -> transformers.LlamaForCausalLM:
-    if tiny:
+def build(size: str, device: str) -> transformers.LlamaForCausalLM:
+    if size == "tiny":
         cfg = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, vocab_size=128)  # fmt: skip
+    elif size == "cpu":
+        cfg = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
+                   num_key_value_heads=2, vocab_size=8000)  # fmt: skip
     else:
         cfg = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=32,
                    num_key_value_heads=8, vocab_size=32000)  # fmt: skip
     config = transformers.LlamaConfig(**cfg, max_position_embeddings=8192, initializer_range=0.02)
     torch.manual_seed(0)
-    dtype = torch.float32 if tiny else torch.bfloat16
+    dtype = torch.bfloat16 if size == "full" else torch.float32
     with torch.device(device):  # initialised where it runs (a CPU init of 1B weights takes a while)
         model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa", dtype=dtype)
     return model.eval()
@@ -112,16 +118,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--impls", default="sdpa,attnhub,flex_attention")
     p.add_argument("--tiny", action="store_true", help="a 2-layer float32 model on the CPU (smoke test)")
+    p.add_argument("--cpu", action="store_true", help="a 4-layer float32 model on the CPU")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args()
-    device = "cpu" if args.tiny else "cuda"
+    size = "tiny" if args.tiny else "cpu" if args.cpu else "full"
+    device = "cuda" if size == "full" else "cpu"
     ah_hf.register()
-    model = build(args.tiny, device)
+    model = build(size, device)
     vocab = model.config.vocab_size
-    pb, pl = (2, 32) if args.tiny else (4, 4096)
-    prompt, new = (16, 8) if args.tiny else (512, 256)
-    gen_batches = (2, 1) if args.tiny else (8, 1)
+    pb, pl = {"tiny": (2, 32), "cpu": (4, 512), "full": (4, 4096)}[size]
+    prompt, new = {"tiny": (16, 8), "cpu": (128, 32), "full": (512, 256)}[size]
+    gen_batches = {"tiny": (2, 1), "cpu": (4, 1), "full": (8, 1)}[size]
     ids, mask = prefill_batch(pb, pl, vocab, device)
     valid = int(mask.sum())
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, device {device}"
@@ -132,7 +140,7 @@ def main() -> None:
         try:
             if impl == "attnhub":
                 row["backends"] = chosen_backends(model, ids, mask, gen_batches[0], prompt)
-                if not args.tiny and "reference" in row["backends"].values():
+                if size != "tiny" and "reference" in row["backends"].values():
                     raise RuntimeError(f"only the float64 reference serves these calls: {row['backends']}")
             model.set_attn_implementation(impl)
             ah_hf.reset_stats()

@@ -166,3 +166,29 @@ def test_math_kernel_limit_is_a_decline_with_its_reason():
         x for x in attnhub.explain(q, k, v, mask="causal", bias=bias).verdicts if x.name == "sdpa-cpu"
     )
     assert any("math kernel" in r for r in verdict.reasons), verdict.reasons
+
+
+def test_padding_form_covers_what_hugging_face_sends():
+    """The cases that need no (B, 1, Nq, Nk) mask: right padding, left padding aligned at the end
+    (prefill), a decode step's single query; others keep the general mask."""
+    from attnhub.extras import Extras
+    from attnhub.frameworks import adapter_for
+    from attnhub.operands import Operands
+    from attnhub.request import build_request_ex
+    from attnhub_backends.sdpa.ragged import padding
+
+    def form(nq, nk, ql, kl, sync="none_front", padding_side="right"):
+        q, k = torch.zeros(len(kl), 2, nq, 8), torch.zeros(len(kl), 2, nk, 8)
+        extras = Extras(q_lengths=ql, k_lengths=kl, padding_side=padding_side)
+        req, _, _ = build_request_ex(q, k, k, "causal", sync, None, "bhsd", False, extras)
+        ops = Operands(q_lengths=None if ql is None else torch.tensor(ql), k_lengths=torch.tensor(kl))
+        assert adapter_for(q).name == "torch"
+        return padding(req, ops, q)
+
+    assert form(8, 8, [3, 8], [3, 8]).causal  # right padding
+    left = form(8, 8, [3, 8], [3, 8], padding_side="left", sync="none_end")
+    assert left.causal and left.q_valid[0, 0, :, 0].tolist() == [False] * 5 + [True] * 3
+    decode = form(1, 8, None, [3, 8], padding_side="left", sync="none_end")
+    assert not decode.causal and decode.q_valid is None
+    assert decode.key_keep[0, 0, 0].tolist() == [False] * 5 + [True] * 3
+    assert form(8, 8, [3, 8], [5, 8], padding_side="left") is None  # shifts differ per entry

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 from attnhub.backend import Backend
 from attnhub.request import Request
 from attnhub_backends.sdpa.masks import MAX_MASK_ELEMENTS, RulePlan, rule_plan, torch_rule_mask
-from attnhub_backends.sdpa.ragged import keep_mask
+from attnhub_backends.sdpa.ragged import keep_mask, padding
 
 _HALF = ("float16", "bfloat16")
 
@@ -144,6 +144,13 @@ def _math_kernel(req: Request) -> bool:
     return req.bias_grad or req.mask_needs_grad
 
 
+def _top_left(nq: int, nk: int, device: Any) -> Any:
+    """(Nq, Nk) bool: SDPA's ``is_causal`` (query i attends keys j <= i)."""
+    import torch
+
+    return torch.ones(nq, nk, dtype=torch.bool, device=device).tril()
+
+
 def _unit_last_stride(q: Any, k: Any, v: Any) -> bool:
     """True when the kernels read q, k, v as they are (``is_contiguous`` first: cheaper to ask)."""
     return (
@@ -234,7 +241,10 @@ class SdpaCpu(_SdpaBase):
         mdtype = torch.float32 if req.dtype in _HALF else q.dtype
         causal = plan.causal and not math  # the math kernel takes a mask or is_causal, not both
         keep = None  # boolean, True = attended
-        if plan.ragged:
+        pad = padding(req, operands, q) if plan.ragged and mask is None and not math else None
+        if pad is not None:  # a key mask and is_causal: no (B, 1, Nq, Nk) mask (ragged.Padding)
+            keep, causal = pad.key_keep, pad.causal
+        elif plan.ragged:
             keep = keep_mask(req, operands, q)
         elif plan.materialise or (plan.causal and math):
             keep = torch_rule_mask(req, q.device, torch.bool)
@@ -280,13 +290,19 @@ class SdpaCpu(_SdpaBase):
             out = out[..., :dv]
         if out.dtype != in_dtype:
             out = out.to(in_dtype)
+        if pad is not None and pad.q_valid is not None:
+            out = out.masked_fill(~pad.q_valid, 0.0)  # padded query rows: 0, and so zero gradients
         if req.return_lse and attn_mask is not None and (plan.empty_rows or bias is not None):
             # The kernel gives out = 0 on a row that attends no key, but lse = 0: SPEC wants -inf.
-            # (With is_causal the mask alone may leave keys a causal row cannot see: fold it in.)
-            seen = attn_mask if not causal else attn_mask.masked_fill(
-                ~torch_rule_mask(req, q.device, torch.bool), float("-inf")
-            )  # fmt: skip
-            lse = lse.masked_fill(_empty_rows(seen.detach()).expand(lse.shape), float("-inf"))
+            # (With is_causal the mask alone may leave keys a causal row cannot see: fold it in;
+            # a Padding's key mask says nothing of padded query rows: they are rows of no key.)
+            seen = attn_mask.detach().expand(*attn_mask.shape[:-2], req.nq, req.nk)
+            if causal:
+                seen = seen.masked_fill(~_top_left(req.nq, req.nk, q.device), float("-inf"))
+            empty = _empty_rows(seen)
+            if pad is not None and pad.q_valid is not None:
+                empty = empty | ~pad.q_valid[..., 0]
+            lse = lse.masked_fill(empty.expand(lse.shape), float("-inf"))
         return out, lse
 
     def _bind_fast(self, req: Request) -> Callable[[Any], Any] | None:

@@ -9,10 +9,11 @@ the reference's segments, written with torch ops on the inputs' device.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from attnhub.request import Request
-from attnhub.rules import Causal, Local, Rule
+from attnhub.rules import Causal, Full, Local, Rule
 
 
 def _lengths(x: Any, full: int, like: Any) -> Any:
@@ -76,3 +77,65 @@ def keep_mask(req: Request, operands: Any, like: Any) -> Any:
     if ok is not None:
         keep = keep & ok
     return keep[:, None]
+
+
+@dataclass(frozen=True)
+class Padding:
+    """A padded request whose rule is one top-left ``is_causal`` (or none) on every entry's indices.
+
+    Then the kernel needs no (B, 1, Nq, Nk) mask: ``key_keep`` (B, 1, 1, Nk) excludes padded keys,
+    ``causal`` is the kernel's ``is_causal``, and the rows of padded queries (``q_valid`` False,
+    (B, 1, Nq, 1)) are zeroed after the kernel (which also zeroes their gradients)."""
+
+    key_keep: Any
+    q_valid: Any
+    causal: bool
+
+
+def padding(req: Request, operands: Any, like: Any) -> Padding | None:
+    """The :class:`Padding` form of a request with lengths (no offsets), or None where the rule
+    differs between entries or is not Full or Causal.
+
+    Entry b's query index i and key index j sit at positions ``i + cq[b]`` and ``j + ck[b]`` under
+    the sync modes ``none_*`` (SPEC §2, §10), so its causal rule is ``i - j >= ck[b] - cq[b]``: one
+    top-left ``is_causal`` when that shift is 0 for every entry, no rule at all when every valid
+    key index is within it (a decode step's single query). Lengths are read on the host (CPU
+    tensors: this backend's inputs)."""
+    import torch
+
+    rule = req.rule
+    if req.q_offset or req.k_offset or not isinstance(rule, (Full, Causal)):
+        return None
+    nq, nk = req.nq, req.nk
+    lq = _host_lengths(operands.q_lengths, nq, req.batch)
+    lk = _host_lengths(operands.k_lengths, nk, req.batch)
+    left = req.padding_side == "left"
+    q_start = [nq - n if left else 0 for n in lq]
+    k_start = [nk - n if left else 0 for n in lk]
+    causal = False
+    if isinstance(rule, Causal):
+        if req.sync not in ("none_front", "none_end"):
+            return None
+        shifts = set()
+        for b in range(req.batch):
+            m = max(lq[b], lk[b])
+            bq, bk = (m - lq[b], m - lk[b]) if req.sync == "none_end" else (0, 0)
+            shifts.add((bk - k_start[b]) - (bq - q_start[b]))  # ck[b] - cq[b]
+        if shifts == {0}:
+            causal = True
+        elif not all(s <= -(nk - 1) for s in shifts):  # not every key index within the rule
+            return None
+    i = torch.arange(nq, device=like.device)
+    j = torch.arange(nk, device=like.device)
+    qs, ks = (torch.tensor(x, device=like.device)[:, None] for x in (q_start, k_start))
+    ql, kl = (torch.tensor(x, device=like.device)[:, None] for x in (lq, lk))
+    q_valid = ((i >= qs) & (i < qs + ql))[:, None, :, None] if operands.q_lengths is not None else None
+    key_keep = ((j >= ks) & (j < ks + kl))[:, None, None, :]
+    return Padding(key_keep=key_keep, q_valid=q_valid, causal=causal)
+
+
+def _host_lengths(x: Any, full: int, batch: int) -> list[int]:
+    """Per-entry lengths as Python ints, clamped to [0, full] (as :func:`_lengths`)."""
+    if x is None:
+        return [full] * batch
+    return [min(max(int(n), 0), full) for n in x.reshape(-1).tolist()]
