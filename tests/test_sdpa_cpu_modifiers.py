@@ -114,6 +114,13 @@ def test_padded_rows_and_entries_are_zero_with_zero_gradients():
         assert torch.all(grads[0][b, :, :pad_q] == 0)  # dq of padded queries
         assert torch.all(grads[1][b, :, :pad_k] == 0) and torch.all(grads[2][b, :, :pad_k] == 0)
     assert torch.all(out[2] == 0)  # an entry with no queries at all
+    for side in ("left", "right"):  # without autograd the rows are zeroed in place: same values
+        kw["padding_side"] = side
+        with torch.no_grad():
+            plain = attnhub.attention(q, k, v, backend="sdpa-cpu", **kw)
+        assert torch.equal(plain, attnhub.attention(q, k, v, backend="sdpa-cpu", **kw).detach())
+        want = attnhub.attention(*(x.detach().double() for x in (q, k, v)), backend="reference", **kw)
+        assert _rel(plain, want) < 2e-5
 
 
 def test_large_logits_with_bias_gradient():

@@ -291,7 +291,13 @@ class SdpaCpu(_SdpaBase):
         if out.dtype != in_dtype:
             out = out.to(in_dtype)
         if pad is not None and pad.q_valid is not None:
-            out = out.masked_fill(~pad.q_valid, 0.0)  # padded query rows: 0, and so zero gradients
+            # Padded query rows: 0, and so zero gradients. In place where autograd keeps no
+            # reference to the kernel's output (its backward reads it).
+            if out.requires_grad:
+                out = out.masked_fill(~pad.q_valid, 0.0)
+            else:
+                for b, start, stop in pad.q_padded:  # contiguous row ranges: cheaper than a mask
+                    out[b, :, start:stop].zero_()
         if req.return_lse and attn_mask is not None and (plan.empty_rows or bias is not None):
             # The kernel gives out = 0 on a row that attends no key, but lse = 0: SPEC wants -inf.
             # (With is_causal the mask alone may leave keys a causal row cannot see: fold it in;

@@ -90,6 +90,8 @@ class Padding:
     key_keep: Any
     q_valid: Any
     causal: bool
+    #: (b, start, stop) of each entry's padded query rows (none listed where none are padded)
+    q_padded: tuple[tuple[int, int, int], ...] = ()
 
 
 def padding(req: Request, operands: Any, like: Any) -> Padding | None:
@@ -131,7 +133,8 @@ def padding(req: Request, operands: Any, like: Any) -> Padding | None:
     ql, kl = (torch.tensor(x, device=like.device)[:, None] for x in (lq, lk))
     q_valid = ((i >= qs) & (i < qs + ql))[:, None, :, None] if operands.q_lengths is not None else None
     key_keep = ((j >= ks) & (j < ks + kl))[:, None, None, :]
-    return Padding(key_keep=key_keep, q_valid=q_valid, causal=causal)
+    q_padded = tuple((b, *((0, q_start[b]) if left else (lq[b], nq))) for b in range(req.batch) if lq[b] < nq)
+    return Padding(key_keep=key_keep, q_valid=q_valid, causal=causal, q_padded=q_padded)
 
 
 def _host_lengths(x: Any, full: int, batch: int) -> list[int]:
