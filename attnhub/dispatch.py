@@ -113,8 +113,12 @@ def _mode(backend: str) -> tuple[str, str | None]:
 DBIAS_REASON = "cannot compute the gradient of a float mask/bias (SPEC §9)"
 
 
-def backend_reasons(b: Backend, req: Request, disabled: frozenset[str]) -> list[str]:
+def backend_reasons(b: Backend, req: Request, disabled: frozenset[str], named: bool = True) -> list[str]:
     """Every reason ``b`` cannot serve ``req`` (empty: it can).
+
+    ``named=False`` (a backend auto weighs but the caller did not name) declines one for another
+    device type from its declaration, without probing its availability (a driver lookup, finding
+    a package) on every plan; a named backend's availability comes first, as it says what to fix.
 
     A backend's ``availability()`` or ``check()`` that raises makes that backend unavailable for
     the request, with the error as the reason; it never takes dispatch down for the others.
@@ -124,6 +128,8 @@ def backend_reasons(b: Backend, req: Request, disabled: frozenset[str]) -> list[
     if req.framework not in b.frameworks:
         # Decided from the declaration alone: no need to probe (and import) the backend's framework.
         return [f"takes {', '.join(b.frameworks) or 'no'} arrays, got a {req.framework} array"]
+    if not named and req.device_type not in b.device_types:
+        return [f"runs on {', '.join(b.device_types)} devices, the inputs are on {req.device}"]
     try:
         why = b.availability()
     except Exception as exc:
@@ -155,7 +161,10 @@ def explain_request(req: Request, backend: str = "auto") -> Explanation:
     mode, name = _mode(backend)
     disabled = _disabled()
     table = REGISTRY.backends()
-    verdicts = [Verdict(b.name, b.priority, backend_reasons(b, req, disabled)) for b in table.values()]
+    verdicts = [
+        Verdict(b.name, b.priority, backend_reasons(b, req, disabled, named=b.name == name))
+        for b in table.values()
+    ]
     runnable = [v for v in verdicts if not v.reasons]
     measured = profile.lookup(req) if runnable else None
     if measured is not None:

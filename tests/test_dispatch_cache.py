@@ -149,9 +149,9 @@ def test_a_named_backend_is_chosen_from_its_own_verdict_alone(monkeypatch):
     seen: list[str] = []
     real = dispatch_mod.backend_reasons
 
-    def spy(b, req, disabled):  # noqa: ANN001, ANN202
+    def spy(b, req, disabled, named=True):  # noqa: ANN001, ANN202
         seen.append(b.name)
-        return real(b, req, disabled)
+        return real(b, req, disabled, named)
 
     monkeypatch.setattr(dispatch_mod, "backend_reasons", spy)
     DISPATCHER.clear()
@@ -164,3 +164,39 @@ def test_a_named_backend_is_chosen_from_its_own_verdict_alone(monkeypatch):
     np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
     with pytest.raises(attnhub.BackendUnsupported, match="triton"):
         attnhub.attention(q, k, v, backend="triton")  # NumPy arrays: the triton backend declines
+
+
+def test_auto_does_not_probe_backends_of_another_device(monkeypatch):
+    """On a plan miss auto declines a backend for another device type from its declaration, without
+    calling its availability() (a driver lookup or a package search on every new signature); a
+    named backend is still probed, as its availability says what to fix."""
+    probed: list[str] = []
+
+    class OtherDevice(attnhub.Backend):
+        name = "other-device-test"
+        frameworks = ("numpy",)
+        device_types = ("ipu",)
+
+        def availability(self):
+            probed.append(self.name)
+            return "the test device's runtime is not installed"
+
+    class Plugin:
+        @attnhub.hookimpl
+        def attnhub_backends(self):
+            return [OtherDevice()]
+
+    plugin = Plugin()
+    attnhub.REGISTRY.register_plugin(plugin)
+    try:
+        DISPATCHER.clear()
+        q = np.random.default_rng(1).standard_normal((1, 1, 3, 8))
+        exp = attnhub.explain(q, q, q)
+        reasons = next(v.reasons for v in exp.verdicts if v.name == "other-device-test")
+        assert probed == [] and reasons == ["runs on ipu devices, the inputs are on cpu"]
+        with pytest.raises(attnhub.BackendUnsupported, match="runtime is not installed"):
+            attnhub.attention(q, q, q, backend="other-device-test")
+        assert probed == ["other-device-test"]
+    finally:
+        attnhub.REGISTRY.unregister_plugin(plugin)
+        DISPATCHER.clear()

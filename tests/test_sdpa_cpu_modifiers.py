@@ -199,3 +199,19 @@ def test_padding_form_covers_what_hugging_face_sends():
     assert not decode.causal and decode.q_valid is None
     assert decode.key_keep[0, 0, 0].tolist() == [False] * 5 + [True] * 3
     assert form(8, 8, [3, 8], [5, 8], padding_side="left") is None  # shifts differ per entry
+
+
+@pytest.mark.parametrize("sync", ["none_end", "scale_end"])
+def test_a_decode_step_needs_no_mask(sync):
+    """One query placed after every key (a decode step): Causal excludes nothing, so no rule mask is
+    built (the bound fast path serves it), and the result is still the reference's."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 8, 1, 32, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 37, 32, generator=g, dtype=torch.float64) for _ in range(2))
+    backend = attnhub.REGISTRY.backends()["sdpa-cpu"]
+    assert "rule mask" not in (backend.note(attnhub.explain(q, k, v, mask="causal", sync=sync).request) or "")
+    got = attnhub.attention(q, k, v, mask="causal", sync=sync)
+    want = attnhub.attention(*(x.numpy() for x in (q, k, v)), mask="causal", sync=sync, backend="reference")
+    assert np.abs(got.numpy() - want).max() < 1e-12
+    q2 = torch.randn(2, 8, 2, 32, generator=g, dtype=torch.float64)  # two queries: the mask stays
+    assert "rule mask" in backend.note(attnhub.explain(q2, k, v, mask="causal", sync=sync).request)

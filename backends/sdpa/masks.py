@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from attnhub.positions import dense_rule_mask
+from attnhub.positions import axis_affine, dense_rule_mask
 from attnhub.request import Request
 from attnhub.rules import Causal, ExplicitMask, Full, Local
 
@@ -46,6 +46,15 @@ def is_top_left_causal(req: Request) -> bool:
     return req.seq_q == req.seq_k or (req.ndim == 1 and req.sync == "none_front")
 
 
+def causal_attends_all(req: Request) -> bool:
+    """True for a 1-d ``Causal`` whose first query sits at or after the last key, so that it
+    excludes nothing: a decode step (one query under ``none_end``) needs no mask at all."""
+    if req.ndim != 1 or req.nq == 0 or req.nk == 0:
+        return False
+    _, bq, ak, bk = axis_affine(req.nq, req.nk, req.sync)
+    return bq >= ak * (req.nk - 1) + bk
+
+
 @lru_cache(maxsize=256)
 def rule_plan(req: Request) -> RulePlan:
     rule = req.rule
@@ -59,7 +68,7 @@ def rule_plan(req: Request) -> RulePlan:
                 )
             )
         return RulePlan(explicit=isinstance(rule, ExplicitMask), empty_rows=True, ragged=True)
-    if isinstance(rule, Full):
+    if isinstance(rule, Full) or (isinstance(rule, Causal) and causal_attends_all(req)):
         return RulePlan()
     if isinstance(rule, ExplicitMask):
         return RulePlan(explicit=True, empty_rows=True)
