@@ -4,7 +4,8 @@ Each batch entry's valid queries and keys are placed on the positions of their o
 (``padding_side`` decides where the segment starts, the sync mode aligns it on its own lengths,
 the offsets shift it), and a pair is attended iff both are valid and the rule holds on their
 positions: the same construction as the TensorFlow backend's (``attnhub_backends.tf.ragged``) and
-the reference's segments, written with torch ops on the inputs' device.
+the reference's segments, with each entry's position maps from :func:`attnhub.positions.axis_affine`
+and the mask built with torch ops.
 """
 
 from __future__ import annotations
@@ -12,35 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from attnhub.positions import axis_affine
 from attnhub.request import Request
 from attnhub.rules import Causal, Full, Local, Rule
-
-
-def _lengths(x: Any, full: int, like: Any) -> Any:
-    """(B, 1) int64 lengths, or a (1, 1) tensor of ``full`` where none were given. Clamped to
-    [0, full]: lengths the core did not read (``ATTNHUB_TRUST_LENGTHS=1``) act as clamped."""
-    import torch
-
-    if x is None:
-        return torch.full((1, 1), full, dtype=torch.int64, device=like.device)
-    return x.to(device=like.device, dtype=torch.int64).reshape(-1, 1).clamp(0, full)
-
-
-def _affine(lq: Any, lk: Any, sync: str) -> tuple[Any, Any, Any, Any]:
-    """(a_q, b_q, a_k, b_k) of :func:`attnhub.positions.axis_affine`, element-wise on (B, 1) tensors."""
-    import torch
-
-    one, zero = torch.ones_like(lq), torch.zeros_like(lq)
-    m = torch.maximum(lq, lk)
-    if sync == "none_front":
-        return one, zero, one, zero
-    if sync == "none_end":
-        return one, m - lq, one, m - lk
-    sq = torch.where(lq > 0, m // lq.clamp(min=1), one)
-    sk = torch.where(lk > 0, m // lk.clamp(min=1), one)
-    if sync == "scale_front":
-        return sq, zero, sk, zero
-    return sq, sq - 1, sk, sk - 1  # scale_end
 
 
 def rule_keep(rule: Rule, pq: Any, pk: Any) -> Any:
@@ -57,19 +32,28 @@ def rule_keep(rule: Rule, pq: Any, pk: Any) -> Any:
 
 
 def keep_mask(req: Request, operands: Any, like: Any) -> Any:
-    """(B or 1, 1, Nq, Nk) bool on ``like``'s device, True where query i attends key j."""
+    """(B or 1, 1, Nq, Nk) bool on ``like``'s device, True where query i attends key j.
+
+    Each entry's affine position maps come from :func:`attnhub.positions.axis_affine` on its own
+    lengths (read on the host: this backend's inputs are CPU tensors)."""
     import torch
 
     nq, nk = req.nq, req.nk
-    lq = _lengths(operands.q_lengths if operands is not None else None, nq, like)
-    lk = _lengths(operands.k_lengths if operands is not None else None, nk, like)
+    ragged = operands is not None and (operands.q_lengths is not None or operands.k_lengths is not None)
+    batch = req.batch if ragged else 1
+    lq = _host_lengths(operands.q_lengths if ragged else None, nq, batch)
+    lk = _host_lengths(operands.k_lengths if ragged else None, nk, batch)
+    maps = torch.tensor(
+        [axis_affine(a, b, req.sync) for a, b in zip(lq, lk)], dtype=torch.int64, device=like.device
+    )
+    aq, bq, ak, bk = (maps[:, c : c + 1] for c in range(4))  # (B, 1) each
+    ql, kl = (torch.tensor(x, device=like.device)[:, None] for x in (lq, lk))
     i = torch.arange(nq, device=like.device)[None, :]
     j = torch.arange(nk, device=like.device)[None, :]
     if req.padding_side == "left":
-        i, j = i - (nq - lq), j - (nk - lk)
-    q_valid = (i >= 0) & (i < lq)
-    k_valid = (j >= 0) & (j < lk)
-    aq, bq, ak, bk = _affine(lq, lk, req.sync)
+        i, j = i - (nq - ql), j - (nk - kl)
+    q_valid = (i >= 0) & (i < ql)
+    k_valid = (j >= 0) & (j < kl)
     qpos = aq * i + bq + req.q_offset
     kpos = ak * j + bk + req.k_offset
     keep = q_valid[:, :, None] & k_valid[:, None, :]
@@ -138,7 +122,8 @@ def padding(req: Request, operands: Any, like: Any) -> Padding | None:
 
 
 def _host_lengths(x: Any, full: int, batch: int) -> list[int]:
-    """Per-entry lengths as Python ints, clamped to [0, full] (as :func:`_lengths`)."""
+    """Per-entry lengths as Python ints, clamped to [0, full]: lengths the core did not read
+    (``ATTNHUB_TRUST_LENGTHS=1``) act as clamped."""
     if x is None:
         return [full] * batch
     return [min(max(int(n), 0), full) for n in x.reshape(-1).tolist()]
