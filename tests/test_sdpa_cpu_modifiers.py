@@ -215,3 +215,25 @@ def test_a_decode_step_needs_no_mask(sync):
     assert np.abs(got.numpy() - want).max() < 1e-12
     q2 = torch.randn(2, 8, 2, 32, generator=g, dtype=torch.float64)  # two queries: the mask stays
     assert "rule mask" in backend.note(attnhub.explain(q2, k, v, mask="causal", sync=sync).request)
+
+
+def test_gqa_with_bias_gradient_and_lengths():
+    """Hq = 4·Hkv: the fused kernel and the math kernel (enable_gqa) read kv head h // 4."""
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(2, 8, 20, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, 2, 20, 16, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    bias = torch.randn(1, 8, 20, 20, generator=g, dtype=torch.float64, requires_grad=True)
+    lengths = dict(q_lengths=torch.tensor([5, 20]), k_lengths=torch.tensor([9, 20]), padding_side="left")
+    for kw in (
+        dict(bias=bias, mask="causal"),
+        dict(bias=bias, mask="causal", **lengths),
+        dict(mask="causal", **lengths),
+    ):
+        assert attnhub.explain(q, k, v, **kw).chosen == "sdpa-cpu"
+        leaves = [q, k, v] + ([bias] if "bias" in kw else [])
+        out, lse = attnhub.attention(q, k, v, return_lse=True, **kw)
+        want, want_lse = attnhub.attention(q, k, v, return_lse=True, backend="reference", **kw)
+        dout = torch.randn(out.shape, generator=g, dtype=torch.float64)
+        for a, b in zip(torch.autograd.grad(out, leaves, dout), torch.autograd.grad(want, leaves, dout)):
+            assert _rel(a, b) < 1e-9
+        assert _rel(out, want) < 1e-10 and _rel(lse, want_lse) < 1e-10
