@@ -237,3 +237,46 @@ def test_gqa_with_bias_gradient_and_lengths():
         for a, b in zip(torch.autograd.grad(out, leaves, dout), torch.autograd.grad(want, leaves, dout)):
             assert _rel(a, b) < 1e-9
         assert _rel(out, want) < 1e-10 and _rel(lse, want_lse) < 1e-10
+
+
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+@pytest.mark.parametrize(
+    "mask, sync",
+    [("causal", "none_front"), ("causal", "none_end"), (None, "none_front"), (Local(3), "scale_end")],
+)
+def test_packed_sequences_per_sequence(mask, sync, dtype):
+    """attention_varlen: each sequence a dense problem of its own (a sequence with no queries and
+    one with no keys among them), GQA, against the reference with gradients."""
+    fwd, bwd = TOL[dtype]
+    g = torch.Generator().manual_seed(6)
+    cu_q = torch.tensor([0, 5, 5, 17, 40], dtype=torch.int32)
+    cu_k = torch.tensor([0, 7, 9, 9, 30], dtype=torch.int32)
+    dt = getattr(torch, dtype)
+    q = torch.randn(40, 8, 16, generator=g, dtype=torch.float64).to(dt).requires_grad_(True)
+    k, v = (
+        torch.randn(30, 2, 16, generator=g, dtype=torch.float64).to(dt).requires_grad_(True) for _ in range(2)
+    )
+    kw = dict(mask=mask, sync=sync, return_lse=True)
+    out, lse = attnhub.attention_varlen(q, k, v, cu_q, cu_k, **kw)
+    ref = [x.detach().double().requires_grad_(True) for x in (q, k, v)]
+    want, want_lse = attnhub.attention_varlen(*ref, cu_q, cu_k, backend="reference", **kw)
+    assert out.dtype == dt and _rel(out, want) < fwd and _rel(lse, want_lse) < max(fwd, 1e-6)
+    assert torch.all(out[5:17] == 0) and torch.all(lse[:, 5:17] == float("-inf"))  # no keys
+    dout = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(out, [q, k, v], dout.to(dt))
+    for a, b in zip(got, torch.autograd.grad(want, ref, dout)):
+        assert _rel(a, b) < bwd
+
+
+def test_packed_sequences_go_to_sdpa_cpu():
+    q, k = torch.zeros(12, 4, 8), torch.zeros(12, 4, 8)
+    cu = torch.tensor([0, 4, 12], dtype=torch.int32)
+    calls = []
+    backend = attnhub.REGISTRY.backends()["sdpa-cpu"]
+    real = backend._packed
+    try:
+        backend._packed = lambda *a: calls.append(1) or real(*a)
+        attnhub.attention_varlen(q, k, k, cu, cu, mask="causal")
+    finally:
+        del backend._packed
+    assert calls == [1]

@@ -176,7 +176,8 @@ class SdpaCpu(_SdpaBase):
     valid segment (:mod:`attnhub_backends.sdpa.ragged`), composed with the rule and a boolean
     mask. The fused kernel takes no gradient for its mask: a bias that requires grad runs SDPA's
     math kernel, as SDPA itself does for such a mask (``dbias`` is torch autograd's, summed over
-    the bias's broadcast dims). softcap, sinks and packed or paged sequences: declined.
+    the bias's broadcast dims). Packed sequences run one dense request per sequence (``_packed``).
+    softcap, sinks and paged caches: declined.
     """
 
     name: ClassVar[str] = "sdpa-cpu"
@@ -186,7 +187,7 @@ class SdpaCpu(_SdpaBase):
     features: ClassVar[frozenset[str]] = frozenset(
         {
             "1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward",
-            "bias", "dbias", "lengths", "offsets",
+            "bias", "dbias", "lengths", "offsets", "varlen",
         }
     )  # fmt: skip
     #: A float mask under torch.compile arrives in the legacy form (the mask argument): read it too.
@@ -231,6 +232,8 @@ class SdpaCpu(_SdpaBase):
         import torch
         import torch.nn.functional as F
 
+        if req.varlen:
+            return self._packed(q, k, v, req, operands)
         plan = rule_plan(req)
         bias = operands.bias if operands is not None else None
         if mask is not None and mask.dtype != torch.bool:
@@ -310,6 +313,36 @@ class SdpaCpu(_SdpaBase):
                 empty = empty | ~pad.q_valid[..., 0]
             lse = lse.masked_fill(empty.expand(lse.shape), float("-inf"))
         return out, lse
+
+    def _packed(self, q: Any, k: Any, v: Any, req: Request, operands: Any) -> tuple[Any, Any]:
+        """Packed sequences (``attention_varlen``, q (1, Hq, Tq, D)): each sequence its own dense
+        request (SPEC §10: rule and sync mode on its own lengths), the outputs concatenated along
+        the token axis; the work follows the sequences' own Lq·Lk, with no Tq x Tk mask."""
+        import torch
+
+        cq, ck = operands.cu_seqlens_q.tolist(), operands.cu_seqlens_k.tolist()
+        outs, lses = [], []
+        for n in range(len(cq) - 1):
+            (qs, qe), (ks, ke) = (cq[n], cq[n + 1]), (ck[n], ck[n + 1])
+            if qe == qs:
+                continue
+            if ke == ks:  # no keys: every row attends nothing (out 0, lse -inf)
+                outs.append(q.new_zeros(1, req.heads_q, qe - qs, req.dim_v))
+                lses.append(
+                    torch.full(
+                        (1, req.heads_q, qe - qs),
+                        float("-inf"),
+                        dtype=torch.float32 if req.dtype != "float64" else torch.float64,
+                    )
+                )
+                continue
+            sub = dataclasses.replace(req, seq_q=(qe - qs,), seq_k=(ke - ks,), varlen=False)
+            out, lse = self._compute(q[:, :, qs:qe], k[:, :, ks:ke], v[:, :, ks:ke], sub, None)
+            outs.append(out)
+            lses.append(lse)
+        if not outs:  # Tq == 0 never reaches a backend (SPEC §7); kept for safety
+            return q.new_zeros(1, req.heads_q, 0, req.dim_v), None
+        return torch.cat(outs, dim=2), torch.cat(lses, dim=2) if req.return_lse else None
 
     def _bind_fast(self, req: Request) -> Callable[[Any], Any] | None:
         plan = rule_plan(req)

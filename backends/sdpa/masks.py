@@ -58,6 +58,8 @@ def causal_attends_all(req: Request) -> bool:
 @lru_cache(maxsize=256)
 def rule_plan(req: Request) -> RulePlan:
     rule = req.rule
+    if req.varlen:  # packed sequences: one dense plan per sequence (SdpaCpu._packed)
+        return RulePlan(empty_rows=True, ragged=True)
     if req.q_lengths or req.k_lengths or req.q_offset or req.k_offset:
         elements = (req.batch if req.q_lengths or req.k_lengths else 1) * req.nq * req.nk
         if elements > MAX_MASK_ELEMENTS:
