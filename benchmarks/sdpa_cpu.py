@@ -90,8 +90,9 @@ def main() -> None:
 def _modifier_cases() -> dict:
     """SPEC §9-§10 requests as real models send them, each against SDPA with the equivalent mask
     built once outside the timed call (as a model builds it once for all its layers): a padded
-    causal batch (lengths, right padding; SDPA: a boolean (B, 1, L, L) mask) and a T5-style learned
-    (1, H, L, L) bias, forward + backward with its gradient (SDPA: the bias as attn_mask)."""
+    causal batch (lengths, right padding; SDPA: a boolean (B, 1, L, L) mask), a T5-style learned
+    (1, H, L, L) bias, forward + backward with its gradient (SDPA: the bias as attn_mask), and packed
+    causal sequences (``attention_varlen``; SDPA: the packed tokens with a block-causal (T, T) mask)."""
     b, h, n, d = 4, 8, 512, 64
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(n // 4, n + 1, (b,), generator=g)
@@ -116,7 +117,26 @@ def _modifier_cases() -> dict:
     def bias_theirs():
         F.scaled_dot_product_attention(qg, kg, vg, attn_mask=bias).sum().backward()
 
+    lens = torch.randint(64, 513, (8,), generator=g)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).to(torch.int32)])
+    total = int(cu[-1])
+    qp, kp, vp = (torch.randn(total, h, d, generator=g) for _ in range(3))
+    seq = torch.repeat_interleave(torch.arange(len(lens)), lens)
+    pos = torch.arange(total) - cu[:-1].long()[seq]
+    block = (seq[:, None] == seq[None, :]) & (pos[:, None] >= pos[None, :])  # (T, T) block-causal
+
+    def packed_ours():
+        attnhub.attention_varlen(qp, kp, vp, cu, cu, mask="causal")
+
+    def packed_theirs():
+        F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (qp, kp, vp)), attn_mask=block)
+
     return {
+        f"8 packed sequences of 64-512 tokens (T={total}) H={h} D={d} causal": (
+            packed_ours,
+            packed_theirs,
+            "(attention_varlen)",
+        ),
         f"B={b} H={h} L={n} D={d} padded causal (lengths)": (
             pad_ours,
             pad_theirs,
