@@ -116,7 +116,7 @@ class Backend:
         if req.framework not in self.frameworks:
             reasons.append(f"takes {', '.join(self.frameworks) or 'no'} arrays, got a {req.framework} array")
         if req.device_type not in self.device_types:
-            reasons.append(f"runs on {', '.join(self.device_types)} devices, the inputs are on {req.device}")
+            reasons.append(self.device_reason(req))
         if req.dtype not in self.dtypes:
             reasons.append(f"supports dtypes {', '.join(self.dtypes)}, got {req.dtype}")
         feats = self.features
@@ -145,6 +145,10 @@ class Backend:
             reasons.append(f"head dims up to {self.max_head_dim}, got Dqk={req.dim_qk} Dv={req.dim_v}")
         reasons.extend(self.extra_reasons(req))
         return reasons
+
+    def device_reason(self, req: Request) -> str:
+        """Why a request on another device type is declined (from ``device_types`` alone)."""
+        return f"runs on {', '.join(self.device_types)} devices, the inputs are on {req.device}"
 
     def extra_reasons(self, req: Request) -> list[str]:
         """Backend-specific reasons beyond the declared attributes (override as needed)."""

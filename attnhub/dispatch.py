@@ -129,7 +129,7 @@ def backend_reasons(b: Backend, req: Request, disabled: frozenset[str], named: b
         # Decided from the declaration alone: no need to probe (and import) the backend's framework.
         return [f"takes {', '.join(b.frameworks) or 'no'} arrays, got a {req.framework} array"]
     if not named and req.device_type not in b.device_types:
-        return [f"runs on {', '.join(b.device_types)} devices, the inputs are on {req.device}"]
+        return [b.device_reason(req)]
     try:
         why = b.availability()
     except Exception as exc:

@@ -340,8 +340,6 @@ class SdpaCpu(_SdpaBase):
             out, lse = self._compute(q[:, :, qs:qe], k[:, :, ks:ke], v[:, :, ks:ke], sub, None)
             outs.append(out)
             lses.append(lse)
-        if not outs:  # Tq == 0 never reaches a backend (SPEC §7); kept for safety
-            return q.new_zeros(1, req.heads_q, 0, req.dim_v), None
         return torch.cat(outs, dim=2), torch.cat(lses, dim=2) if req.return_lse else None
 
     def _bind_fast(self, req: Request) -> Callable[[Any], Any] | None:

@@ -104,8 +104,7 @@ def padding(req: Request, operands: Any, like: Any) -> Padding | None:
             return None
         shifts = set()
         for b in range(req.batch):
-            m = max(lq[b], lk[b])
-            bq, bk = (m - lq[b], m - lk[b]) if req.sync == "none_end" else (0, 0)
+            _, bq, _, bk = axis_affine(lq[b], lk[b], req.sync)  # unit steps under none_*
             shifts.add((bk - k_start[b]) - (bq - q_start[b]))  # ck[b] - cq[b]
         if shifts == {0}:
             causal = True
