@@ -6,6 +6,9 @@ their frameworks lazily, when a request of theirs arrives.
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from attnhub.api import BackendRecord, attention, backends, explain
 from attnhub.backend import FEATURES, Backend
 from attnhub.dispatch import Explanation, use_backend
@@ -19,13 +22,26 @@ from attnhub.rules import Causal, ExplicitMask, Full, Local
 
 __version__ = "0.1.0"
 
+#: Submodules that import a framework, reachable as ``attnhub.<name>`` but imported on first access
+#: (PEP 562), so that ``import attnhub; attnhub.torch.patch_sdpa()`` works and ``import attnhub``
+#: alone still loads no framework.
+LAZY_SUBMODULES = ("torch", "tf", "keras", "ipu", "integrations", "distributed")
 
-def __getattr__(name: str):
+
+def __getattr__(name: str) -> Any:
+    """Load the framework submodules and ``tune`` on first access; anything else is missing."""
+    if name in LAZY_SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     if name == "tune":  # loaded on use: the tuner imports torch only when it runs
         from attnhub.tuner import tune
 
         return tune
-    raise AttributeError(f"module 'attnhub' has no attribute {name!r}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names plus the lazily loaded ones, so completion and ``dir()`` show them."""
+    return sorted(set(globals()) | set(LAZY_SUBMODULES) | {"tune"})
 
 
 __all__ = [

@@ -326,13 +326,16 @@ def lookup(req: Request) -> Measured | None:
 
 def record(
     key: str,
-    results: list[tuple[tuple, dict[str, float | None], str]],
+    results: list[tuple],
     meta: dict,
     out: Path | None = None,
 ) -> Path:
     """Add measured classes to the profile file ``out`` (default: the user's for ``key``; a directory:
-    the device's file in it), replacing
-    classes measured before, and to this process's profile; dispatch decisions are dropped."""
+    the device's file in it), replacing classes measured before, and to this process's profile;
+    dispatch decisions are dropped.
+
+    Each result is ``(class, ms per backend, case label)`` or, with a fourth item, also how each
+    backend's figure was measured (kept in the entry as ``"how"``)."""
     path = Path(out) if out is not None else user_profile_path(key)
     if path.is_dir():
         path = path / f"{slug(key)}.json"
@@ -345,9 +348,9 @@ def record(
                     entries[_freeze(e["class"])] = e
         except (OSError, ValueError, KeyError, TypeError):
             pass
-    for cls, ms, case in results:
+    for cls, ms, case, *how in results:
         d = class_to_json(cls)
-        entries[_freeze(d)] = {"class": d, "case": case, "ms": ms}
+        entries[_freeze(d)] = {"class": d, "case": case, "ms": ms, **({"how": how[0]} if how else {})}
     payload = {
         "schema": SCHEMA,
         "device": key,

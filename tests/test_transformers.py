@@ -415,3 +415,44 @@ def test_user_4d_float_mask_is_a_bias():
         got = ours(ids, attention_mask=mask4).logits
     assert ah_hf.stats().kinds == {"tensor": 2} and ah_hf.stats().features["bias"] == 2
     assert _rel(got, eager(ids, attention_mask=mask4).logits) <= FWD_TOL
+
+
+def test_stats_object_stays_live_across_resets():
+    """``stats()`` is documented as live: an object taken before ``reset_stats()`` keeps counting."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    held = ah_hf.stats()
+    ah_hf.attention_forward(None, q, k, v, None, is_causal=True)
+    ah_hf.reset_stats()
+    assert held.calls == 0 and not held.kinds and not held.features
+    ah_hf.attention_forward(None, q, k, v, None, is_causal=True, softcap=5.0)
+    assert held is ah_hf.stats()
+    assert held.calls == 1 and held.kinds == {"none": 1} and held.features == {"softcap": 1}
+
+
+def test_left_pad_query_rows_give_zero_as_sdpa_does():
+    """docs/transformers.md: a left-pad query row (no visible key) gets attention output 0 (SPEC §4),
+    so the logits there equal the ``sdpa`` implementation's and differ from eager's (a uniform
+    average in float32). They matter: the last pad position's logits predict the first real token."""
+    model_name, config_name, _, extra = DECODERS["llama"]
+    config = getattr(transformers, config_name)(
+        **SMALL, **extra, max_position_embeddings=64, initializer_range=0.2
+    )
+    torch.manual_seed(0)
+    eager = getattr(transformers, model_name)._from_config(config, attn_implementation="eager").eval()
+    ours, sdpa = copy.deepcopy(eager), copy.deepcopy(eager)
+    ours.set_attn_implementation("attnhub")
+    sdpa.set_attn_implementation("sdpa")
+    ids, mask = _ids(2, 8), torch.ones(2, 8, dtype=torch.long)
+    pads = 3
+    mask[1, :pads] = 0
+    attn_out = []
+    hook = ours.model.layers[0].self_attn.o_proj.register_forward_pre_hook(lambda m, a: attn_out.append(a[0]))
+    with torch.no_grad():
+        logits = {name: m(input_ids=ids, attention_mask=mask).logits for name, m in
+                  (("eager", eager), ("attnhub", ours), ("sdpa", sdpa))}  # fmt: skip
+    hook.remove()
+    assert torch.all(attn_out[0][1, :pads] == 0) and torch.all(attn_out[0][1, pads:] != 0)
+    assert _rel(logits["attnhub"], logits["sdpa"]) <= FWD_TOL
+    assert _rel(logits["attnhub"][1, pads:], logits["eager"][1, pads:]) <= FWD_TOL
+    assert _rel(logits["attnhub"][1, pads - 1], logits["eager"][1, pads - 1]) > 1e-2

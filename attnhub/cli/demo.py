@@ -10,6 +10,7 @@ from typing import Any
 import click
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import attnhub
@@ -77,7 +78,7 @@ def demo(dtype: str, seed: int) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TensorFlow's start-up chatter out
     console = Console(width=max(Console().width, 100))
     rng = np.random.default_rng(seed)
-    table = Table(title=f"attnhub demo: {dtype}, auto dispatch; max err = max|out - ref| / max|ref|")
+    table = Table(title=f"attnhub demo: {escape(dtype)}, auto dispatch; max err = max|out - ref| / max|ref|")
     for col in ("framework", "request", "backend", "out shape", "max err"):
         table.add_column(col, no_wrap=True)
     worst = 0.0
@@ -91,10 +92,12 @@ def demo(dtype: str, seed: int) -> None:
             out = attnhub.attention(*args, mask=mask, sync=sync, layout=layout)
             err = float(np.max(np.abs(_to_numpy(out) - ref)) / np.max(np.abs(ref)))
             worst = max(worst, err)
-            table.add_row(fw, label, str(chosen), str(tuple(out.shape)), f"{err:.2e}")
+            table.add_row(
+                *(escape(cell) for cell in (fw, label, str(chosen), str(tuple(out.shape)), f"{err:.2e}"))
+            )
     console.print(table)
-    console.print("Every backend registered here: " + ", ".join(
+    console.print("Every backend registered here: " + escape(", ".join(
         f"{r.name} ({'available' if r.available else 'unavailable: ' + str(r.reason)})" for r in attnhub.backends()
-    ))  # fmt: skip
+    )))  # fmt: skip
     if not np.isfinite(worst) or worst > 1e-2:
         raise click.ClickException(f"largest error {worst:.2e} is too large")

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from attnhub import settings
-from attnhub.api import backends
+from attnhub.api import BackendRecord, backends
 from attnhub.registry import REGISTRY
 
 
@@ -33,23 +33,33 @@ def info(errors: bool, show_settings: bool) -> None:
         table.add_column(col, overflow="fold")
     records = backends()
     for r in records:
-        status = "[green]available[/]" if r.available else f"[red]unavailable[/]: {r.reason}"
-        if r.disabled:
-            status += " [yellow](disabled by ATTNHUB_DISABLE)[/]"
-        table.add_row(r.name, str(r.priority), status, r.version or "-")
+        table.add_row(escape(r.name), str(r.priority), _status(r), escape(r.version or "-"))
     console.print(table)
     for r in records:
         console.print(
-            f"[bold]{r.name}[/]: frameworks {', '.join(r.frameworks)}; devices {', '.join(r.device_types)}; "
-            f"dtypes {', '.join(r.dtypes)}; features {', '.join(r.features)}",
+            f"[bold]{escape(r.name)}[/]: "
+            + escape(
+                f"frameworks {', '.join(r.frameworks)}; devices {', '.join(r.device_types)}; "
+                f"dtypes {', '.join(r.dtypes)}; features {', '.join(r.features)}"
+            ),
             highlight=False,
         )
     if REGISTRY.load_errors:
         console.print("[red bold]Plugins that failed to load[/] (every other backend keeps working):")
         for e in REGISTRY.load_errors:
-            console.print(f"  [red]{e.plugin}[/]: {e.error}")
+            console.print(f"  [red]{escape(e.plugin)}[/]: {escape(e.error)}")
             if errors:
                 console.print(e.detail, markup=False, highlight=False)
+
+
+def _status(record: BackendRecord) -> str:
+    """A backend's status cell as rich markup; the reason is escaped (install hints hold brackets)."""
+    status = (
+        "[green]available[/]" if record.available else f"[red]unavailable[/]: {escape(str(record.reason))}"
+    )
+    if record.disabled:
+        status += " [yellow](disabled by ATTNHUB_DISABLE)[/]"
+    return status
 
 
 def _shown(value: Any) -> str:

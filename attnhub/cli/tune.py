@@ -6,7 +6,8 @@ import contextlib
 
 import click
 
-from attnhub.tuner import DTYPES, FAMILIES
+from attnhub.bench.timing import CPU_MIN_CALLS, CPU_WARMUP_CALLS
+from attnhub.tuner import DTYPES, FAMILIES, TIMING, grid_summary
 
 
 def _triton_tuning() -> contextlib.AbstractContextManager:
@@ -28,16 +29,26 @@ def _split(value: str) -> tuple[str, ...]:
     "--device",
     default="cuda",
     show_default=True,
-    help="cuda (or cuda:N): the tune grid on torch CUDA tensors; cpu: a small grid on torch CPU tensors.",
+    help=f"cuda (or cuda:N): torch CUDA tensors, grid {grid_summary('cuda', False)}. "
+    f"cpu: torch CPU tensors, grid {grid_summary('cpu', False)}.",
 )
-@click.option("--quick", is_flag=True, help="A short grid (D=128, L in 1k/4k, one window, one decode).")
+@click.option(
+    "--quick",
+    is_flag=True,
+    help=f"A short grid. cuda: {grid_summary('cuda', True)}; cpu: {grid_summary('cpu', True)}.",
+)
 @click.option(
     "--dtype",
     "dtypes",
     default=None,
     help=f"dtypes, comma-separated (default: {','.join(DTYPES)} on cuda, float32 on cpu).",
 )
-@click.option("--family", default=",".join(FAMILIES), show_default=True, help="Case families (cuda grid).")
+@click.option(
+    "--family",
+    default=",".join(FAMILIES),
+    show_default=True,
+    help="Case families of the cuda grid (the cpu grid has one).",
+)
 @click.option(
     "--backends", default="", help="Time only these backends, comma-separated (default: all candidates)."
 )
@@ -47,8 +58,20 @@ def _split(value: str) -> tuple[str, ...]:
     help="Write the profile to this file, or to this directory under the device's name "
     "(attnhub/profiles: the profile shipped for this device), instead of the user's cache dir.",
 )
-@click.option("--warmup", type=int, default=None, help="Warm-up per timing (ms).")
-@click.option("--rep", type=int, default=None, help="Repetitions per timing (ms).")
+@click.option(
+    "--warmup",
+    type=int,
+    default=None,
+    help=f"Warm-up per timing (ms; default {TIMING['cuda'][0]} on cuda, {TIMING['cpu'][0]} on cpu, "
+    f"where at least {CPU_WARMUP_CALLS} calls also warm up).",
+)
+@click.option(
+    "--rep",
+    type=int,
+    default=None,
+    help=f"Repetitions per timing (ms; default {TIMING['cuda'][1]} on cuda, {TIMING['cpu'][1]} on cpu, "
+    f"where at least {CPU_MIN_CALLS} calls are timed).",
+)
 def tune(
     device: str,
     quick: bool,
@@ -60,7 +83,9 @@ def tune(
     rep: int | None,
 ) -> None:
     """Time every backend that can run each request class of a grid, on this device, and store the
-    profile that backend="auto" follows (see docs/dispatch.md)."""
+    profile that backend="auto" follows (see docs/dispatch.md). A class where a backend times faster
+    than the highest-priority one is timed again; unless the re-timing confirms it, the priority
+    order stands. The profile records how each figure was measured."""
     try:
         import torch  # noqa: F401
     except ImportError as exc:

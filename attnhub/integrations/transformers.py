@@ -46,6 +46,12 @@ class Stats:
     kinds: Counter = field(default_factory=Counter)
     features: Counter = field(default_factory=Counter)
 
+    def reset(self) -> None:
+        """Zero every count in place (whoever holds this object sees the zeroes, then new counts)."""
+        self.calls = 0
+        self.kinds.clear()
+        self.features.clear()
+
     def record(self, kind: str, **used: bool) -> None:
         self.calls += 1
         self.kinds[kind] += 1
@@ -58,14 +64,14 @@ _STATS = Stats()
 
 
 def stats() -> Stats:
-    """The live call counter (shared by every registered name)."""
+    """The live call counter (shared by every registered name): the same object for the whole
+    process, so one taken before :func:`reset_stats` goes on counting after it."""
     return _STATS
 
 
 def reset_stats() -> None:
-    """Zero the call counter."""
-    global _STATS
-    _STATS = Stats()
+    """Zero the call counter in place."""
+    _STATS.reset()
 
 
 def _refuse(module: Any, dropout: float, kwargs: dict[str, Any]) -> None:
