@@ -20,8 +20,8 @@ import numpy as np
 from attnhub.errors import SpecError
 from attnhub.frameworks import FLOAT_DTYPES, Adapter, adapter_for
 from attnhub.operands import Operands
+from attnhub.readings import check_readable, int32_like, reading
 from attnhub.readings import host_values as host_values  # re-exported (home: attnhub.readings)
-from attnhub.readings import int32_like, reading
 
 PADDING_SIDES = ("right", "left")
 
@@ -227,7 +227,8 @@ def check_float_array(
         raise SpecError(f"{name}.device", device, xad.device(x))
     dt = xad.dtype_name(x)
     if dt not in FLOAT_DTYPES or not (any_float or dt in ("float32", dtype)):
-        raise SpecError(f"{name}.dtype", f"float32 or {dtype} (the dtype of q)", dt)
+        allowed = "float32" if dtype == "float32" else f"float32 or {dtype}"
+        raise SpecError(f"{name}.dtype", f"{allowed} (the dtype of q)", dt)
     shape = tuple(int(d) for d in xad.shape(x))
     if target is None:
         return shape
@@ -241,12 +242,14 @@ def check_float_array(
 
 
 def check_int_array(name: str, x: Any, ad: Adapter, shape: tuple[int, ...] | None) -> None:
-    """An integer array (any framework, or a Python sequence of ints) of ``shape``."""
+    """An integer array (any framework or device, or a Python sequence of ints: SPEC §10's
+    lengths are host-side) of ``shape`` whose values can be read (not a meta tensor)."""
     if isinstance(x, (list, tuple)):
         if any(isinstance(i, (bool, np.bool_)) or not isinstance(i, numbers.Integral) for i in x):
             raise SpecError(name, "a sequence of ints", x)
         found: tuple[int, ...] = (len(x),)
     elif hasattr(x, "shape") and hasattr(x, "dtype"):
+        check_readable(name, x)
         dt = str(x.dtype).removeprefix("torch.").removeprefix("<dtype: '").removesuffix("'>")
         if not any(dt.startswith(p) for p in ("int", "uint")):
             raise SpecError(f"{name}.dtype", "an integer dtype", dt)

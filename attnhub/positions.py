@@ -6,10 +6,53 @@ These functions are the single written-down form of the mask semantics: the refe
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from attnhub.errors import SpecError
 from attnhub.rules import SYNC_MODES, Causal, Full, Local, Rule
+
+#: Every query and key position (SPEC §2, §11) lies in [-2**30, 2**30) (SPEC §12): kernels compute
+#: positions in int32, and the difference of two positions in range still fits int32.
+POSITION_LIMIT = 1 << 30
+
+
+def check_position_range(
+    seq_q: tuple[int, ...], seq_k: tuple[int, ...], q_offset: int = 0, k_offset: int = 0
+) -> None:
+    """Raise :class:`SpecError` unless every position of the request (SPEC §2, shifted by the
+    offsets of §11) and, with 2-d sequences, every flat index lies in [-2**30, 2**30) (SPEC §12).
+
+    Positions under any sync mode are below ``max(Lq_d, Lk_d)``, so it is enough to bound the
+    lengths, the flat grid and the offsets; arbitrary Python ints are compared exactly."""
+    two_d = len(seq_q) > 1
+    for name, lengths in (("q", seq_q), ("k", seq_k)):
+        for d, n in enumerate(lengths):
+            if n > POSITION_LIMIT:
+                where = f" (dimension {d})" if two_d else ""
+                raise SpecError(
+                    f"sequence length of {name}{where}",
+                    f"at most 2**30 = {POSITION_LIMIT} (positions lie in [-2**30, 2**30), SPEC §12)",
+                    n,
+                )
+    if two_d:
+        grid = tuple(max(a, b) for a, b in zip(seq_q, seq_k, strict=True))
+        if math.prod(grid) > POSITION_LIMIT:
+            raise SpecError(
+                "sequence shapes of q/k",
+                "a common grid of at most 2**30 positions (flat indices lie in [0, 2**30), SPEC §12)",
+                grid,
+            )
+        return
+    for name, offset, n in (("q_offset", q_offset, seq_q[0]), ("k_offset", k_offset, seq_k[0])):
+        if not -POSITION_LIMIT <= offset <= POSITION_LIMIT - n:
+            raise SpecError(
+                name,
+                f"an int in [-2**30, 2**30 - {n}] = [{-POSITION_LIMIT}, {POSITION_LIMIT - n}] (positions "
+                f"{name} .. {name} + {n} - 1 must lie in [-2**30, 2**30), SPEC §11)",
+                offset,
+            )
 
 
 def axis_affine(lq: int, lk: int, sync: str) -> tuple[int, int, int, int]:

@@ -20,15 +20,20 @@ import numpy as np
 from attnhub.dispatch import CACHE, DISPATCHER, override_state
 from attnhub.errors import SpecError
 from attnhub.extras import Extras, check_int_array, int_arg
-from attnhub.frameworks import adapter_for
-from attnhub.readings import reading
+from attnhub.frameworks import Adapter, adapter_for
+from attnhub.readings import check_readable, reading
 from attnhub.request import build_request_ex, check_backend_arg
 
 
-def _int32_array(name: str, x: Any, ndim: int) -> tuple[int, ...]:
-    """``x`` must be an int32 array (any framework) of rank ``ndim``; returns its shape."""
+def _int32_array(name: str, x: Any, ndim: int, ad: Adapter) -> tuple[int, ...]:
+    """``x`` must be an int32 array of q's framework (``ad``; torch: any device) and rank
+    ``ndim`` whose values can be read (SPEC §10, §12); returns its shape."""
     if isinstance(x, (list, tuple)) or not (hasattr(x, "shape") and hasattr(x, "dtype")):
-        raise SpecError(name, "an int32 array", type(x).__name__)
+        raise SpecError(name, f"an int32 {ad.name} array like q", type(x).__name__)
+    xad = adapter_for(x, name)
+    if xad.name != ad.name:
+        raise SpecError(name, f"a {ad.name} array like q", f"a {xad.name} array")
+    check_readable(name, x)
     dt = str(x.dtype).removeprefix("torch.").removeprefix("<dtype: '").removesuffix("'>")
     if dt != "int32":
         raise SpecError(f"{name}.dtype", "int32", dt)
@@ -38,10 +43,10 @@ def _int32_array(name: str, x: Any, ndim: int) -> tuple[int, ...]:
     return shape
 
 
-def _check_cu_seqlens(name: str, cu: Any, total: int) -> int:
+def _check_cu_seqlens(name: str, cu: Any, total: int, ad: Adapter) -> int:
     """SPEC §12: from 0, non-decreasing, ending at ``total``; returns the longest sequence (or
     ``total`` where the values cannot be read). Read once per torch tensor version."""
-    (n,) = _int32_array(name, cu, 1)
+    (n,) = _int32_array(name, cu, 1, ad)
     if n < 1:
         raise SpecError(f"{name}.shape", "(N + 1,) with N >= 0", (n,))
     r = reading(cu)
@@ -101,8 +106,8 @@ def attention_varlen(
             "mask", "a rule (None, 'full', 'causal', Local(...)) with attention_varlen", "an array"
         )
     tq, tk = int(q.shape[0]), int(k.shape[0])
-    longest_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, tq)
-    longest_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, tk)
+    longest_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, tq, ad)
+    longest_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, tk, ad)
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise SpecError(
             "cu_seqlens_k.shape", f"{tuple(cu_seqlens_q.shape)} like cu_seqlens_q", tuple(cu_seqlens_k.shape)
@@ -249,7 +254,7 @@ def _paged_plan(
     if not hasattr(q, "shape") or len(q.shape) != 4:
         raise SpecError("q.ndim", "4: (B, Hq, Lq, Dqk)", getattr(q, "shape", q))
     b = int(q.shape[0])
-    tb = _int32_array("block_table", block_table, 2)
+    tb = _int32_array("block_table", block_table, 2, ad)
     if tb[0] != b:
         raise SpecError("block_table.shape", f"({b}, max_blocks)", tb)
     check_int_array("k_lengths", k_lengths, ad, (b,))

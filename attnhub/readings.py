@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from attnhub import settings
+from attnhub.errors import SpecError
 
 #: Entries kept at most (dead tensors' entries leave at once through their weak references).
 KEPT = 64
@@ -82,6 +83,16 @@ def kept(x: Any) -> Reading | None:
         with contextlib.suppress(RuntimeError, StopIteration):
             _KEPT.pop(next(iter(_KEPT)), None)
     return entry
+
+
+def check_readable(name: str, x: Any) -> None:
+    """Raise :class:`SpecError` naming ``name`` when ``x`` has no values at all (a torch tensor on
+    the meta device): lengths, cu_seqlens and block tables are read by the core (SPEC §12) and by
+    the kernels, so such an array is bad input, whether or not its values are checked."""
+    if type(x).__module__.split(".", 1)[0] == "torch" and getattr(x, "is_meta", False):
+        raise SpecError(
+            name, "a tensor whose values can be read (not on the meta device)", "a tensor on the meta device"
+        )
 
 
 def reading(x: Any) -> Reading | None:

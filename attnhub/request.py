@@ -16,6 +16,7 @@ import numpy as np
 
 from attnhub.errors import SpecError
 from attnhub.frameworks import FLOAT_DTYPES, Adapter, adapter_for
+from attnhub.positions import check_position_range
 from attnhub.rules import SYNC_MODES, Causal, ExplicitMask, Full, Local, Rule
 
 LAYOUTS = ("bhsd", "bshd", "bhds")
@@ -274,6 +275,7 @@ def build_request_ex(
     fields = ext.parse(
         extras, ad, q, bq, hq, nq, nk, len(sq), sync, devices[0], dtypes[0], from_mask
     ).as_dict()
+    check_position_range(tuple(sq), tuple(sk), fields["q_offset"], fields["k_offset"])
 
     req = Request(
         framework=ad.name,

@@ -193,3 +193,76 @@ class Ops:
             _, vjp = self.jax.vjp(fn, *inputs)
             return list(vjp(dout))
         raise ValueError("NumPy has no autodiff: the runner calls backend.backward directly")
+
+    # -- traced calls ---------------------------------------------------------------------------
+    @property
+    def tracer(self) -> str:
+        """What traces a call in this framework ("" for NumPy, which has none)."""
+        if self.framework == "torch":
+            return f"torch.compile(backend={self._compile_backend()!r})"
+        return {"jax": "jax.jit", "tensorflow": "tf.function"}.get(self.framework, "")
+
+    def tracer_obstacle(self) -> str:
+        """Why traced calls cannot run in this process ("" when they can)."""
+        if not self.tracer:
+            return f"{self.framework} inputs: no tracer (traced cases need torch, tf or jax)"
+        import sys
+
+        if self.framework == "torch" and "tensorflow" in sys.modules and "triton" not in sys.modules:
+            return (
+                "torch.compile loads triton, whose native library aborts a process that has loaded "
+                "TensorFlow (certify with --framework torch to run it)"
+            )
+        return ""
+
+    def _compile_backend(self) -> str:
+        """inductor on CUDA; aot_eager on the CPU (dynamo and AOTAutograd trace the forward and the
+        backward as inductor does, without compiling C++ for minutes per shape)."""
+        return "inductor" if self.cuda else "aot_eager"
+
+    def _traced(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` wrapped by the framework's tracer (a fresh trace: no cache from another case)."""
+        fw = self.framework
+        if fw == "jax":
+            return self.jax.jit(fn)
+        if fw == "tensorflow":
+            return self.tf.function(fn)
+        if fw == "torch":
+            self.torch._dynamo.reset()  # per-code-object recompile limits would fall back to eager
+            return self.torch.compile(fn, backend=self._compile_backend())
+        raise ValueError("NumPy has no tracer: traced cases need torch, tensorflow or jax inputs")
+
+    def traced_call(self, fn: Callable[..., Any], inputs: Sequence[Any]) -> Any:
+        """``fn(*inputs)`` run through the framework's tracer (jax.jit, tf.function, torch.compile)."""
+        if self.framework == "tensorflow":
+            with self.tf.device(self.tf_device):
+                return self._traced(fn)(*inputs)
+        return self._traced(fn)(*inputs)
+
+    def traced_grads(self, fn: Callable[..., Any], inputs: Sequence[Any], dout: Any, ones: bool) -> list[Any]:
+        """Gradients of ``fn(*inputs).sum()`` (``ones``) or of ``(fn(*inputs) * dout).sum()``, the loss
+        and its gradient traced together, as a training step under the framework's tracer is."""
+        fw = self.framework
+
+        def loss(q: Any, k: Any, v: Any, d: Any) -> Any:
+            out = fn(q, k, v)
+            if fw == "tensorflow":
+                return self.tf.reduce_sum(out if ones else out * d)
+            return (out if ones else out * d).sum()
+
+        if fw == "jax":
+            return list(self.jax.jit(self.jax.grad(loss, argnums=(0, 1, 2)))(*inputs, dout))
+        if fw == "tensorflow":
+            tf = self.tf
+
+            def step(q: Any, k: Any, v: Any, d: Any) -> Any:
+                with tf.GradientTape() as tape:
+                    tape.watch([q, k, v])
+                    value = loss(q, k, v, d)
+                return tape.gradient(value, [q, k, v])
+
+            return list(self.traced_call(step, [*inputs, dout]))
+        if fw == "torch":
+            value = self._traced(loss)(*inputs, dout)
+            return list(self.torch.autograd.grad(value, list(inputs)))
+        raise ValueError("NumPy has no tracer: traced cases need torch, tensorflow or jax inputs")

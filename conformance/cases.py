@@ -53,6 +53,9 @@ FEATURE_ROWS = (
     "peaked rows",
     "fully masked rows",
     "non-contiguous",
+    "NaN/Inf propagate",
+    "traced",
+    "grad of sum",
     # SPEC §9-§11 (see modifier_cases.py)
     "bias",
     "bias broadcast",
@@ -68,6 +71,7 @@ FEATURE_ROWS = (
     "k_lengths",
     "padding left",
     "zero lengths",
+    "NaN in padding",
     "varlen",
     "kvcache contiguous",
     "kvcache paged",
@@ -91,6 +95,7 @@ CHECK_FEATURES = {
     "inputs unchanged": "inputs",
     "dbias": "dbias",
     "dsinks": "dsinks",
+    "grad of sum": "backward",
 }
 
 #: Bias shapes over (B, Hq, Nq, Nk): per head (ALiBi-like), per key (padding-like), full.
@@ -161,6 +166,21 @@ class Case:
     seqlens_k: tuple[int, ...] = ()
     #: kvcache: the block size of a paged cache (its block table shuffled), 0 for a contiguous one.
     paged: int = 0
+    # -- SPEC §4: non-finite inputs and traced calls ----------------------------------------------
+    #: "" or "nan" / "inf": that value in one element of q (batch entry 0), of k (entry 1) and of v
+    #: (entry 2); see ``runner.place_nonfinite``. Needs ``batch >= 3``; never with ``grad``.
+    nonfinite: str = ""
+    #: Forward and gradients through the framework's tracer: ``jax.jit``, ``tf.function`` or
+    #: ``torch.compile`` (NumPy inputs have none: such a case is declined).
+    traced: bool = False
+    #: The upstream gradient: "" (random N(0, 1)) or "ones" (the gradient of ``out.sum()``).
+    cotangent: str = ""
+
+    def __post_init__(self) -> None:
+        if self.nonfinite and (self.nonfinite not in ("nan", "inf") or self.batch < 3 or self.grad):
+            raise ValueError(f"nonfinite={self.nonfinite!r} needs 'nan' or 'inf', batch >= 3 and no grad")
+        if self.cotangent not in ("", "ones"):
+            raise ValueError(f"cotangent must be '' or 'ones', got {self.cotangent!r}")
 
     @cached_property
     def id(self) -> str:
@@ -195,6 +215,9 @@ class Case:
             (bool(self.noncontig), self.noncontig),
             (self.repeat, "repeat"),
             *self._modifier_tokens(),
+            (bool(self.nonfinite), self.nonfinite),
+            (self.traced, "traced"),
+            (bool(self.cotangent), f"dout{self.cotangent}"),
             (bool(self.framework), self.framework),
         ):
             if flag:
@@ -232,6 +255,8 @@ class Case:
         ]  # fmt: skip
         for flag, token in ((self.lse, "lse"), (self.grad, "grad"), (self.peaked, "peaked rows"),
                             (bool(self.noncontig), f"{self.noncontig} view"), (self.repeat, "repeat"),
+                            (bool(self.nonfinite), f"{self.nonfinite} in q, k and v"),
+                            (self.traced, "traced"), (bool(self.cotangent), f"dout {self.cotangent}"),
                             (bool(self.framework), f"framework {self.framework}")):  # fmt: skip
             if flag:
                 parts.append(token)
@@ -327,6 +352,12 @@ class Case:
             f.append("fully masked rows")
         if self.noncontig:
             f.append("non-contiguous")
+        if self.nonfinite:
+            f.append("NaN/Inf propagate")
+        if self.traced:
+            f.append("traced")
+        if self.cotangent == "ones" and self.grad:
+            f.append("grad of sum")
         f += self._modifier_features()
         if self.random_index is not None:
             f.append("randomised")
@@ -428,6 +459,54 @@ def layout_cases(dtype: str, grad: bool) -> list[Case]:
     ]  # fmt: skip
 
 
+def nonfinite_cases(dtype: str, full: bool = False) -> list[Case]:
+    """SPEC §4: a NaN (one case) and a +Inf (another) in q, k and v, each in its own batch entry.
+
+    Causal with sync none_end and Lq > Lk leaves fully masked rows (they stay exactly 0) and rows
+    that attend some keys but not the poisoned one (they stay finite); GQA checks that only the
+    query heads reading the poisoned kv head are hit. Full mode adds other rules, 2-d, layouts and
+    explicit masks."""
+    base = dict(batch=3, heads_q=4, heads_kv=2, dim_qk=16, dim_v=16)
+    shapes = [dict(seq_q=(13,), seq_k=(9,), rule=Causal(), sync="none_end", lse=True)]
+    if full:
+        shapes += [
+            dict(seq_q=(21,), seq_k=(21,), rule=Full(), lse=True),
+            dict(seq_q=(37,), seq_k=(37,), rule=Local(4), layout="bshd"),
+            dict(seq_q=(6, 7), seq_k=(6, 7), rule=Local(2, 1, causal=True), lse=True),
+            dict(seq_q=(21,), seq_k=(21,), rule="bool", mask_empty_rows=True, lse=True),
+            dict(seq_q=(19,), seq_k=(45,), rule=Causal(), sync="scale_end", layout="bhds", heads_kv=1),
+        ]
+    return [Case(dtype, **{**base, **f}, nonfinite=kind) for f in shapes for kind in ("nan", "inf")]
+
+
+def traced_cases(dtype: str, full: bool = False) -> list[Case]:
+    """Forward and gradients under the framework's tracer, with the gradient of ``out.sum()`` (a
+    constant ones cotangent) and a random one, at lengths no tile size divides (48, 80, 100) and
+    B·Hq >= 8 (a jitted gradient of one such shape once gave dq ~1e27 while eager was right)."""
+    c = [
+        Case(dtype, (48,), (48,), Causal(), batch=1, heads_q=8, heads_kv=8, dim_qk=16, dim_v=16, grad=True,
+             traced=True, cotangent="ones"),
+        Case(dtype, (80,), (80,), Causal(), heads_q=4, heads_kv=2, grad=True, lse=True, traced=True),
+    ]  # fmt: skip
+    if full:
+        for length in (48, 80, 100):
+            for rule in (Full(), Causal(), Local(8, causal=True)):
+                for cot in ("ones", ""):
+                    c.append(Case(dtype, (length,), (length,), rule, batch=2, heads_q=4, heads_kv=2,
+                                  dim_qk=16, dim_v=16, grad=True, traced=True, cotangent=cot))  # fmt: skip
+        c.append(Case(dtype, (100,), (48,), Causal(), sync="none_end", heads_q=4, heads_kv=1, grad=True,
+                      traced=True, cotangent="ones"))  # fmt: skip
+    return c
+
+
+def grad_of_sum_cases(dtype: str) -> list[Case]:
+    """The gradient of ``out.sum()`` eagerly (a constant ones cotangent), at a length no tile divides."""
+    return [
+        Case(dtype, (48,), (48,), Causal(), batch=1, heads_q=8, heads_kv=8, dim_qk=16, dim_v=16, grad=True,
+             cotangent="ones"),
+    ]  # fmt: skip
+
+
 def quick_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
     """A small representative grid: every feature row once or twice, small shapes (``--quick``)."""
     main = _main_dtype(dtypes)
@@ -469,6 +548,11 @@ def quick_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
     add(Case(m, (2, 6), (2, 6), Local(2, 1, causal=True), grad=True, layout="bshd"))
     add(Case(m, (19,), (19,), "additive", mask_empty_rows=True, grad=True))
     add(Case(m, (21,), (21,), Causal(), grad=True, large_logits=True, scale=0.5))
+    c += grad_of_sum_cases(m)
+    if framework != "numpy":  # NumPy has no tracer
+        c += traced_cases(m)
+    for dt in dtypes:  # SPEC §4 in every declared dtype
+        c += nonfinite_cases(dt)
     # determinism
     add(Case(m, (27,), (27,), Causal(), heads_q=4, heads_kv=2, grad=True, lse=True, repeat=True))
     for dt in DTYPES:
@@ -503,6 +587,8 @@ def secondary_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
         Case(main, (23,), (31,), Full(), heads_q=4, heads_kv=2, grad=True),
         Case(main, (19,), (19,), "additive", mask_empty_rows=True, grad=True),
         *layout_cases(main, grad=True),
+        *nonfinite_cases(main)[:1],
+        *traced_cases(main)[:1],
     ]
     if framework in ("numpy", "torch"):
         c.append(Case(main, (19,), (31,), Full(), noncontig="sliced", heads_q=4, heads_kv=2, grad=True))
@@ -584,6 +670,9 @@ def full_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
             c.append(Case(main, (23,), (29,), Causal(), sync="none_end", scale=scale, grad=grad, lse=True))
     for rule in (Full(), Causal(), Local(2, 1)):
         c.append(Case(main, (37,), (29,), rule, heads_q=4, heads_kv=2, grad=True, lse=True, repeat=True))
+    c += grad_of_sum_cases(main)
+    if framework != "numpy":  # NumPy has no tracer
+        c += traced_cases(main, full=True)
     # the other dtypes: a reduced product (declined cases are cheap)
     for dt in DTYPES:
         if dt == main:
@@ -612,6 +701,10 @@ def full_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
             c.append(Case(dt, (23,), (31,), Full(), heads_q=4, heads_kv=2, noncontig="sliced", grad=True))
         if dt in dtypes:
             c.append(Case(dt, (27,), (27,), Causal(), grad=True, lse=True, repeat=True))
+            if framework != "numpy":
+                c += traced_cases(dt)[:1]
+    for dt in dtypes:  # SPEC §4 in every declared dtype
+        c += nonfinite_cases(dt, full=True)
     from attnhub_conformance.modifier_cases import full_grid_part
 
     c += full_grid_part(dtypes, main)

@@ -41,18 +41,19 @@ class Call:
         torch_grad = case.grad and ops.framework == "torch"
         dt = case.dtype
         a: dict[str, Any] = {}
+        q, k, v = d.call_inputs()
         if case.entry == "varlen":
-            a["q"], a["k"], a["v"] = (ops.array(_thd(x), dt, grad=torch_grad) for x in (d.q, d.k, d.v))
+            a["q"], a["k"], a["v"] = (ops.array(_thd(x), dt, grad=torch_grad) for x in (q, k, v))
             a["cu_seqlens_q"] = ops.int_array(d.cu_seqlens_q)
             a["cu_seqlens_k"] = ops.int_array(d.cu_seqlens_k)
         elif case.entry == "kvcache":
-            a["q"] = ops.array(d.q, dt, grad=torch_grad)
-            kv = (d.k_blocks, d.v_blocks) if case.paged else (d.k, d.v)
+            a["q"] = ops.array(q, dt, grad=torch_grad)
+            kv = (d.k_blocks, d.v_blocks) if case.paged else (k, v)
             a["k"], a["v"] = (ops.array(x, dt, grad=torch_grad) for x in kv)
         else:
             a["q"], a["k"], a["v"] = (
                 ops.array(to_layout(x, seq, case.layout), dt, case.noncontig, grad=torch_grad)
-                for x, seq in ((d.q, case.seq_q), (d.k, case.seq_k), (d.v, case.seq_k))
+                for x, seq in ((q, case.seq_q), (k, case.seq_k), (v, case.seq_k))
             )
         if d.mask is not None:
             a["mask"] = ops.mask(d.mask, dt)
@@ -220,8 +221,9 @@ class Call:
         """(q, k, v as the backend receives them, the bool mask rank 4, the operands)."""
         c, d = self.case, self.d
         npdt = numpy_dtype(c.dtype)
-        kv = [d.k_blocks, d.v_blocks] if c.paged else [d.k, d.v]
-        qkv = [np.ascontiguousarray(x.astype(npdt)) for x in (d.q, *kv)]
+        q, k, v = d.call_inputs()
+        kv = [d.k_blocks, d.v_blocks] if c.paged else [k, v]
+        qkv = [np.ascontiguousarray(x.astype(npdt)) for x in (q, *kv)]
         mask = None if d.mask is None else d.mask.copy()
         ops = Operands(
             bias=None if d.bias is None else d.bias.astype(numpy_dtype(bias_dtype(c))),

@@ -12,10 +12,37 @@ offsets applied to one side only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from attnhub.rules import Causal, Full, Local
 from attnhub_conformance.cases import BIAS_SHAPES, DTYPES, SYNCS, Case
 
 RULES = (Full(), Causal(), Local(3), Local(2, 1, causal=True))
+
+#: SPEC §11: positions stay in [-LIMIT, LIMIT) (q_offset >= -LIMIT, q_offset + Lq <= LIMIT; same for k).
+LIMIT = 2**30
+
+
+@dataclass(frozen=True)
+class RaggedCase(Case):
+    """A §10-§11 case with the checks issue 36 added (its flags off: the same id as a plain Case)."""
+
+    #: NaN stored where SPEC §10 says nothing is read: padded query rows (out must be 0 there),
+    #: padded keys and values, cache rows past k_lengths (unused blocks hold NaN always).
+    nan_padding: bool = False
+    #: The call must raise SpecError naming this argument (offsets one past SPEC §11's range).
+    expect_spec_error: str = ""
+
+    def _modifier_tokens(self) -> list[tuple[bool, str]]:
+        return [*super()._modifier_tokens(), (self.nan_padding, "nanpad"),
+                (bool(self.expect_spec_error), f"specerror-{self.expect_spec_error}")]  # fmt: skip
+
+    def _modifier_features(self) -> list[str]:
+        return [*super()._modifier_features(), *(["NaN in padding"] if self.nan_padding else [])]
+
+    @property
+    def modified(self) -> bool:
+        return Case.modified.fget(self) or self.nan_padding or bool(self.expect_spec_error)  # type: ignore[attr-defined]
 
 
 def _other(main: str) -> str:
@@ -43,6 +70,52 @@ def quick_cases(main: str) -> list[Case]:
         kvcache(m, Causal(), 3, 16, (7, 16), lse=True, **t),
         kvcache(m, Causal(), 2, 48, (20, 33), paged=16, heads_q=4, heads_kv=2, lse=True, **t),
         Case(m, (6,), (14,), Local(3, causal=True), q_offset=8, k_offset=2, grad=True, lse=True, **t),
+        *gap_cases(m),
+    ]  # fmt: skip
+
+
+def gap_cases(m: str) -> list[Case]:
+    """Issue 36's tiny cases: NaN in padding, paged and packed GQA gradients, bitwise repeats,
+    offsets at SPEC §11's edges (and one past them), a softcap too large for the inputs' dtype."""
+    t = dict(dim_qk=16, dim_v=16)
+    g = dict(heads_q=4, heads_kv=2)
+    return [
+        RaggedCase(m, (9,), (13,), Causal(), "none_end", q_lengths=(7, 3), k_lengths=(13, 5), grad=True, lse=True,
+                   nan_padding=True, **g, **t),
+        RaggedCase(m, (9,), (12,), Local(3), "scale_front", q_lengths=(2, 9), k_lengths=(6, 0),
+                   padding_side="left", nan_padding=True, **t),
+        kvcache(m, Causal(), 3, 48, (20, 33), paged=16, grad=True, nan_padding=True, **g, **t),
+        kvcache(m, Local(4, causal=True), 2, 12, (5, 12), nan_padding=True, **g, **t),
+        varlen(m, Causal(), "none_end", (3, 0, 5, 2), (4, 2, 6, 0), grad=True, lse=True, **g, **t),
+        Case(m, (9,), (13,), Causal(), "none_end", q_lengths=(7, 3), k_lengths=(13, 5), bias="b11k", softcap=30.0,
+             sinks=True, grad=True, bias_grad=True, lse=True, repeat=True, **g, **t),
+        varlen(m, Causal(), "none_end", (3, 0, 5, 2), (4, 2, 6, 0), grad=True, lse=True, repeat=True, **g, **t),
+        kvcache(m, Causal(), 3, 48, (20, 33), paged=16, grad=True, lse=True, repeat=True, **g, **t),
+        *offset_edge_cases(m, 6, 9, t),
+        Case(m, (9,), (13,), Causal(), "scale_end", softcap=1e300, grad=True, lse=True, **g, **t),
+    ]  # fmt: skip
+
+
+def edge_offsets(lq: int, lk: int) -> list[tuple[int, int]]:
+    """(q_offset, k_offset) at the edges: queries at the top and keys at the bottom (P − R up to
+    2**31 − 1), both at the top (keys 2 behind), both at the bottom (keys 3 ahead), queries near
+    the bottom and keys at the top."""
+    top_q, top_k, bottom = LIMIT - lq, LIMIT - lk, -LIMIT
+    return [(top_q, bottom), (top_q, top_k - 2), (bottom, bottom + 3), (bottom + 4, top_k)]
+
+
+def offset_edge_cases(m: str, lq: int, lk: int, t: dict) -> list[Case]:
+    """Offsets at the edges of [-2**30, 2**30): the largest P − R (2**31 − 1: int32 holds it, one
+    more term does not), both sides at the top and at the bottom; one past each edge raises."""
+    (top_bottom, top_top, bottom_bottom, bottom_top) = edge_offsets(lq, lk)
+    top_q, bottom = top_bottom
+    return [
+        Case(m, (lq,), (lk,), Causal(), q_offset=top_q, k_offset=bottom, grad=True, lse=True, **t),
+        Case(m, (lq,), (lk,), Local(3, causal=True), q_offset=top_q, k_offset=top_top[1], lse=True, **t),
+        Case(m, (lq,), (lk,), Local(2, 1), q_offset=bottom, k_offset=bottom_bottom[1], lse=True, **t),
+        Case(m, (lq,), (lk,), Causal(), q_offset=bottom_top[0], k_offset=bottom_top[1], lse=True, **t),
+        RaggedCase(m, (lq,), (lk,), Causal(), q_offset=top_q + 1, expect_spec_error="q_offset", **t),
+        RaggedCase(m, (lq,), (lk,), Causal(), k_offset=bottom - 1, expect_spec_error="k_offset", **t),
     ]  # fmt: skip
 
 
@@ -54,6 +127,9 @@ def quick_dtype_cases(dt: str) -> list[Case]:
              softcap=30.0, sinks=True, grad=True, bias_grad=True, lse=True, **t),
         Case(dt, (9,), (13,), Local(3, causal=True), "none_end", q_lengths=(9, 4), k_lengths=(13, 6),
              padding_side="left", grad=True, lse=True, **t),
+        Case(dt, (9,), (13,), Causal(), "scale_end", softcap=1e300, lse=True, **t),
+        RaggedCase(dt, (9,), (13,), Causal(), "none_end", q_lengths=(7, 3), k_lengths=(13, 5), nan_padding=True,
+                   **t),
     ]  # fmt: skip
 
 
@@ -65,16 +141,16 @@ def secondary_cases(main: str) -> list[Case]:
 
 def varlen(dtype: str, rule, sync: str, lens_q: tuple[int, ...], lens_k: tuple[int, ...], **kw) -> Case:
     """An ``attention_varlen`` case with these packed sequence lengths."""
-    return Case(dtype, (sum(lens_q),), (sum(lens_k),), rule, sync, batch=1, entry="varlen", seqlens_q=lens_q,
-                seqlens_k=lens_k, **kw)  # fmt: skip
+    return RaggedCase(dtype, (sum(lens_q),), (sum(lens_k),), rule, sync, batch=1, entry="varlen",
+                      seqlens_q=lens_q, seqlens_k=lens_k, **kw)  # fmt: skip
 
 
 def kvcache(
     dtype: str, rule, lq: int, capacity: int, k_lengths: tuple[int, ...], paged: int = 0, **kw
 ) -> Case:
     """An ``attention_kvcache`` case: Lq new queries against a cache of ``capacity`` rows."""
-    return Case(dtype, (lq,), (capacity,), rule, "none_end", batch=len(k_lengths), entry="kvcache",
-                k_lengths=k_lengths, paged=paged, **kw)  # fmt: skip
+    return RaggedCase(dtype, (lq,), (capacity,), rule, "none_end", batch=len(k_lengths), entry="kvcache",
+                      k_lengths=k_lengths, paged=paged, **kw)  # fmt: skip
 
 
 HEADS = ((2, 2, 2), (2, 4, 2), (2, 3, 1), (1, 1, 1))
@@ -193,6 +269,69 @@ def full_cases(main: str) -> list[Case]:
     c.append(
         Case(m, (13,), (21,), Causal(), q_offset=8, bias="b11k", softcap=30.0, grad=True, bias_grad=True)
     )
+    return c + gap_cases(m) + full_gap_cases(m)
+
+
+def full_gap_cases(m: str) -> list[Case]:
+    """Issue 36's rows in full: NaN in padding on both sides with every rule and sync, paged and
+    contiguous cache gradients, packed GQA gradients, repeats of each entry point, offsets at
+    every edge with every rule, and a softcap of 1e300 with every rule."""
+    c: list[Case] = []
+    lens = (((19, 7), (27, 0)), ((0, 12), (27, 27)), ((5, 19), (13, 27)), (None, (20, 3)), ((11, 19), None))
+    mods = ({}, {"bias": "b11k"}, {"softcap": 30.0}, {"sinks": True})
+    n = 0
+    for side in ("right", "left"):
+        for sync in SYNCS:
+            for rule in RULES:
+                ql, kl = lens[n % len(lens)]
+                mod = mods[n % len(mods)]
+                c.append(RaggedCase(m, (19,), (27,), rule, sync, q_lengths=ql, k_lengths=kl, padding_side=side,
+                                    grad=n % 2 == 0, bias_grad=n % 2 == 0 and "bias" in mod, lse=True, heads_q=4,
+                                    heads_kv=2, nan_padding=True, **mod))  # fmt: skip
+                n += 1
+    for paged, cap, kls in ((0, 40, (1, 40, 17)), (16, 64, (64, 1, 30)), (64, 192, (100, 192, 64))):
+        for rule in (Causal(), Full(), Local(8, causal=True)):
+            mod = ({}, {"softcap": 30.0}, {"sinks": True})[n % 3]
+            for nan in (False, True):
+                c.append(kvcache(m, rule, 5, cap, kls, paged=paged, heads_q=4, heads_kv=(1, 2)[n % 2], grad=True,
+                                 lse=not nan, nan_padding=nan, **mod))  # fmt: skip
+            n += 1
+    packs = (((5, 0, 9, 3), (7, 4, 9, 0)), ((1, 16, 8), (12, 16, 1)))
+    for rule in RULES:
+        for sync in SYNCS:
+            lq, lk = packs[n % 2]
+            hq, hkv = ((4, 2), (3, 1), (6, 2))[n % 3]
+            mod = ({}, {"softcap": 30.0}, {"sinks": True})[n % 3]
+            c.append(varlen(m, rule, sync, lq, lk, grad=True, lse=n % 2 == 0, heads_q=hq, heads_kv=hkv, dim_qk=32,
+                            dim_v=(32, 16)[n % 2], **mod))  # fmt: skip
+            n += 1
+    c += [
+        varlen(m, Local(2), "none_front", (4, 6), (5, 3), sinks=True, grad=True, heads_q=6, heads_kv=2, dim_qk=16,
+               dim_v=16),
+        Case(m, (19,), (27,), Local(3), "scale_front", q_lengths=(11, 19), k_lengths=(27, 5), padding_side="left",
+             bias="full", sinks=True, grad=True, bias_grad=True, lse=True, repeat=True, heads_q=4, heads_kv=2),
+        varlen(m, Local(2, 1, causal=True), "none_end", (5, 0, 9, 3), (7, 4, 9, 0), softcap=30.0, grad=True,
+               lse=True, repeat=True, heads_q=4, heads_kv=2),
+        kvcache(m, Causal(), 4, 128, (128, 70), paged=64, sinks=True, grad=True, lse=True, repeat=True, heads_q=4,
+                heads_kv=1),
+        kvcache(m, Local(8, causal=True), 3, 40, (1, 40, 17), grad=True, lse=True, repeat=True),
+        Case(m, (13,), (21,), Local(2, 1, causal=True), q_offset=LIMIT - 13, k_offset=-LIMIT, grad=True, lse=True,
+             repeat=True),
+    ]  # fmt: skip
+    for rule in RULES:
+        for qo, ko in edge_offsets(13, 21):
+            c.append(
+                Case(m, (13,), (21,), rule, q_offset=qo, k_offset=ko, grad=n % 2 == 0, lse=True, **_shape(n))
+            )
+            n += 1
+        c.append(Case(m, (13,), (21,), rule, q_offset=LIMIT - 13, k_offset=LIMIT - 21, bias="b11k", softcap=30.0,
+                      grad=True, bias_grad=True, lse=True))  # fmt: skip
+        c.append(Case(m, (13,), (21,), rule, q_offset=-LIMIT, k_offset=LIMIT - 21, q_lengths=(13, 4),
+                      k_lengths=(9, 21), grad=True, lse=True))  # fmt: skip
+        for sync in ("none_front", "scale_end"):
+            c.append(
+                Case(m, (19,), (45,), rule, sync, softcap=1e300, grad=True, lse=True, heads_q=4, heads_kv=2)
+            )
     return c
 
 

@@ -4,7 +4,11 @@ Everything is drawn in NumPy float64 and rounded to the dtype it travels in (the
 float32 for a float32 bias), so the backend and the oracle see the same values. Padded key rows
 and the cache beyond each entry's length hold ordinary random data (a backend that attends them
 is off by O(1)); a paged cache's blocks that no table entry names hold NaN (a backend reading them
-gives NaN).
+gives NaN). A ``nan_padding`` case stores NaN in every padded query row, padded key and value
+row and cache row past ``k_lengths`` of the arrays the call receives (``q_in``, ``k_in``,
+``v_in``), while the oracle keeps the random values: SPEC §10 reads none of them, so any value
+gives the same result, and a backend that multiplies a masked probability by them (0 × NaN) or
+leaves a padded query row unzeroed shows NaN.
 """
 
 from __future__ import annotations
@@ -36,6 +40,15 @@ class ModData:
     k_blocks: np.ndarray | None = None  # (num_blocks, block, Hkv, Dqk)
     v_blocks: np.ndarray | None = None
     block_table: np.ndarray | None = None  # (B, max_blocks) int32
+    #: What the call receives where it differs from q, k, v (NaN in padding), else None.
+    q_in: np.ndarray | None = None
+    k_in: np.ndarray | None = None
+    v_in: np.ndarray | None = None
+
+    def call_inputs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(q, k, v) as the call receives them (logical k, v for a paged cache)."""
+        pick = lambda a, b: b if a is None else a  # noqa: E731
+        return pick(self.q_in, self.q), pick(self.k_in, self.k), pick(self.v_in, self.v)
 
     def problem(self, case: Case, scale: float) -> oracle.Problem:
         """The oracle's dense problem for these inputs."""
@@ -79,22 +92,41 @@ def make_mod_data(case: Case, rng: np.random.Generator) -> ModData:
     if case.entry == "varlen":
         d.cu_seqlens_q = np.concatenate([[0], np.cumsum(case.seqlens_q)]).astype(np.int32)
         d.cu_seqlens_k = np.concatenate([[0], np.cumsum(case.seqlens_k)]).astype(np.int32)
+    if getattr(case, "nan_padding", False):
+        d.q_in, d.k_in, d.v_in = nan_in_padding(case, q, k, v)
     if case.paged:
         per = nk // case.paged
         n = batch * per + SPARE_BLOCKS
         d.block_table = rng.permutation(n)[: batch * per].reshape(batch, per).astype(np.int32)
-        d.k_blocks, d.v_blocks = (to_blocks(x, case.paged, d.block_table, n) for x in (k, v))
+        _, kc, vc = d.call_inputs()
+        d.k_blocks, d.v_blocks = (to_blocks(x, case.paged, d.block_table, n) for x in (kc, vc))
     return d
+
+
+def nan_in_padding(case: Case, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Copies of q, k, v with NaN in every query row and key row outside the valid segments."""
+    padded_q = np.ones(q.shape[::2], dtype=bool)  # (B, Nq)
+    padded_k = np.ones(k.shape[::2], dtype=bool)  # (B, Nk)
+    for b, segs in enumerate(oracle.segments(case)):
+        for rows, cols in segs:
+            padded_q[b, rows] = False
+            padded_k[b, cols] = False
+    qn, kn, vn = (x.copy() for x in (q, k, v))
+    qn[np.broadcast_to(padded_q[:, None, :, None], q.shape)] = np.nan
+    for x in (kn, vn):
+        x[np.broadcast_to(padded_k[:, None, :, None], x.shape)] = np.nan
+    return qn, kn, vn
 
 
 #: Blocks of a paged cache that no table entry names; they hold NaN.
 SPARE_BLOCKS = 2
 
 
-def to_blocks(x: np.ndarray, block: int, table: np.ndarray, n: int) -> np.ndarray:
-    """A logical (B, Hkv, L, D) cache as (n, block, Hkv, D) blocks placed by ``table``."""
+def to_blocks(x: np.ndarray, block: int, table: np.ndarray, n: int, fill: float = np.nan) -> np.ndarray:
+    """A logical (B, Hkv, L, D) cache as (n, block, Hkv, D) blocks placed by ``table`` (the blocks
+    no entry names hold ``fill``): the cache a paged call reads, or the oracle's dk/dv of one."""
     bsz, hkv, _, dim = x.shape
-    out = np.full((n, block, hkv, dim), np.nan)
+    out = np.full((n, block, hkv, dim), fill, dtype=np.result_type(x.dtype, type(fill)))
     for bi in range(bsz):
         for j in range(table.shape[1]):
             out[table[bi, j]] = np.moveaxis(x[bi, :, j * block : (j + 1) * block, :], 0, 1)

@@ -21,7 +21,8 @@ from attnhub.errors import BackendUnsupported
 from attnhub.frameworks import numpy_dtype
 from attnhub_conformance import oracle
 from attnhub_conformance.modifier_calls import Call
-from attnhub_conformance.modifier_data import bias_dtype, make_mod_data
+from attnhub_conformance.modifier_data import ModData, bias_dtype, make_mod_data, to_blocks
+from attnhub_conformance.rounded import is_half, rounded_backward
 
 if TYPE_CHECKING:
     from attnhub_conformance.cases import Case
@@ -30,13 +31,15 @@ if TYPE_CHECKING:
 
 def run_modified(cert: Certifier, case: Case, res: Result) -> None:
     """Run ``case`` against ``cert``'s backend; raise ``CaseFailure`` on a failed check."""
-    from attnhub_conformance.runner import CaseFailure, compare, require_zero_rows
+    from attnhub_conformance.runner import CaseFailure, compare, compare_grad, require_zero_rows
 
     fw = cert.framework_of(case)
     ops, b = cert.ops_for(fw), cert.backend
     rng = np.random.default_rng([cert.seed, zlib.crc32(case.id.encode())])
     d = make_mod_data(case, rng)
     call = Call(ops, case, d)
+    if getattr(case, "expect_spec_error", ""):
+        return require_spec_error(cert, call, case.expect_spec_error, res)
     req = call.request()
     res.request = req.describe()
     # As dispatch decides (Backend.check plus the core's own reasons, e.g. a bias's gradient)
@@ -48,6 +51,9 @@ def run_modified(cert: Certifier, case: Case, res: Result) -> None:
     greq = call.grad_request(req)
     if case.grad and (why := backend_reasons(b, greq, frozenset())):
         res.status, res.reasons = "declined", why
+        return
+    if case.repeat and "deterministic" not in b.features:
+        res.status, res.reasons = "declined", ["does not declare deterministic"]
         return
 
     modified: list[str] = []
@@ -71,28 +77,102 @@ def run_modified(cert: Certifier, case: Case, res: Result) -> None:
     if changed(ops, call, before, "the forward pass", modified):
         call = Call(ops, case, d)
 
+    grads = None
     if case.grad:
         grads = gradients(cert, call, greq, res, modified)
         if grads is None:
             return
         ref, mag = oracle.backward(prob, d.dout)
+        rounded = rounded_backward(prob, d.dout, case.dtype) if is_half(case.dtype) else None
+        if case.paged:  # dk, dv of the cache itself: each key's gradient in its block (SPEC §10)
+            ref, mag = (in_cache_form(g, case, d) for g in (ref, mag))
+            rounded = None if rounded is None else in_cache_form(rounded, case, d)
         for name in call.differentiated:
             key = {"q": "dq", "k": "dk", "v": "dv", "bias": "dbias", "sinks": "dsinks"}[name]
             tol, dt = grad_tol, case.dtype
             if name == "bias" and cert.tolerances(bias_dtype(case))[1] > tol:  # dbias in the bias's dtype
                 tol, dt = cert.tolerances(bias_dtype(case))[1], bias_dtype(case)
-            compare(key, grads[name], getattr(ref, key), tol, dt, getattr(mag, key))
+            base = None if rounded is None else getattr(rounded, key)
+            compare_grad(key, grads[name], getattr(ref, key), tol, dt, getattr(mag, key), base)
         require_zero_rows("dq", grads["q"], empty)
         unused = oracle.unused_keys(case)
         if unused is not None:
             for name in ("k", "v"):
-                require_zero_rows(
-                    f"d{name}", grads[name], np.broadcast_to(unused[:, None], grads[name].shape[:3])
-                )
+                require_zero_rows(f"d{name}", grads[name], unused_rows(unused, case, d, grads[name].shape))
         if changed(ops, call, before, "the backward pass", modified):
             call = Call(ops, case, d)
+    if case.repeat:
+        lse_got = call.canonical("lse", ops.to_f64(lse)) if case.lse else None
+        require_repeat(cert, call, greq, res, modified, (got, lse_got), grads)
     if modified:
         raise CaseFailure("inputs modified", "; ".join(dict.fromkeys(modified)))
+
+
+def in_cache_form(g: oracle.Grads, case: Case, d: ModData) -> oracle.Grads:
+    """The oracle's logical dk, dv (B, Hkv, L, D) placed in the paged cache's blocks by the table
+    (zero in the blocks no entry names): what the caller's cache arrays receive."""
+    n = d.k_blocks.shape[0]
+    dk, dv = (to_blocks(x, case.paged, d.block_table, n, fill=0.0) for x in (g.dk, g.dv))
+    return dataclasses.replace(g, dk=dk, dv=dv)
+
+
+def unused_rows(unused: np.ndarray, case: Case, d: ModData, shape: tuple[int, ...]) -> np.ndarray:
+    """(B, Nk) unused keys as the gradient's leading dims: (B, Hkv, Nk), or for a paged cache
+    (num_blocks, block, Hkv) with every row of a block no entry names included."""
+    if not case.paged:
+        return np.broadcast_to(unused[:, None], shape[:3])
+    logical = np.broadcast_to(unused[:, None, :, None], (*unused.shape[:1], shape[2], unused.shape[1], 1))
+    blocks = to_blocks(logical.astype(np.float64), case.paged, d.block_table, shape[0], fill=1.0)
+    return blocks[..., 0] == 1.0
+
+
+def require_repeat(
+    cert: Certifier, call: Call, greq, res: Result, modified: list[str], first: tuple, grads: dict | None
+) -> None:
+    """SPEC §5: a backend declaring ``deterministic`` repeats out, lse and every gradient bitwise."""
+    from attnhub_conformance.runner import CaseFailure
+
+    ops, case = call.ops, call.case
+    result = call.invoke(cert.name)
+    out, lse = result if case.lse else (result, None)
+    again = (
+        call.canonical("out", ops.to_f64(out)),
+        None if lse is None else call.canonical("lse", ops.to_f64(lse)),
+    )
+    for name, x, y in zip(("out", "lse"), first, again):
+        if x is not None and not np.array_equal(x, y, equal_nan=True):
+            raise CaseFailure(
+                f"deterministic {name}", f"a repeated forward's {name} is not bitwise identical"
+            )
+    if grads is None:
+        return
+    grads2 = gradients(cert, call, greq, res, modified) or {}
+    for name, g in grads.items():
+        if not np.array_equal(g, grads2.get(name), equal_nan=True):
+            raise CaseFailure("deterministic grad", f"a repeated backward's d{name} is not bitwise identical")
+
+
+def require_spec_error(cert: Certifier, call: Call, argument: str, res: Result) -> None:
+    """The call must raise SpecError naming ``argument`` (SPEC §11's range, §12), before any kernel."""
+    from attnhub.errors import SpecError
+    from attnhub_conformance.runner import CaseFailure
+
+    if "offsets" not in cert.backend.features:
+        res.status, res.reasons = "declined", ["does not take q_offset/k_offset"]
+        return
+    try:
+        call.invoke(cert.name)
+    except SpecError as exc:
+        if argument not in str(getattr(exc, "argument", "")):
+            raise CaseFailure(
+                "spec error", f"the SpecError names {exc.argument!r}, not {argument!r}"
+            ) from None
+        res.request = f"SpecError: {exc}"
+        return
+    raise CaseFailure(
+        "spec error",
+        f"{argument} one past SPEC §11's range [-2**30, 2**30) was accepted; expected a SpecError",
+    )
 
 
 def gradients(
@@ -112,7 +192,10 @@ def gradients(
         dout = call.d.dout.astype(numpy_dtype(case.dtype))
         legacy = serves_legacy(b, greq)  # as the core calls it: the bias as an additive mask (SPEC §9)
         breq = greq.legacy_additive() if legacy else greq
-        fwd_mask, fwd_kw = (operands.bias, {}) if legacy else (mc, {"operands": operands})
+        fwd_mask = operands.bias if legacy else mc
+        # As the core calls it (attnhub.api._Plan): operands only for a request using §9-§11, so a
+        # plain §1-§8 backend (whose methods take no ``operands``) never receives it.
+        fwd_kw = {"operands": operands} if breq.modified else {}
         out, lse = b.forward(qc, kc, vc, breq, fwd_mask, **fwd_kw)
         if not all(same(x, y) for x, y in zip(arrays, keep)):
             modified.append("backend.forward wrote into its inputs")

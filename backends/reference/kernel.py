@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from attnhub.positions import grid_positions, rule_mask
+from attnhub.positions import check_position_range, grid_positions, rule_mask
 from attnhub.request import Request
 from attnhub.rules import ExplicitMask, Full
 from attnhub_backends.reference import segments
@@ -37,6 +37,9 @@ class _Block:
 
 
 def _blocks(req: Request) -> Iterator[_Block]:
+    # SPEC §12: positions in [-2**30, 2**30) (the core checks it; a request given directly is
+    # checked here too), so that the int64 positions and their differences below cannot wrap.
+    check_position_range(req.seq_q, req.seq_k, req.q_offset, req.k_offset)
     pq, pk, fq, fk = grid_positions(req.seq_q, req.seq_k, req.sync)
     if req.q_offset or req.k_offset:  # SPEC §11 (1-d: the flat index is the position)
         pq, fq = [pq[0] + req.q_offset], fq + req.q_offset
@@ -114,6 +117,19 @@ def _softmax_parts(s, sink):
     return p, l, m_safe
 
 
+def _weighted_values(p: np.ndarray, s: np.ndarray, vb: np.ndarray) -> np.ndarray:
+    """``p @ vb`` over a block's keys, except that a NaN or Inf in the value of a key a row
+    excludes (logit −inf: the rule, a mask, lengths or a −inf bias) does not reach that row, as
+    SPEC §4 asks of the oracle (``0 × NaN`` would spread it); the exact sum only where needed."""
+    bad = ~np.isfinite(vb).all(axis=(0, 1, 2, 4))  # keys with a NaN or Inf in their value
+    if not bad.any():
+        return p @ vb
+    good, bad = np.flatnonzero(~bad), np.flatnonzero(bad)
+    pv = p[..., good] @ vb[:, :, :, good]
+    terms = p[..., bad, None] * vb[:, :, :, None, bad]  # (B, Hkv, G, rows, bad keys, Dv)
+    return pv + np.where((s[..., bad] != -np.inf)[..., None], terms, 0.0).sum(axis=-2)
+
+
 def _grouped(q: np.ndarray, req: Request) -> np.ndarray:
     return q.astype(np.float64).reshape(req.batch, req.heads_kv, req.group, req.nq, q.shape[-1])
 
@@ -156,7 +172,7 @@ def _dense_forward(q, k, v, req: Request, mods: _Mods) -> tuple[np.ndarray, np.n
                 continue
             s, _ = _logits(qg, k64, req, blk, mods)
             p, l, m = _softmax_parts(s, sink)
-            pv = p @ v64[:, :, :, blk.lo : blk.hi, :]
+            pv = _weighted_values(p, s, v64[:, :, :, blk.lo : blk.hi, :])
             out[:, :, :, blk.rows, :] = np.where(l == 0, 0.0, pv / l)
             lse[:, :, :, blk.rows] = np.where(l == 0, -np.inf, m + np.log(l))[..., 0]
     shape = (req.batch, req.heads_q, req.nq)

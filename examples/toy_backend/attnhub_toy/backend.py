@@ -69,8 +69,9 @@ class ToyBackend(Backend):
         return s + m.astype(np.float64), keep
 
     def normalise(self, p: np.ndarray, rowsum: np.ndarray) -> np.ndarray:
+        """p / rowsum; a fully masked row (rowsum 0) gives 0, a NaN row sum stays NaN (SPEC §4)."""
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(rowsum > 0, p / np.where(rowsum > 0, rowsum, 1.0), 0.0)
+            return np.where(rowsum == 0, 0.0, p / np.where(rowsum == 0, 1.0, rowsum))
 
     def log_sum_exp(self, rowmax: np.ndarray, rowsum: np.ndarray) -> np.ndarray:
         with np.errstate(divide="ignore"):
@@ -89,6 +90,19 @@ class ToyBackend(Backend):
 
     def finish_out(self, out: np.ndarray, req: Request) -> np.ndarray:
         return out
+
+    def weighted_values(self, p: np.ndarray, vv: np.ndarray) -> np.ndarray:
+        """p @ vv where only keys with weight != 0 contribute: a NaN or Inf in a value a row does not
+        attend stays out of that row (a plain product gives 0 x NaN = NaN there; SPEC §4)."""
+        bad = ~np.isfinite(vv)
+        if not bad.any():
+            return p @ vv
+        used = (p != 0).astype(np.float64)  # a NaN weight is != 0: its row is NaN anyway
+        nan = used @ np.isnan(vv).astype(np.float64) > 0
+        pos = used @ (vv == np.inf).astype(np.float64) > 0
+        neg = used @ (vv == -np.inf).astype(np.float64) > 0
+        out = p @ np.where(bad, 0.0, vv)
+        return np.where(nan | (pos & neg), np.nan, np.where(pos, np.inf, np.where(neg, -np.inf, out)))
 
     def after_forward(self, q: Any, k: Any, v: Any, req: Request) -> None:
         """Called once the result is computed (the correct backend leaves its inputs alone)."""
@@ -139,7 +153,8 @@ class ToyBackend(Backend):
     def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
         p, lse = self.probabilities(q, k, req, mask)
         vv = np.repeat(self.read_input(v, req.heads_kv, req.seq_k, req), req.group, axis=1)
-        out = self.finish_out(p @ vv, req)
+        with np.errstate(invalid="ignore"):
+            out = self.finish_out(self.weighted_values(p, vv), req)
         lse_dtype = np.float64 if req.dtype == "float64" else np.float32
         result = out.astype(q.dtype), lse.astype(lse_dtype)
         self.after_forward(q, k, v, req)
@@ -295,6 +310,24 @@ class ModifiesInputs(ToyBackend):
         np.multiply(q, req.scale, out=q, casting="unsafe")
 
 
+class NanToNum(ToyBackend):
+    """Cleans its output with ``nan_to_num``: NaN becomes 0 (and Inf a huge finite number)."""
+
+    name: ClassVar[str] = "toy_nan_to_num"
+
+    def finish_out(self, out, req):
+        return np.nan_to_num(out, nan=0.0)
+
+
+class ZeroNanRows(ToyBackend):
+    """Treats a row holding a NaN like a fully masked row: the whole row becomes 0."""
+
+    name: ClassVar[str] = "toy_zero_nan_rows"
+
+    def finish_out(self, out, req):
+        return np.where(np.isnan(out).any(axis=-1, keepdims=True), 0.0, out)
+
+
 VARIANTS = (
     ToyBackend,
     CausalOffByOne,
@@ -308,4 +341,6 @@ VARIANTS = (
     BshdIgnored,
     DvGtDqk,
     ModifiesInputs,
+    NanToNum,
+    ZeroNanRows,
 )
