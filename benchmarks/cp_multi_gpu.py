@@ -11,9 +11,14 @@ lse, dq, dk, dv with a float64 dense formula written here (SPEC §6 tolerances) 
 
 **Scaling** (causal, bf16): time per training step (forward + backward) of the ring on N GPUs,
 ``T_N``, against one GPU on the whole sequence, ``T_1`` (parallel efficiency ``T_1 / (N·T_N)``),
-and one GPU at ``L/N``. The share of communication hidden by compute is
+and one GPU at ``L/N``; the head-parallel variant (``method="heads"``, all-to-all) side by side
+where ``Hq % N == 0``. The share of communication hidden by compute is
 ``(T_comp + T_comm − T_N) / T_comm``, with ``T_comp`` this rank's schedule run without messages
 and ``T_comm`` the ring's messages sent without compute (maxima over ranks).
+
+**Packed documents** (causal, bf16): documents of lengths drawn in ``--doc-lengths`` (fixed seed)
+packed into ``--doc-tokens`` tokens; ring and heads with ``cu_seqlens`` against
+``attnhub.attention_varlen`` on one GPU on the same sequence.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ MULTICAST_OFF = {
 }
 os.environ.update(MULTICAST_OFF)
 
+import random  # noqa: E402
+
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -51,8 +58,18 @@ def log(*a) -> None:
         print(*a, flush=True)
 
 
-def dense_f64(q, k, v, do, mask, sync):
-    """out, lse, dq, dk, dv in float64 from the definition (SPEC §2–§5), one kv head at a time."""
+def packed(total: int, lo: int, hi: int, seed: int) -> list[int]:
+    """cu_seqlens of documents with lengths drawn uniformly in [lo, hi] (fixed seed) packed into
+    ``total`` tokens (the last one cut to fit)."""
+    rng, cu = random.Random(seed), [0]
+    while cu[-1] < total:
+        cu.append(min(total, cu[-1] + rng.randint(lo, hi)))
+    return cu
+
+
+def dense_f64(q, k, v, do, mask, sync, docs=None):
+    """out, lse, dq, dk, dv in float64 from the definition (SPEC §2–§5), one kv head at a time;
+    ``docs``: packed documents (cu_seqlens), each attending only itself."""
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     m = max(lq, lk)
@@ -64,6 +81,10 @@ def dense_f64(q, k, v, do, mask, sync):
         allowed = i >= j
     else:  # Local(w, causal=True), stride 1
         allowed = ((i - j).abs() < mask.window) & ((i >= j) if mask.causal else True)
+    if docs is not None:
+        bounds = torch.tensor(docs[1:], device=q.device)
+        doc = torch.bucketize(torch.arange(lq, device=q.device), bounds, right=True)
+        allowed = allowed & (doc[:, None] == doc[None, :])
     outs, lses, dqs, dks, dvs = [], [], [], [], []
     g = hq // hkv
     for h in range(hkv):
@@ -100,19 +121,32 @@ def inputs(seed, hq, hkv, lq, lk, d, dtype, device, big=False):
     return [x.to(dtype) for x in (q, k, v, do)]
 
 
-def run_cp(q, k, v, do, mask, sync, lb, method, backend):
+def run_cp(q, k, v, do, mask, sync, lb, method, backend, docs=None):
     rank, world = dist.get_rank(), dist.get_world_size()
     sh = [shard(x, rank, world, load_balance=lb) for x in (q, k, v, do)]
     leaves = [x.detach().clone().requires_grad_(True) for x in sh[:3]]
     out, lse = context_parallel_attention(*leaves, mask=mask, sync=sync, load_balance=lb, backend=backend,
-                                          return_lse=True, method=method)  # fmt: skip
+                                          return_lse=True, method=method, cu_seqlens=docs)  # fmt: skip
     grads = torch.autograd.grad(out, leaves, sh[3])
     return {"out": out, "lse": lse, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
 
 
-def run_single(q, k, v, do, mask, sync, backend):
+def varlen(q, k, v, mask, backend, docs, return_lse=False):
+    """attention_varlen on (1, H, L, D) tensors: out (1, H, L, D) (and lse (1, H, L))."""
+    cu = torch.tensor(docs, dtype=torch.int32, device=q.device)
+    thd = [x[0].transpose(0, 1) for x in (q, k, v)]
+    res = attnhub.attention_varlen(*thd, cu, cu, mask=mask, backend=backend, return_lse=return_lse)
+    out, lse = res if return_lse else (res, None)
+    out = out.transpose(0, 1).unsqueeze(0)
+    return (out, lse.unsqueeze(0)) if return_lse else out
+
+
+def run_single(q, k, v, do, mask, sync, backend, docs=None):
     leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
-    out, lse = attnhub.attention(*leaves, mask=mask, sync=sync, backend=backend, return_lse=True)
+    if docs is None:
+        out, lse = attnhub.attention(*leaves, mask=mask, sync=sync, backend=backend, return_lse=True)
+    else:
+        out, lse = varlen(*leaves, mask, backend, docs, return_lse=True)
     grads = torch.autograd.grad(out, leaves, do)
     return {"out": out, "lse": lse, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
 
@@ -132,15 +166,24 @@ def correctness(a, device, dtype) -> list[dict]:
         ("local zigzag allgather", win, "none_front", L, L, 8, 2, "zigzag", "allgather", False),
         ("full zigzag ring", None, "none_front", L, L, 8, 2, "zigzag", "ring", False),
         ("causal none_end Lq=Lk/2 ring", "causal", "none_end", L // 2, L, 8, 2, "zigzag", "ring", False),
+        ("causal packed docs ring", "causal", "none_front", L, L, 8, 2, "zigzag", "ring", "docs"),
+        ("full packed docs ring", None, "none_front", L, L, 8, 2, "zigzag", "ring", "docs"),
+        ("causal heads", "causal", "none_front", L, L, 8, 8, "zigzag", "heads", False),
+        ("causal heads GQA (K/V repeated)", "causal", "none_front", L, L, 8, 2, "zigzag", "heads", False),
+        ("causal packed docs heads", "causal", "none_front", L, L, 8, 8, "zigzag", "heads", "docs"),
     ]
     fwd_tol, grad_tol = TOL[dtype]
     rows = []
+    # Packed documents of L/64 to L/4 tokens (at L = 4096: 64 to 1024), fixed seed.
+    check_docs = packed(L, max(L // 64, 1), max(L // 4, 1), 40)
     for n, (name, mask, sync, lq, lk, hq, hkv, lb, method, big) in enumerate(cases):
+        docs = check_docs if big == "docs" else None
+        big = big is True
         q, k, v, do = inputs(100 + n, hq, hkv, lq, lk, d, dtype, device, big)
-        ref = dense_f64(q, k, v, do, mask, sync)
-        single = run_single(q, k, v, do, mask, sync, a.backend)
-        got = run_cp(q, k, v, do, mask, sync, lb, method, a.backend)
-        again = run_cp(q, k, v, do, mask, sync, lb, method, a.backend)
+        ref = dense_f64(q, k, v, do, mask, sync, docs)
+        single = run_single(q, k, v, do, mask, sync, a.backend, docs)
+        got = run_cp(q, k, v, do, mask, sync, lb, method, a.backend, docs)
+        again = run_cp(q, k, v, do, mask, sync, lb, method, a.backend, docs)
         deterministic = all(torch.equal(got[key], again[key]) for key in got)
         worst = {"cp_vs_f64": 0.0, "single_vs_f64": 0.0, "cp_vs_single": 0.0}
         ok = deterministic
@@ -162,6 +205,7 @@ def correctness(a, device, dtype) -> list[dict]:
         allf = torch.stack(everyone).cpu()
         row = {
             "case": name, "Lq": lq, "Lk": lk, "Hq": hq, "Hkv": hkv, "D": d, "load_balance": lb, "method": method,
+            "documents": None if docs is None else len(docs) - 1,
             "pass": bool(allf[:, 0].min() == 1), "deterministic": deterministic,
             "cp_err_over_tol": float(allf[:, 1].max()), "single_err_over_tol": float(allf[:, 2].max()),
             "cp_vs_single_max": float(allf[:, 3].max()),
@@ -267,6 +311,11 @@ def scaling(a, device, dtype) -> list[dict]:
             def cp_fwd(sh=sh):
                 context_parallel_attention(*sh[:3], mask="causal", backend=backend, method="ring")
 
+            def heads_step(sh=sh):
+                leaves = [x.detach().requires_grad_(True) for x in sh[:3]]
+                out = context_parallel_attention(*leaves, mask="causal", backend=backend, method="heads")
+                torch.autograd.grad(out, leaves, sh[3])
+
             sets = simulate.setups(q, k, world, mask="causal", backend=backend)
             ks, vs = simulate.shards(k, world, "zigzag"), simulate.shards(v, world, "zigzag")
 
@@ -290,6 +339,7 @@ def scaling(a, device, dtype) -> list[dict]:
             tcomp = timed(compute_only, w, r, device)
             tcomm = timed(comm_only(sh[1], sh[2], sets[rank].steps), w, r, device)
             hidden = min(max((tcomp + tcomm - tn) / tcomm, 0.0), 1.0) if tcomm > 0 else 1.0
+            th = timed(heads_step, w, r, device) if hq % world == 0 else float("nan")
             row = {
                 "L": L, "Hq": hq, "Hkv": hkv, "D": a.dim, "world": world,
                 "t1_step_ms": t1 * 1e3, "t1_fwd_ms": t1_fwd * 1e3, "t1_at_L_over_N_step_ms": t1_part * 1e3,
@@ -297,15 +347,59 @@ def scaling(a, device, dtype) -> list[dict]:
                 "comm_only_ms": tcomm * 1e3, "efficiency_step": t1 / (world * tn),
                 "efficiency_fwd": t1_fwd / (world * tn_fwd), "comm_hidden": hidden,
                 "tflops_step_per_gpu": 3.5 * flops_fwd / tn / world / 1e12,
+                "tN_heads_step_ms": th * 1e3, "efficiency_heads_step": t1 / (world * th),
             }  # fmt: skip
             rows.append(row)
             log(f"L={L:6d} Hq={hq:2d} Hkv={hkv:2d}: 1 GPU {t1 * 1e3:8.1f} ms  {world} GPUs {tn * 1e3:8.1f} ms  "
                 f"efficiency fwd+bwd {row['efficiency_step']:.3f} (fwd {row['efficiency_fwd']:.3f})  "
                 f"compute-only {tcomp * 1e3:.1f} ms  comm-only {tcomm * 1e3:.2f} ms  hidden {hidden:.2f}  "
-                f"1 GPU at L/N {t1_part * 1e3:.1f} ms")  # fmt: skip
+                f"1 GPU at L/N {t1_part * 1e3:.1f} ms  heads {th * 1e3:.1f} ms "
+                f"(efficiency {row['efficiency_heads_step']:.3f})")  # fmt: skip
             del q, k, v, do, sh, ks, vs, qn, kn, vn, don
             if device == "cuda":
                 torch.cuda.empty_cache()
+    return rows
+
+
+def packed_scaling(a, device, dtype) -> list[dict]:
+    """Causal training steps on packed documents: one GPU (attention_varlen) against the ring and
+    the head-parallel variant with cu_seqlens on N GPUs."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    L, backend, rows = a.doc_tokens, a.backend, []
+    docs = packed(L, a.doc_lengths[0], a.doc_lengths[1], 40)
+    for hq, hkv in a.heads:
+        q, k, v, do = inputs(9, hq, hkv, L, L, a.dim, dtype, device)
+
+        def single_step(q=q, k=k, v=v, do=do):
+            leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
+            torch.autograd.grad(varlen(*leaves, "causal", backend, docs), leaves, do)
+
+        sh = [shard(x, rank, world) for x in (q, k, v, do)]
+
+        def cp_step(method, sh=sh):
+            leaves = [x.detach().requires_grad_(True) for x in sh[:3]]
+            out = context_parallel_attention(*leaves, mask="causal", backend=backend, method=method,
+                                             cu_seqlens=docs)  # fmt: skip
+            torch.autograd.grad(out, leaves, sh[3])
+
+        w, r = a.warmup, a.repeat
+        t1 = on_rank0(single_step, w, r, device)
+        tn = timed(lambda: cp_step("ring"), w, r, device)
+        th = timed(lambda: cp_step("heads"), w, r, device) if hq % world == 0 else float("nan")
+        ring = simulate.setups(q, k, world, mask="causal", cu_seqlens=docs)[0].ring
+        row = {
+            "L": L, "documents": len(docs) - 1, "doc_lengths": list(a.doc_lengths), "Hq": hq, "Hkv": hkv,
+            "D": a.dim, "world": world, "ring_steps_run": len(ring), "t1_varlen_step_ms": t1 * 1e3,
+            "tN_ring_step_ms": tn * 1e3, "efficiency_ring": t1 / (world * tn),
+            "tN_heads_step_ms": th * 1e3, "efficiency_heads": t1 / (world * th),
+        }  # fmt: skip
+        rows.append(row)
+        log(f"packed L={L} docs={row['documents']} Hq={hq:2d} Hkv={hkv:2d}: 1 GPU varlen {t1 * 1e3:8.1f} ms  "
+            f"ring {tn * 1e3:8.1f} ms (efficiency {row['efficiency_ring']:.3f}, {len(ring)}/{world} steps)  "
+            f"heads {th * 1e3:8.1f} ms (efficiency {row['efficiency_heads']:.3f})")  # fmt: skip
+        del q, k, v, do, sh
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -322,6 +416,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--skip-scaling", action="store_true")
+    ap.add_argument("--skip-packed", action="store_true", help="no packed-documents timing")
+    ap.add_argument("--doc-tokens", type=int, default=262144, help="packed-documents timing: total tokens")
+    ap.add_argument("--doc-lengths", type=int, nargs=2, default=[1024, 32768], help="document lengths lo hi")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     gpu = torch.cuda.is_available() and not a.smoke
@@ -339,6 +436,7 @@ def main() -> None:
             2,
             1,
         )
+        a.doc_tokens, a.doc_lengths = 256, [8, 64]
     world = dist.get_world_size()
     info = {"world": world, "torch": torch.__version__, "device": torch.cuda.get_device_name() if gpu else "cpu",
             "backend": a.backend, "dtype": str(dtype), "env": {k: os.environ.get(k) for k in MULTICAST_OFF}}  # fmt: skip
@@ -348,6 +446,8 @@ def main() -> None:
         result["correctness"] = correctness(a, device, dtype)
     if not a.skip_scaling:
         result["scaling"] = scaling(a, device, dtype)
+        if not a.skip_packed:
+            result["packed"] = packed_scaling(a, device, dtype)
     if a.json and dist.get_rank() == 0:
         Path(a.json).write_text(json.dumps(result, indent=1))
     failed = any(not r["pass"] for r in result.get("correctness", []))

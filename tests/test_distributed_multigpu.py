@@ -1,6 +1,7 @@
 """Context parallelism on two or more GPUs over NCCL (one process a GPU, started by torchrun):
 `benchmarks/cp_multi_gpu.py`'s correctness cases (causal, local windows, full, all-gather and
-ring, zigzag and contiguous shards, `none_end` with Lq != Lk, large logits) against float64 and
+ring, zigzag and contiguous shards, `none_end` with Lq != Lk, large logits, packed documents, the
+head-parallel variant) against float64 and
 one GPU, forward and backward, bfloat16, and determinism. Skipped with fewer than two GPUs."""
 
 from __future__ import annotations
@@ -36,6 +37,6 @@ def test_context_parallel_on_every_gpu(tmp_path) -> None:
                           timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())["correctness"]
-    assert len(rows) == 9
+    assert len(rows) == 14
     bad = [r for r in rows if not (r["pass"] and r["deterministic"])]
     assert not bad, bad

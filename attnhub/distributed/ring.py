@@ -5,7 +5,9 @@ on to ``r + 1`` (and receiving the next from ``r − 1``) before computing its c
 waits only afterwards. Backward: a second ring carries K/V and, one step behind, the float32
 dK/dV sums: a rank computes its block gradients while the sums of the keys it holds arrive, adds
 its share and passes them on; at the last step the sums are rounded to the keys' dtype and go back
-to their owner. Steps after the last one any rank needs (``schedule.ring_steps``) are not run.
+to their owner. Steps no rank needs (``schedule.active_steps``: after the last one needed, or in
+between, e.g. packed documents that share no document with the keys) are not run: the messages
+jump over them (rank ``r`` sends to ``r + gap``).
 What a rank does at each step, messages aside, is :mod:`attnhub.distributed.steps` (which the
 one-process simulation runs too). Message buffers are allocated once per call (two, used in turn).
 """
@@ -28,17 +30,24 @@ def _pair(first: Any, n: int) -> list[Any]:
     return [first, torch.empty_like(first)] if n > 1 else [first]
 
 
+def _pass_on(buf: Any, into: Any, s: Setup, i: int) -> list[Any]:
+    """Send ``buf`` on to the rank that needs it at the next step run (``gap`` ranks on) and
+    receive the one from ``gap`` ranks back into ``into``."""
+    gap = s.ring[i + 1] - s.ring[i]
+    return comm.exchange(buf, (s.rank + gap) % s.world, into, (s.rank - gap) % s.world, s.group)
+
+
 def ring_forward(q: Any, k: Any, v: Any, s: Setup) -> tuple[Any, Any, Any]:
     """(out in q's dtype, O and lse in the accumulation dtype) of the local queries."""
     fwd = steps.Forward(q, v.shape[-1], s.all_calls(), s.scale, s.softcap, s.backend)
     likes = [(tuple(k.shape), k.dtype), (tuple(v.shape), v.dtype)]
-    n, nxt, prv = s.steps, (s.rank + 1) % s.world, (s.rank - 1) % s.world
+    n = len(s.ring)
     kv = _pair(comm.pack(k, v), n)
-    for t in range(n):
-        cur = kv[t % 2]
-        reqs = comm.exchange(cur, nxt, kv[(t + 1) % 2], prv, s.group) if t + 1 < n else None
+    for i in range(n):
+        cur = kv[i % 2]
+        reqs = _pass_on(cur, kv[(i + 1) % 2], s, i) if i + 1 < n else None
         kt, vt = comm.unpack(cur, likes)
-        fwd.step(t, q, kt, vt)
+        fwd.step(i, q, kt, vt)
         comm.wait(reqs)
     return fwd.finish()
 
@@ -49,31 +58,31 @@ def ring_backward(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, s: Setup) -
     bwd = steps.Backward(q, o, lse, do, s.all_calls(), s.scale, s.softcap, s.backend)
     likes = [(tuple(k.shape), k.dtype), (tuple(v.shape), v.dtype)]
     glikes = [(tuple(k.shape), acc), (tuple(v.shape), acc)]
-    n, nxt, prv = s.steps, (s.rank + 1) % s.world, (s.rank - 1) % s.world
+    n = len(s.ring)
     kv = _pair(comm.pack(k, v), n)
     size = (k.numel() + v.numel()) * torch.empty((), dtype=acc).element_size()
     sums = _pair(accumulate.new((size,), torch.uint8, q.device), n)
     # The final dK/dV in the keys' dtype (the float32 sums themselves for float32 keys).
     home = None if acc == k.dtype else torch.empty_like(kv[0])
     kv_reqs = sum_reqs = None
-    for t in range(n):
-        cur, last = kv[t % 2], t + 1 == n
-        kv_reqs = comm.exchange(cur, nxt, kv[(t + 1) % 2], prv, s.group) if not last else None
+    for i, t in enumerate(s.ring):
+        cur, last = kv[i % 2], i + 1 == n
+        kv_reqs = _pass_on(cur, kv[(i + 1) % 2], s, i) if not last else None
         kt, vt = comm.unpack(cur, likes)
-        grads = bwd.grads(t, q, kt, vt)
-        bwd.add_dq(t, grads)
-        comm.wait(sum_reqs)  # the sums of the keys at hand, from rank - 1 (at t = 0 our own)
-        plan, first = steps.kv_plan(s.geo, s.rule, s.source(t), n, k.shape[2])
+        grads = bwd.grads(i, q, kt, vt)
+        bwd.add_dq(i, grads)
+        comm.wait(sum_reqs)  # the sums of the keys at hand, from the previous holder (at t = 0 ours)
+        plan, first = steps.kv_plan(s.geo, s.rule, s.source(t), s.ring, k.shape[2])
         out = comm.unpack(home, likes) if last and home is not None else None
-        dk, dv = steps.kv_accs(plan, comm.unpack(sums[t % 2], glikes), out)
-        steps.add_kv(grads, first[t], dk, dv)
+        dk, dv = steps.kv_accs(plan, comm.unpack(sums[i % 2], glikes), out)
+        steps.add_kv(grads, first[i], dk, dv)
         if not last:
-            sum_reqs = comm.exchange(sums[t % 2], nxt, sums[(t + 1) % 2], prv, s.group)
+            sum_reqs = _pass_on(sums[i % 2], sums[(i + 1) % 2], s, i)
         comm.wait(kv_reqs)
     dk.finish()
     dv.finish()
     final = sums[(n - 1) % 2] if home is None else home
-    back = n - 1  # final holds the gradient of rank (rank - back)'s keys: send it home
+    back = s.ring[-1]  # final holds the gradient of rank (rank - back)'s keys: send it home
     if back % s.world:
         arrived = torch.empty_like(final)
         comm.wait(

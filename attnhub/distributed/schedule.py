@@ -6,10 +6,15 @@ A rank holds its queries and keys as a few *chunks* of the global sequence (one 
 (the rule masks it entirely: skipped), *full* (every pair attended: rule Full, no offsets) or
 *partial* (the rule on global positions: SPEC §11 offsets, unless local positions already agree).
 Pairs are grouped into as few backend calls as exactness allows.
+
+*Packed documents* (``Geometry.docs``, the global ``cu_seqlens``): a pair is cut into its
+per-document pieces (queries and keys of one document); pieces of no document are never
+computed, and a ring step no rank needs is not run (:func:`active_steps`).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -84,6 +89,7 @@ class Geometry:
     ck: int  # key chunk length
     shift_q: int  # added to global query indices (none_end: M - Lq)
     shift_k: int
+    docs: tuple[int, ...] = ()  # packed documents: global cu_seqlens (0, ..., L); () for one sequence
 
     def q_starts(self, rank: int) -> list[int]:
         return [c * self.cq + self.shift_q for c in chunk_ids(rank, self.world, self.load_balance)]
@@ -99,7 +105,50 @@ def step_calls(geo: Geometry, rule: object, rank: int, source: int) -> tuple[Cal
     return tuple(_step_calls(geo, rule, rank, source))
 
 
+def _overlap(docs: tuple[int, ...], a: tuple[int, int], b: tuple[int, int]) -> list[tuple[int, ...]]:
+    """Per document meeting both position ranges ``a`` and ``b``: (a_lo, a_hi, b_lo, b_hi), the
+    parts of ``a`` and ``b`` inside it."""
+    out = []
+    first = max(bisect_right(docs, max(a[0], b[0])) - 1, 0)
+    for d in range(first, len(docs) - 1):
+        s, e = docs[d], docs[d + 1]
+        if s >= min(a[1], b[1]):
+            break
+        lo_a, hi_a, lo_b, hi_b = max(a[0], s), min(a[1], e), max(b[0], s), min(b[1], e)
+        if lo_a < hi_a and lo_b < hi_b:
+            out.append((lo_a, hi_a, lo_b, hi_b))
+    return out
+
+
+def _piece_call(rule: object, box: tuple[int, int, int, int], p: int, r: int) -> Call | None:
+    """The call of queries at positions ``p``.. against keys at ``r``.. in local ``box``
+    (None when the rule masks all of it); offsets only where the positions differ."""
+    c = classify(rule, p, box[1] - box[0], r, box[3] - box[2])
+    if c == "empty":
+        return None
+    if c == "full":
+        return Call(*box, Full())
+    if p == r:
+        return Call(*box, rule)
+    return Call(*box, rule, max(p - r, 0), max(r - p, 0))
+
+
+def _doc_calls(geo: Geometry, rule: object, rank: int, source: int) -> list[Call]:
+    """Packed documents: one call per (query chunk, key chunk, document) piece the rule keeps."""
+    cq, ck, calls = geo.cq, geo.ck, []
+    for i, p in enumerate(geo.q_starts(rank)):
+        for j, r in enumerate(geo.k_starts(source)):
+            for qa, qb, ka, kb in _overlap(geo.docs, (p, p + cq), (r, r + ck)):
+                box = (i * cq + qa - p, i * cq + qb - p, j * ck + ka - r, j * ck + kb - r)
+                call = _piece_call(rule, box, qa, ka)
+                if call is not None:
+                    calls.append(call)
+    return calls
+
+
 def _step_calls(geo: Geometry, rule: object, rank: int, source: int) -> list[Call]:
+    if geo.docs:
+        return _doc_calls(geo, rule, rank, source)
     qs, ks = geo.q_starts(rank), geo.k_starts(source)
     cq, ck = geo.cq, geo.ck
     cls = [[classify(rule, p, cq, r, ck) for r in ks] for p in qs]
@@ -125,16 +174,9 @@ def _step_calls(geo: Geometry, rule: object, rank: int, source: int) -> list[Cal
     calls = []
     for i, p in enumerate(qs):
         for j, r in enumerate(ks):
-            c = cls[i][j]
-            if c == "empty":
-                continue
-            box = (i * cq, (i + 1) * cq, j * ck, (j + 1) * ck)
-            if c == "full":
-                calls.append(Call(*box, Full()))
-            elif p == r:
-                calls.append(Call(*box, rule))
-            else:
-                calls.append(Call(*box, rule, max(p - r, 0), max(r - p, 0)))
+            call = _piece_call(rule, (i * cq, (i + 1) * cq, j * ck, (j + 1) * ck), p, r)
+            if call is not None:
+                calls.append(call)
     return calls
 
 
@@ -154,7 +196,13 @@ class Setup:
 
     @property
     def steps(self) -> int:
+        """Ring steps spanned (the last active step + 1)."""
         return ring_steps(self.geo, self.rule)
+
+    @property
+    def ring(self) -> tuple[int, ...]:
+        """The steps run (:func:`active_steps`); the keys jump over the others."""
+        return active_steps(self.geo, self.rule)
 
     def source(self, t: int) -> int:
         """The rank whose keys this rank holds at step ``t``."""
@@ -164,16 +212,21 @@ class Setup:
         return step_calls(self.geo, self.rule, self.rank, self.source(t))
 
     def all_calls(self) -> list[tuple[Call, ...]]:
-        """The calls of every step, in order."""
-        return [self.calls(t) for t in range(self.steps)]
+        """The calls of every step run (:attr:`ring`), in order."""
+        return [self.calls(t) for t in self.ring]
+
+
+@lru_cache(maxsize=1024)
+def active_steps(geo: Geometry, rule: object) -> tuple[int, ...]:
+    """The ring steps some rank has calls at (step 0, the rank's own keys, always): a step empty
+    on every rank is not run, the keys move on by the gap (rank ``r`` sends to ``r + gap``)."""
+    return tuple(
+        t for t in range(geo.world)
+        if t == 0 or any(step_calls(geo, rule, r, (r - t) % geo.world) for r in range(geo.world))
+    )  # fmt: skip
 
 
 @lru_cache(maxsize=1024)
 def ring_steps(geo: Geometry, rule: object) -> int:
     """How many ring steps any rank needs: later steps are empty on every rank and not run."""
-    last = 0
-    for rank in range(geo.world):
-        for t in range(geo.world):
-            if step_calls(geo, rule, rank, (rank - t) % geo.world):
-                last = max(last, t)
-    return last + 1
+    return active_steps(geo, rule)[-1] + 1

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from attnhub.distributed import accumulate, merge, steps
-from attnhub.distributed.context import _shifts
+from attnhub.distributed.context import _shifts, packed_docs
 from attnhub.distributed.schedule import Geometry, Setup, chunks_per_rank
 from attnhub.distributed.shard import shard, unshard_local
 from attnhub.request import parse_rule
@@ -19,13 +19,15 @@ from attnhub.request import parse_rule
 
 def setups(
     q: Any, k: Any, world: int, mask: Any = "causal", sync: str = "none_front", load_balance: str = "zigzag",
-    scale: float | None = None, softcap: float | None = None, backend: str = "auto",
+    scale: float | None = None, softcap: float | None = None, backend: str = "auto", cu_seqlens: Any = None,
 ) -> list[Setup]:  # fmt: skip
-    """One :class:`Setup` per virtual rank for global q (B, Hq, Lq, D) and k."""
+    """One :class:`Setup` per virtual rank for global q (B, Hq, Lq, D) and k; ``cu_seqlens``:
+    packed documents (the global offsets, as for ``context_parallel_attention``)."""
     per = chunks_per_rank(load_balance)
     lq, lk = q.shape[2], k.shape[2]
     sq, sk = _shifts(sync, lq, lk)
-    geo = Geometry(world, load_balance, lq // (per * world), lk // (per * world), sq, sk)
+    docs = () if cu_seqlens is None else packed_docs(cu_seqlens, lq)
+    geo = Geometry(world, load_balance, lq // (per * world), lk // (per * world), sq, sk, docs)
     scale = 1.0 / float(q.shape[-1]) ** 0.5 if scale is None else scale
     rule = parse_rule(mask)
     return [Setup(None, r, world, geo, rule, scale, softcap, backend) for r in range(world)]
@@ -40,9 +42,9 @@ def forward(qs: list, ks: list, vs: list, sets: list[Setup]) -> list[tuple[Any, 
     results = []
     for s, q in zip(sets, qs):
         fwd = steps.Forward(q, vs[0].shape[-1], s.all_calls(), s.scale, s.softcap, s.backend)
-        for t in range(s.steps):
+        for i, t in enumerate(s.ring):
             src = s.source(t)
-            fwd.step(t, q, ks[src], vs[src])
+            fwd.step(i, q, ks[src], vs[src])
         results.append(fwd.finish())
     return results
 
@@ -54,7 +56,8 @@ def backward(
 
     Step by step, as the ring runs: at step ``t`` the dK/dV sums of rank ``src``'s keys are at
     rank ``src + t``, which adds its share (the same order of additions as the real ring)."""
-    n = sets[0].steps
+    ring = sets[0].ring
+    n = len(ring)
     ranks = [
         steps.Backward(q, o, lse, do, s.all_calls(), s.scale, s.softcap, s.backend)
         for q, (_, o, lse), do, s in zip(qs, fwd, dos, sets)
@@ -66,15 +69,15 @@ def backward(
     ]
     dk: list = [None] * len(ks)
     dv: list = [None] * len(vs)
-    for t in range(n):
+    for i, t in enumerate(ring):
         for r, s in enumerate(sets):
             src = s.source(t)
-            grads = ranks[r].grads(t, qs[r], ks[src], vs[src])
-            ranks[r].add_dq(t, grads)
-            plan, first = steps.kv_plan(s.geo, s.rule, src, n, ks[src].shape[2])
-            acc_k, acc_v = steps.kv_accs(plan, sums[src], outs[src] if t + 1 == n else None)
-            steps.add_kv(grads, first[t], acc_k, acc_v)
-            if t + 1 == n:
+            grads = ranks[r].grads(i, qs[r], ks[src], vs[src])
+            ranks[r].add_dq(i, grads)
+            plan, first = steps.kv_plan(s.geo, s.rule, src, ring, ks[src].shape[2])
+            acc_k, acc_v = steps.kv_accs(plan, sums[src], outs[src] if i + 1 == n else None)
+            steps.add_kv(grads, first[i], acc_k, acc_v)
+            if i + 1 == n:
                 dk[src], dv[src] = acc_k.finish(), acc_v.finish()
     return [b.dq.finish() for b in ranks], dk, dv
 

@@ -49,7 +49,8 @@ class Forward:
         self.deferred: dict[int, tuple[Any, Any, int]] = {}
 
     def step(self, t: int, q: Any, k: Any, v: Any) -> None:
-        """Step ``t``'s calls on the keys ``k``, ``v`` at hand, merged into the rows."""
+        """The calls of the ``t``-th step run (``steps[t]``) on the keys ``k``, ``v`` at hand,
+        merged into the rows."""
         for j, c in enumerate(self.steps[t]):
             o_b, l_b = block.forward(
                 q[:, :, c.q_lo : c.q_hi], k[:, :, c.k_lo : c.k_hi], v[:, :, c.k_lo : c.k_hi], c,
@@ -124,13 +125,16 @@ def add_kv(grads: list, first: int, dk: Acc, dv: Acc) -> None:
 
 
 @lru_cache(maxsize=1024)
-def kv_plan(geo: Geometry, rule: object, src: int, steps: int, rows: int) -> tuple[Plan, tuple[int, ...]]:
-    """The plan of the dK/dV sums of rank ``src``'s keys, which visit rank ``src + t`` at step
-    ``t``, and each step's first contribution index. Only the last step writes the input dtype:
-    the sums travel in the accumulation dtype until then."""
+def kv_plan(
+    geo: Geometry, rule: object, src: int, ring: tuple[int, ...], rows: int
+) -> tuple[Plan, tuple[int, ...]]:
+    """The plan of the dK/dV sums of rank ``src``'s keys, which visit rank ``src + t`` at each
+    step ``t`` of ``ring`` (the steps run), and each step's first contribution index (by position
+    in ``ring``). Only the last step writes the input dtype: the sums travel in the accumulation
+    dtype until then."""
     spans: list[tuple[int, int]] = []
     first = []
-    for t in range(steps):
+    for t in ring:
         first.append(len(spans))
         spans += [(c.k_lo, c.k_hi) for c in step_calls(geo, rule, (src + t) % geo.world, src)]
     # No deferred pairs: the two contributions may come from two ranks.
