@@ -12,6 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from attnhub import settings
 from attnhub_conformance.parallel import run_sharded
@@ -163,13 +164,13 @@ def certify(
         f"{s['cases']} cases: {s['passed']} pass, {s['failed']} FAIL, {s['declined']} declined "
         f"({report['device_description']}; {elapsed:.1f} s)"
     )
-    console.print(rep.frameworks_text(report), highlight=False)
+    console.print(escape(rep.frameworks_text(report)), highlight=False)
     if not cases and not features:  # a whole run: auto dispatch follows its verdict on this device
         from attnhub.profile import store_certify_report
 
         stored = store_certify_report(report)
         if stored is not None:
-            console.print(f"verdict kept for auto dispatch: {stored}", highlight=False)
+            console.print(f"verdict kept for auto dispatch: {escape(str(stored))}", highlight=False)
     if report_prefix:
         prefix = Path(report_prefix)
         prefix.parent.mkdir(parents=True, exist_ok=True)

@@ -132,3 +132,14 @@ def test_explain_cli_with_spec_9_to_11_options():
     assert bad.exit_code != 0 and "bias.shape" in bad.output
     bad = CliRunner().invoke(main, ["explain", "--q", "1,2,8,16", "--k", "1,2,8,16", "--softcap", "-1"])
     assert bad.exit_code != 0 and "softcap" in bad.output
+
+
+def test_explain_cli_positions_out_of_range():
+    """explain validates offsets as attention does (SPEC §11: positions in [-2**30, 2**30))."""
+    bad = CliRunner().invoke(
+        main, ["explain", "--q", "1,2,8,16", "--k", "1,2,8,16", "--q-offset", str(2**31 - 2)]
+    )
+    assert bad.exit_code != 0 and "q_offset" in bad.output
+    ok = CliRunner().invoke(main, ["explain", "--q", "1,2,8,16", "--k", "1,2,8,16", "--q-offset", str(2**30 - 8),
+                                   "--framework", "numpy"])  # fmt: skip
+    assert ok.exit_code == 0, ok.output

@@ -10,6 +10,7 @@ from attnhub.cli.options import MASKS, SYNCS, parse_mask_option
 from attnhub.dispatch import explain_request
 from attnhub.errors import AttnhubError, SpecError
 from attnhub.extras import softcap_float
+from attnhub.positions import check_position_range
 from attnhub.request import Request
 from attnhub.shapes import parse_shape, request_from_shapes
 
@@ -121,6 +122,7 @@ def with_modifiers(
         )
     if (q_offset or k_offset) and req.sync != "none_front":
         raise SpecError("sync", "none_front with q_offset/k_offset (SPEC §11)", req.sync)
+    check_position_range(req.seq_q, req.seq_k, q_offset, k_offset)
     return dataclasses.replace(
         req, bias=bias, bias_grad=bias_grad and bias is not None, softcap=softcap_float(softcap),
         sinks=sinks, sinks_grad=sinks and req.needs_grad, q_lengths=bool(lengths and "q" in lengths),
