@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from attnhub.request import Request
 from attnhub.rules import ExplicitMask, Full
 from attnhub_backends.jax import plan as planning
-from attnhub_backends.jax import ragged, rulemask
+from attnhub_backends.jax import ragged, rulemask, softcap
 
 
 @dataclass(frozen=True)
@@ -93,10 +93,13 @@ class _Problem:
 
     # ---- tiling -------------------------------------------------------------------------
     def q_tiles(self, x: Any) -> Any:
-        """(B, Hq, Nq, D) -> (B, Hkv, G, nQT, bq, D), zero padded, in the compute dtype."""
+        """(B, Hq, Nq, D) -> (B, Hkv, G, nQT, bq, D), zero padded, in the compute dtype; rows that
+        are no query (SPEC §10 padding) are zeroed (see :meth:`k_tiles`)."""
         r = self.req
         x = x.astype(self.cdt).reshape(r.batch, r.heads_kv, r.group, r.nq, x.shape[-1])
         x = jnp.pad(x, ((0, 0),) * 3 + ((0, self.nqt * self.cfg.bq - r.nq), (0, 0)))
+        if self.seg is not None:
+            x = jnp.where(self.seg.qok[:, None, None, :, None], x, jnp.zeros((), x.dtype))
         return x.reshape(r.batch, r.heads_kv, r.group, self.nqt, self.cfg.bq, x.shape[-1])
 
     def row_tiles(self, x: Any, pad: float = 0.0) -> Any:
@@ -107,9 +110,16 @@ class _Problem:
         return x.reshape(r.batch, r.heads_kv, r.group, self.nqt, self.cfg.bq)
 
     def k_tiles(self, x: Any) -> Any:
-        """(B, Hkv, Nk, D) -> (B, Hkv, nKT, bk, D), zero padded, in the compute dtype."""
+        """(B, Hkv, Nk, D) -> (B, Hkv, nKT, bk, D), zero padded, in the compute dtype.
+
+        Keys that are no key of their entry (SPEC §10 padding, unused rows of a paged cache) are
+        zeroed: their probabilities are 0, but NaN stored there would reach valid rows through
+        0·NaN in the matmuls (a select over k and v, no Nq x Nk mask). The caller's arrays are
+        not modified."""
         r = self.req
         x = jnp.pad(x.astype(self.cdt), ((0, 0), (0, 0), (0, self.nkt * self.cfg.bk - r.nk), (0, 0)))
+        if self.seg is not None:
+            x = jnp.where(self.seg.kok[:, None, :, None], x, jnp.zeros((), x.dtype))
         return x.reshape(r.batch, r.heads_kv, self.nkt, self.cfg.bk, x.shape[-1])
 
     def untile_q(self, x: Any, dtype: Any) -> Any:
@@ -171,10 +181,8 @@ class _Problem:
         s = jnp.einsum("bhgiqd,bhikd->bhgiqk", q, k, preferred_element_type=self.acc, precision=self.prec)
         s = s * jnp.asarray(self.req.scale, self.acc)
         th = None
-        if self.req.softcap is not None:
-            cap = jnp.asarray(self.req.softcap, self.acc)
-            th = jnp.tanh(s / cap)
-            s = cap * th
+        if self.req.softcap is not None:  # any finite cap, 1e300 included (softcap.py)
+            s, th = softcap.apply(s, self.req.softcap, self.acc)
         keep = self.keep(qt, kt, valid)
         if mtiles is not None:  # a bool mask (an additive one arrives as the bias)
             keep = keep & self.explicit(mtiles, qt, kt)
@@ -230,6 +238,20 @@ def _take(x: Any, idx: Any, axis: int, direct: bool) -> Any:
     return x if direct else jnp.take(x, idx, axis=axis)
 
 
+def _plain_buffers(req: Request, *xs: Any) -> tuple[Any, ...]:
+    """``xs`` behind an optimisation barrier on the CPU, so that XLA sees plain buffers.
+
+    XLA:CPU (seen with jaxlib 0.10.2) miscompiles a dot of its YNNPACK fusions when it can see
+    that an operand is a broadcast: the ones cotangent of ``.sum()`` under ``jax.jit``, or a
+    ``jnp.full`` q made inside the jitted function, gave dq and dk of 1e27 or NaN (attnhub issue
+    36; ``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=`` made it go away). The barrier hides
+    where the arrays come from; it costs nothing for arrays that are buffers already.
+    """
+    if req.device_type != "cpu":
+        return xs
+    return tuple(jax.lax.optimization_barrier(xs))
+
+
 def _finish(m: Any, l: Any, o: Any) -> tuple[Any, Any]:
     """Normalised output and lse from running max, sum and accumulator (0 and -inf if empty)."""
     empty = l == 0
@@ -254,6 +276,7 @@ def forward(
     ``ops``: the §9-§11 arrays as jnp arrays (bias, sinks, q_lengths, k_lengths, cu_seqlens_q,
     cu_seqlens_k), absent keys or None where not given; ``mask`` is a bool explicit mask only.
     """
+    q, k, v = _plain_buffers(req, q, k, v)
     pb = _Problem(req, cfg, ops)
     lp = planning.lanes(pb.pairs, _max_lanes(req, cfg))
     n_lanes, direct = lp.shape[0], lp.direct
@@ -317,6 +340,7 @@ def backward(
 ) -> tuple[Any, Any, Any, Any, Any]:
     """(dq, dk, dv, dbias, dsinks) recomputing probabilities from ``lse``; ``dlse`` is lse's
     cotangent, if any. dbias has the bias's shape and dtype, dsinks the sinks'; None without them."""
+    q, k, v, out, dout = _plain_buffers(req, q, k, v, out, dout)
     pb = _Problem(req, cfg, ops)
     acc = pb.acc
     qt_all, kt_all, vt_all = pb.q_tiles(q), pb.k_tiles(k), pb.k_tiles(v)

@@ -23,7 +23,7 @@ from attnhub import settings
 from attnhub.request import Request
 from attnhub.rules import Causal, Full, Local
 from attnhub_backends.jax import plan as planning
-from attnhub_backends.jax import rulemask
+from attnhub_backends.jax import rulemask, softcap
 
 BQ, BK = 128, 64
 
@@ -47,6 +47,8 @@ def obstacles(req: Request) -> list[str]:
         why.append("the Pallas kernel reads no explicit mask arrays")
     if req.bias is not None or req.ragged:
         why.append("the Pallas kernel takes no bias, lengths, packed sequences or paged caches")
+    if req.softcap is not None and softcap.split(req.softcap, np.float32) not in (None, (req.softcap, 0)):
+        why.append(f"the Pallas kernel takes softcaps up to 2**{softcap.MAX_EXP} (or beyond any logit)")
     for name, d in (("Dqk", req.dim_qk), ("Dv", req.dim_v)):
         if d not in (16, 32, 64, 128):
             why.append(f"the Pallas kernel needs {name} in 16/32/64/128, got {d}")
@@ -111,8 +113,8 @@ def _kernel(q: Any, k: Any, v: Any, req: Request, out_dtype: Any) -> tuple[Any, 
             s = jax.lax.dot_general(
                 qt, kt, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
             ) * jnp.float32(scale)
-            if cap is not None:
-                s = jnp.float32(cap) * jnp.tanh(s / jnp.float32(cap))
+            if cap is not None:  # any finite cap, 1e300 included (softcap.py)
+                s, _ = softcap.apply(s, cap, jnp.float32)
             keep = rulemask.keep(req, qi, start + jnp.arange(BK, dtype=jnp.int32)[None, :])
             s = jnp.where(keep, s, -jnp.inf)
             m_new = jnp.maximum(m, jnp.max(s, axis=1))

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from attnhub.request import Request
 from attnhub.rules import Causal, ExplicitMask, Local
-from attnhub_backends.tf import ragged
+from attnhub_backends.tf import ragged, softcap
 from attnhub_backends.tf.tiles import Plan, RowBlock, Tile
 
 NEG_INF = float("-inf")
@@ -134,10 +134,8 @@ class _Ctx:
             s = tf.matmul(qb, self.k[tile.index], transpose_b=True)
             s = tf.reshape(s, (b, hkv, g, r, c))
             th = None
-            if req.softcap is not None:
-                cap = tf.constant(req.softcap, self.ct)
-                th = tf.tanh(s / cap)
-                s = cap * th
+            if req.softcap is not None:  # any finite cap, 1e300 included (softcap.py)
+                s, th = softcap.apply(s, req.softcap)
             if self.bias is not None:
                 s = s + _part(self.bias, req.bias, req, blk, tile)
             keep = None
