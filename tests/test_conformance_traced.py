@@ -118,13 +118,7 @@ def test_gradient_wrong_only_when_traced_fails_the_traced_row(traced_backends, n
     assert matrix["lse"]["float32"]["status"] != "FAIL"  # a gradient failure does not mark lse
 
 
-JAX_JIT_BUG = pytest.mark.xfail(
-    reason="known bug being fixed: jax.jit(jax.grad(sum)) at (1, 8, 48, 16) float32 causal gives dq ~1e10+",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize("name", [pytest.param("jax", marks=JAX_JIT_BUG), "tf"])
+@pytest.mark.parametrize("name", ["jax", "tf"])
 def test_correct_backends_pass_traced_cases(name):
     """The real backends on the same traced cases."""
     cert = Certifier(name, seed=5)
