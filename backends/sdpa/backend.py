@@ -32,8 +32,9 @@ from typing import Any, ClassVar
 
 from attnhub.backend import Backend
 from attnhub.request import Request
+from attnhub_backends.sdpa import rows
 from attnhub_backends.sdpa.masks import MAX_MASK_ELEMENTS, RulePlan, rule_plan, torch_rule_mask
-from attnhub_backends.sdpa.ragged import keep_mask, padding
+from attnhub_backends.sdpa.ragged import keep_mask, padded_slots, padding, zero_padded
 
 _HALF = ("float16", "bfloat16")
 
@@ -265,6 +266,8 @@ class SdpaCpu(_SdpaBase):
         # The kernel reads rows as if the last dim were contiguous: it returns wrong values for a
         # view whose last stride is not 1 (the bhds layout's canonical view).
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+        if plan.ragged and operands is not None:  # what padded slots hold never matters (NaN included)
+            q, k, v = _zero_padded_slots(req, operands, q, k, v)
         in_dtype = q.dtype
         if grads and req.dtype in _HALF:
             # The kernel's backward forms rowsum(dO·O) from O in the input dtype; on rows whose
@@ -279,16 +282,26 @@ class SdpaCpu(_SdpaBase):
             q, k = F.pad(q, (0, d - req.dim_qk)), F.pad(k, (0, d - req.dim_qk))
             v = F.pad(v, (0, d - dv))
         q, scale = _positive_scale(q, req.scale, causal)
-        if math:
-            out, _ = torch.ops.aten._scaled_dot_product_attention_math(
-                q, k, v, attn_mask, 0.0, False, scale=scale, enable_gqa=req.heads_q != req.heads_kv
-            )
-            lse = None
-            if req.return_lse:
-                with torch.no_grad():
-                    _, lse = _cpu_kernel()(q, k, v, 0.0, False, attn_mask=attn_mask, scale=scale)
-        else:
-            out, lse = _cpu_kernel()(q, k, v, 0.0, causal, attn_mask=attn_mask, scale=scale)
+
+        def kernel(q: Any, k: Any) -> tuple[Any, Any]:
+            if math:
+                out, _ = torch.ops.aten._scaled_dot_product_attention_math(
+                    q, k, v, attn_mask, 0.0, False, scale=scale, enable_gqa=req.heads_q != req.heads_kv
+                )
+                lse = None
+                if req.return_lse:
+                    with torch.no_grad():
+                        _, lse = _cpu_kernel()(q, k, v, 0.0, False, attn_mask=attn_mask, scale=scale)
+                return out, lse
+            return _cpu_kernel()(q, k, v, 0.0, causal, attn_mask=attn_mask, scale=scale)
+
+        out, lse = kernel(q, k)
+        suspect = rows.suspect_rows(lse, out if math else None)
+        q_valid = _valid_query_rows(req, operands, q) if plan.ragged else None
+        if suspect is not None and q_valid is not None:
+            suspect = suspect & q_valid[..., 0]  # padded query rows: zeroed below, no keys (lse 0)
+        if suspect is not None and suspect.any():
+            out, lse = _redo_rows(kernel, q, k, v, out, lse, suspect, (attn_mask, causal, scale), q_valid)
         if out.shape[-1] != dv:
             out = out[..., :dv]
         if out.dtype != in_dtype:
@@ -351,12 +364,70 @@ class SdpaCpu(_SdpaBase):
         def make(general: Callable) -> Callable:
             def fast(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
                 if _unit_last_stride(q, k, v):
-                    return kernel(q, k, v, 0.0, causal, scale=scale)
+                    out, lse = kernel(q, k, v, 0.0, causal, scale=scale)
+                    # No row here attends no key, so lse = 0 flags a row the kernel zeroed
+                    # (all-NaN logits, or an exact 0): the general path redoes it (rows.py).
+                    if lse.all():
+                        return out, lse
                 return general(q, k, v, mask)
 
             return fast
 
         return make
+
+
+def _zero_padded_slots(req: Request, operands: Any, q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
+    """q, k, v with zeros in their padded slots (copies where there are some, SPEC §10)."""
+    q_spans = padded_slots(req, operands, req.nq, operands.q_lengths)
+    k_spans = padded_slots(req, operands, req.nk, operands.k_lengths)
+    return zero_padded(q, q_spans), zero_padded(k, k_spans), zero_padded(v, k_spans)
+
+
+def _valid_query_rows(req: Request, operands: Any, like: Any) -> Any:
+    """(B, 1, Nq, 1) bool, False on padded query rows; None where none is padded."""
+    import torch
+
+    spans = padded_slots(req, operands, req.nq, operands.q_lengths) if operands is not None else []
+    if not spans:
+        return None
+    valid = torch.ones(req.batch, 1, req.nq, 1, dtype=torch.bool, device=like.device)
+    for b, start, stop in spans:
+        valid[b, :, start:stop] = False
+    return valid
+
+
+def _redo_rows(
+    kernel: Callable[[Any, Any], tuple[Any, Any]], q: Any, k: Any, v: Any, out: Any, lse: Any, suspect: Any,
+    logits: tuple[Any, bool, float], q_valid: Any,
+) -> tuple[Any, Any]:  # fmt: skip
+    """``kernel``'s (out, lse) with the rows it gets wrong on non-finite inputs redone
+    (:mod:`attnhub_backends.sdpa.rows`): ``suspect`` rows (lse 0 or NaN) that attend keys are
+    recomputed exactly; fully masked ones the kernel filled with NaN give 0 again. ``logits``:
+    the kernel's (attn_mask, is_causal, scale)."""
+    import torch
+
+    attn_mask, causal, scale = logits
+    empty = rows.empty_rows(attn_mask, causal, tuple(suspect.shape), q_valid)
+    fix = suspect & ~empty
+    nan_empty = empty & suspect & torch.isnan(out.detach()).any(dim=-1)
+    redo = fix | nan_empty
+    if not redo.any():
+        return out, lse
+    bad_k = ~torch.isfinite(k)
+    if bad_k.any():  # the rerun zeroes them: every row attending one is recomputed exactly
+        fix = fix | (rows.rows_reading(bad_k.any(dim=-1), attn_mask, causal, tuple(suspect.shape)) & ~empty)
+        redo = fix | nan_empty
+    # Rerun with those rows' q and non-finite k zeroed: finite there, forward and backward (their
+    # output is replaced, so the kernel's backward sees a zero upstream gradient on them).
+    out, lse = kernel(q.masked_fill(redo[..., None], 0.0), k.masked_fill(bad_k, 0.0))
+    out = out.masked_fill(nan_empty[..., None], 0.0)
+    if fix.any():
+        exact, exact_lse = rows.exact_rows(q, k, v, fix, attn_mask, causal, scale)
+        where = fix.nonzero(as_tuple=True)
+        out = out.index_put(where, exact.to(out.dtype))
+        if lse is not None:
+            lse = lse.index_put(where, exact_lse.detach().to(lse.dtype))
+    return out, lse
 
 
 @lru_cache(maxsize=1)
@@ -451,6 +522,9 @@ class _SdpaCuda(_SdpaBase):
     #: Whether the kernel returns out = 0 (and zero gradients) on a query row that attends no key;
     #: requests that may have such rows are declined where it does not.
     zero_rows: ClassVar[bool] = False
+    #: Whether inputs that require grad are made contiguous first (a kernel whose backward
+    #: mishandles strided views).
+    contiguous_for_grad: ClassVar[bool] = False
 
     def availability(self) -> str | None:
         why = _torch_available()
@@ -481,12 +555,6 @@ class _SdpaCuda(_SdpaBase):
             reasons.append(
                 f"the {self.kernel} kernel does not give out = 0 on query rows that attend no key "
                 "(SPEC §4), which this mask may have"
-            )
-        if req.needs_grad and req.dtype == "bfloat16":
-            reasons.append(
-                f"the {self.kernel} kernel's bfloat16 backward exceeds SPEC §6's gradient tolerance on "
-                "peaked rows (dq 0.055 against 0.04 on an H100, torch 2.11); use triton or cuda for "
-                "bfloat16 training, or float16"
             )
         if reasons:
             return reasons
@@ -534,6 +602,8 @@ class _SdpaCuda(_SdpaBase):
         # The kernels need unit-stride head dims (layout "bhds" arrives transposed); the capability
         # probe assumed them.
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+        if self.contiguous_for_grad and torch.is_grad_enabled() and req.needs_grad:
+            q, k, v = (x.contiguous() for x in (q, k, v))
         q, scale = _positive_scale(q, req.scale, plan.causal)
         flags = _flags(self.kernel)
         if flags is None:
@@ -560,6 +630,7 @@ class _SdpaCuda(_SdpaBase):
             return None
         sdpa = torch._C._nn.scaled_dot_product_attention
         causal, scale, gqa = plan.causal, req.scale, self._gqa_mode(req) == "gqa"
+        contiguous = self.contiguous_for_grad and req.needs_grad
         direct = None
         if not gqa and req.heads_q == req.heads_kv and req.dim_qk % 8 == 0:
             direct = self._direct_op(causal, scale, req.needs_grad)
@@ -571,7 +642,8 @@ class _SdpaCuda(_SdpaBase):
             pinned = flags.around(kernel)
 
             def fast(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
-                if _unit_last_stride(q, k, v):
+                strided = contiguous and not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous())
+                if _unit_last_stride(q, k, v) and not strided:
                     return pinned(q, k, v), None
                 return general(q, k, v, mask)
 
@@ -699,6 +771,9 @@ class SdpaCudnn(_SdpaCuda):
     )
 
     direct_name: ClassVar[str] = "_scaled_dot_product_cudnn_attention"
+    #: torch 2.11's cuDNN backward returns wrong dq for transposed (bshd/bhds views) inputs with
+    #: GQA (certify on an H200, cuDNN 9.19: dq relative error 1.38); copies make them contiguous.
+    contiguous_for_grad: ClassVar[bool] = True
 
     def _direct_args(self, causal: bool, lse: bool) -> tuple:
         return (None, lse, 0.0, causal, False)

@@ -126,3 +126,31 @@ def _host_lengths(x: Any, full: int, batch: int) -> list[int]:
     if x is None:
         return [full] * batch
     return [min(max(int(n), 0), full) for n in x.reshape(-1).tolist()]
+
+
+def padded_slots(req: Request, operands: Any, n: int, lengths: Any) -> list[tuple[int, int, int]]:
+    """(b, start, stop) of each entry's padded slots along a sequence of ``n`` (none listed for an
+    entry that has none): after the valid ones under right padding, before them under left."""
+    if lengths is None:
+        return []
+    left = req.padding_side == "left"
+    spans = ((b, 0, n - m) if left else (b, m, n) for b, m in enumerate(_host_lengths(lengths, n, req.batch)))
+    return [s for s in spans if s[2] > s[1]]
+
+
+def zero_padded(x: Any, spans: list[tuple[int, int, int]]) -> Any:
+    """A copy of ``x`` (B, H, N, D) with zeros in the padded slots ``spans`` where they hold a NaN or
+    an Inf (else ``x`` itself: summing the padded slots costs less than copying x). Padded slots
+    are never attended (SPEC §10), so what they hold must not matter: a NaN there would reach valid
+    rows through 0 x NaN in the kernel's products. The copy is differentiable, with zero
+    gradients in the padded slots (SPEC §10's dk = dv = 0 and the zero dq of padded query rows)."""
+    import torch
+
+    if not spans or bool(torch.isfinite(sum(x[b, :, start:stop].sum() for b, start, stop in spans))):
+        return x  # a NaN or Inf makes the sum non-finite (a finite sum's overflow only costs the copy)
+    n = x.shape[2]
+    b, start, stop = (torch.tensor(c, device=x.device) for c in zip(*spans))
+    i = torch.arange(n, device=x.device)
+    rows = torch.zeros(x.shape[0], n, dtype=torch.bool, device=x.device)
+    rows[b] = (i >= start[:, None]) & (i < stop[:, None])
+    return x.masked_fill(rows[:, None, :, None], 0.0)
