@@ -127,6 +127,25 @@ def int_arg(name: str, x: Any) -> int:
     return int(x)
 
 
+#: The largest finite value of each input dtype below float64.
+_DTYPE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
+
+
+def effective_softcap(cap: float | None, dtype: str, scale: float, dim_qk: int) -> float | None:
+    """``cap``, or None where no input of ``dtype`` can make it change a logit (SPEC §9).
+
+    With every element at most M (the dtype's largest value), ``|t| = |scale·q·k| <= |scale|·Dqk·M²``,
+    and ``c·tanh(t/c) = t·(1 − (t/c)²/3 + …)``: once ``c >= 2**13`` times that bound every logit, and
+    every difference of two, changes by a relative 2**-26 at most (the probabilities of a row by
+    less than 1e-6), below float32's tolerance. Such a cap is dropped, so that kernels computing in
+    float32 never meet a cap they cannot hold (1e300 gave NaN in tf, jax, triton and cuda: inf·0).
+    float64 requests keep every cap: their kernels compute it in float64."""
+    if cap is None or dtype not in _DTYPE_MAX:
+        return cap
+    bound = abs(scale) * dim_qk * _DTYPE_MAX[dtype] ** 2
+    return None if cap >= 2.0**13 * bound else cap
+
+
 def softcap_float(x: Any) -> float | None:
     """``softcap`` as a finite float > 0, or None."""
     if x is None:

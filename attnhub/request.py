@@ -276,6 +276,7 @@ def build_request_ex(
         extras, ad, q, bq, hq, nq, nk, len(sq), sync, devices[0], dtypes[0], from_mask
     ).as_dict()
     check_position_range(tuple(sq), tuple(sk), fields["q_offset"], fields["k_offset"])
+    fields["softcap"] = ext.effective_softcap(fields["softcap"], dtypes[0], scale_value, dqk)
 
     req = Request(
         framework=ad.name,

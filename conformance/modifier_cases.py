@@ -92,7 +92,9 @@ def gap_cases(m: str) -> list[Case]:
         varlen(m, Causal(), "none_end", (3, 0, 5, 2), (4, 2, 6, 0), grad=True, lse=True, repeat=True, **g, **t),
         kvcache(m, Causal(), 3, 48, (20, 33), paged=16, grad=True, lse=True, repeat=True, **g, **t),
         *offset_edge_cases(m, 6, 9, t),
-        Case(m, (9,), (13,), Causal(), "scale_end", softcap=1e300, grad=True, lse=True, **g, **t),
+        # 1e39: beyond float32's max, yet float32 logits can reach it (the core keeps it, SPEC §9)
+        Case(m, (9,), (13,), Causal(), "scale_end", softcap=1e39, grad=True, lse=True, **g, **t),
+        Case(m, (9,), (13,), Causal(), "scale_end", softcap=1e3, grad=True, lse=True, **g, **t),
     ]  # fmt: skip
 
 
@@ -328,9 +330,14 @@ def full_gap_cases(m: str) -> list[Case]:
                       grad=True, bias_grad=True, lse=True))  # fmt: skip
         c.append(Case(m, (13,), (21,), rule, q_offset=-LIMIT, k_offset=LIMIT - 21, q_lengths=(13, 4),
                       k_lengths=(9, 21), grad=True, lse=True))  # fmt: skip
-        for sync in ("none_front", "scale_end"):
+        for sync, cap in (
+            ("none_front", 1e300),
+            ("scale_end", 1e300),
+            ("none_front", 1e3),
+            ("scale_end", 1e30),
+        ):
             c.append(
-                Case(m, (19,), (45,), rule, sync, softcap=1e300, grad=True, lse=True, heads_q=4, heads_kv=2)
+                Case(m, (19,), (45,), rule, sync, softcap=cap, grad=True, lse=True, heads_q=4, heads_kv=2)
             )
     return c
 

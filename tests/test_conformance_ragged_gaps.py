@@ -244,7 +244,7 @@ def test_the_quick_grid_has_every_gap_case():
     assert {c.entry for c in q if c.repeat} >= {"attention", "varlen", "kvcache"}
     assert any(c.q_offset == 2**30 - c.nq for c in q) and any(c.k_offset == -(2**30) for c in q)
     assert any(getattr(c, "expect_spec_error", "") for c in q)
-    assert any(c.softcap == 1e300 for c in q)
+    assert any(c.softcap == 1e39 for c in q) and any(c.softcap == 1e3 for c in q)
     assert any(c.softcap == 1e300 for c in quick_dtype_cases("float16"))
 
 
@@ -354,10 +354,10 @@ def test_one_past_the_offset_limits_must_be_a_spec_error():
 
 
 def test_a_huge_softcap_rounded_to_inf_is_caught(broken):
-    cases = _quick(lambda c: c.softcap in (1e300, 30.0))
+    cases = _quick(lambda c: c.softcap in (1e39, 30.0))
     cert = Certifier("t_gap_softcap32", seed=30)
     results = _run_all(cert, cases)
-    assert {r.status for r in results if "softcap1e+300" in r.id} == {"FAIL"}
+    assert {r.status for r in results if "softcap1e+39" in r.id} == {"FAIL"}
     assert {r.status for r in results if "softcap30" in r.id} == {"pass"}
 
 

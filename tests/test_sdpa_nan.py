@@ -383,9 +383,11 @@ def test_cuda_inf_in_a_query_row_matches_the_reference(name, value):
 @pytest.mark.parametrize("name", CUDA_SDPA)
 @pytest.mark.parametrize("mask", [None, "causal"])
 def test_cuda_nan_in_an_attended_key_propagates(name, mask):
+    """Key 0, which every row attends under both rules: a NaN at a key some rows do not attend may
+    reach those rows too (docs/semantics.md; the H200 showed it for causal), so it is not tested."""
     q, k, v = _qkv(lq=70, lk=70, d=64, dtype="float16", device="cuda")
-    k[0, 1, 30, 0] = NAN
-    v[1, 2, 40, 5] = NAN
+    k[0, 1, 0, 0] = NAN
+    v[1, 2, 0, 5] = NAN
     _cuda_check(name, (q, k, v), mask=mask)
 
 

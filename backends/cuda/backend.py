@@ -62,6 +62,11 @@ class CudaBackend(Backend):
             reasons.append("needs concrete torch tensors")
         reasons.extend(offset_reasons(req))
         reasons.extend(unserved_reasons(req))
+        if req.softcap is not None and req.dtype != "float64" and req.softcap > _SOFTCAP_MAX:
+            reasons.append(
+                f"holds the softcap in float32: a softcap above 2**100 (given {req.softcap:g}) that can "
+                "still change a logit would be inf there (use float64 inputs)"
+            )
         if req.device_type == "cuda":
             import torch
 
@@ -102,6 +107,11 @@ class CudaBackend(Backend):
 
 #: What to use instead for the SPEC §9-§11 arguments the cuda kernels do not take.
 _ELSEWHERE = "use backend='triton' (or backend='auto', which picks a backend that takes it)"
+
+
+#: The largest softcap the float32 kernels take: far from float32's max, so that the cap and
+#: u/cap stay finite and normal (attnhub.extras.effective_softcap drops caps that cannot matter).
+_SOFTCAP_MAX = 2.0**100
 
 
 def unserved_reasons(req: Request) -> list[str]:

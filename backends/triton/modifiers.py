@@ -105,4 +105,17 @@ def reasons(req: Request) -> list[str]:
         out.append("takes q_offset/k_offset for 1-d sequences with sync none_front only")
     if req.softcap is not None and not (math.isfinite(req.softcap) and req.softcap > 0):
         out.append("applies a finite positive softcap only")
+    elif req.softcap is not None and req.softcap > (cap := softcap_limit(req.dtype)):
+        out.append(
+            f"computes tanh as 1 − 2/(e^2x + 1), which loses t/softcap below float32's rounding for a "
+            f"softcap above {cap:g} with {req.dtype} inputs (logit error ~ softcap·2**-23); the cuda "
+            "backend computes it exactly"
+        )
     return out
+
+
+def softcap_limit(dtype: str) -> float:
+    """The largest softcap the kernels' tanh keeps within SPEC §6 for ``dtype`` inputs: the error
+    of a logit is about softcap·2**-23 (measured under the interpreter in float32: 7.9e-6 of the
+    output at 100, 3.8e-5 at 1000, against float32's 2e-5); half inputs allow 2e-3 or more."""
+    return 128.0 if dtype in ("float32", "float64") else 4096.0
