@@ -470,6 +470,8 @@ def nonfinite_cases(dtype: str, full: bool = False) -> list[Case]:
     shapes = [dict(seq_q=(13,), seq_k=(9,), rule=Causal(), sync="none_end", lse=True)]
     if full:
         shapes += [
+            # what vendor kernels take (SDPA's is_causal, no lse), so that they are checked too
+            dict(seq_q=(24,), seq_k=(24,), rule=Causal()),
             dict(seq_q=(21,), seq_k=(21,), rule=Full(), lse=True),
             dict(seq_q=(37,), seq_k=(37,), rule=Local(4), layout="bshd"),
             dict(seq_q=(6, 7), seq_k=(6, 7), rule=Local(2, 1, causal=True), lse=True),
