@@ -193,3 +193,17 @@ def _check(q, k, v, kw, dtype):
     for name, g, r in zip("qkv", grads, ref_grads):
         assert g.dtype == dtype and not torch.isnan(g).any()
         assert_close(g, r, tol_g, f"d{name}")
+
+
+def test_declines_gradients_under_torch_compile(monkeypatch):
+    """Its backward runs torch autograd, which a compiled graph's backward op cannot: certify's
+    traced case failed with 'element 0 of tensors does not require grad'; now it is declined."""
+    emulate(monkeypatch)
+    from attnhub_conformance.cases import Case
+    from attnhub_conformance.runner import Certifier
+
+    case = Case("float32", (48,), (48,), Causal(), batch=1, heads_q=8, heads_kv=8, dim_qk=16, dim_v=16,
+                grad=True, traced=True, cotangent="ones")  # fmt: skip
+    res = Certifier("ipu", seed=1).run(case)
+    assert res.status == "declined", (res.status, res.message)
+    assert any("torch autograd" in r for r in res.reasons), res.reasons

@@ -53,6 +53,9 @@ class IpuBackend(Backend):
         {"1d", "2d", "full", "causal", "local", "gqa", "lse", "backward"}
     )
     requires: ClassVar[tuple[str, ...]] = ("poptorch",)
+    #: backward recomputes the forward under torch autograd, which torch.compile's backward op
+    #: cannot run (auto then takes another backend; named explicitly, ipu declines)
+    backward_by_autograd: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self._modules: dict[tuple, Any] = {}
