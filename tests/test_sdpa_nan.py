@@ -432,3 +432,17 @@ def test_inf_key_next_to_fully_masked_rows(grad):
     out, lse, _ = _check((q, k, v), "float32", grad, mask="causal", sync="none_end")
     assert not out[:, :, :4].any() and torch.isneginf(lse[:, :, :4]).all()
     assert torch.isnan(out[1, 0:2, 8:]).all() and torch.isfinite(out[1, 0:2, 4:8]).all()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_inf_key_on_the_fast_path(dtype):
+    """+Inf in k of a plain causal request (the bound fast call): in half dtypes torch's kernel gives
+    the rows attending that key lse = +inf and out = 0; SPEC §4 wants NaN there (Inf − Inf). The
+    fast path handed only lse = 0 to the general path (certify's full NaN/Inf case found it)."""
+    q, k, v = _qkv(b=1, hq=4, hkv=2, lq=24, lk=24, dtype=dtype)
+    q[0, 0:2, :, 0] = q[0, 0:2, :, 0].abs()
+    k[0, 0, 12, 0] = INF
+    for _ in range(2):  # the first call plans, the second takes the bound fast call
+        out = attnhub.attention(q, k, v, mask="causal", backend="sdpa-cpu")
+        assert torch.isnan(out[0, 0:2, 12:]).all()
+        assert torch.isfinite(out[0, 0:2, :12]).all() and torch.isfinite(out[0, 2:]).all()

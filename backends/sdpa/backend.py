@@ -366,8 +366,9 @@ class SdpaCpu(_SdpaBase):
                 if _unit_last_stride(q, k, v):
                     out, lse = kernel(q, k, v, 0.0, causal, scale=scale)
                     # No row here attends no key, so lse = 0 flags a row the kernel zeroed
-                    # (all-NaN logits, or an exact 0): the general path redoes it (rows.py).
-                    if lse.all():
+                    # (all-NaN logits, or an exact 0), and lse = ±inf one it zeroed for a +Inf
+                    # logit (half inputs): the general path redoes them (rows.py).
+                    if lse.all() and not lse.isinf().any():
                         return out, lse
                 return general(q, k, v, mask)
 
