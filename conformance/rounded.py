@@ -23,6 +23,7 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
+from attnhub_conformance import oracle
 from attnhub_conformance.oracle import Grads, Problem
 
 #: A half-precision gradient passes when its errors are within this multiple of the formula's.
@@ -42,34 +43,12 @@ def _rounder(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def rounded_backward(p: Problem, dout: np.ndarray, dtype: str) -> Grads:
-    """dq, dk, dv (and dbias, dsinks where ``p`` has them) of the formula above in ``dtype``."""
+    """dq, dk, dv (and dbias, dsinks where ``p`` has them) of the formula above in ``dtype``: the
+    oracle's exact softmax (:func:`oracle._parts`), then the rounded products."""
     r = _rounder(dtype)
+    u, prob, psink, _, g = oracle._parts(p)
     b, hq = p.q.shape[:2]
-    g = hq // p.k.shape[1]
-    k, v = np.repeat(p.k, g, axis=1), np.repeat(p.v, g, axis=1)
-    t = p.scale * (p.q @ np.swapaxes(k, -1, -2))
-    u = None
-    if p.softcap is not None:
-        u = np.tanh(t / p.softcap)
-        t = p.softcap * u
-    s = t if p.bias is None else t + p.bias
-    keep = np.broadcast_to(p.keep, s.shape) & np.isfinite(s)
-    if p.padded_q is not None:
-        keep = keep & ~p.padded_q[:, None, :, None]
-    with np.errstate(invalid="ignore", over="ignore"):
-        s = np.where(keep, s, -np.inf)
-        m = s.max(axis=-1)
-        if p.sinks is not None:
-            m = np.maximum(m, p.sinks[None, :, None])
-        m = np.where(np.isfinite(m), m, 0.0)
-        e = np.where(keep, np.exp(s - m[..., None]), 0.0)
-        zs = 0.0 if p.sinks is None else np.exp(p.sinks[None, :, None] - m)
-        if p.padded_q is not None and p.sinks is not None:
-            zs = np.where(p.padded_q[:, None, :], 0.0, zs)
-        total = e.sum(axis=-1) + zs
-        safe = np.where(total > 0, total, 1.0)
-    prob = e / safe[..., None]
-    psink = zs / safe
+    k, v = oracle._expand(p.k, g), oracle._expand(p.v, g)
     out = r(r(prob) @ v)
     dp = dout @ np.swapaxes(v, -1, -2)
     delta = (dout * out).sum(axis=-1, keepdims=True)
@@ -79,10 +58,7 @@ def rounded_backward(p: Problem, dout: np.ndarray, dtype: str) -> Grads:
     def per_kv(x: np.ndarray) -> np.ndarray:
         return x.reshape(b, hq // g, g, *x.shape[2:]).sum(axis=2)
 
-    dbias = None
-    if p.bias is not None:
-        axes = tuple(i for i, (a, n) in enumerate(zip(ds.shape, p.bias.shape)) if n == 1 and a != 1)
-        dbias = r(ds.sum(axis=axes, keepdims=True).reshape(p.bias.shape))
+    dbias = None if p.bias is None else r(oracle._reduce_to(ds, p.bias.shape))
     dsinks = None if p.sinks is None else r(-(psink * delta[..., 0]).sum(axis=(0, 2)))
     return Grads(
         dq=r(p.scale * (dt @ k)),

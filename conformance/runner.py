@@ -25,6 +25,7 @@ from attnhub.registry import REGISTRY
 from attnhub.request import Request, build_request, to_canonical
 from attnhub.rules import ExplicitMask
 from attnhub_backends.reference import kernel
+from attnhub_conformance import oracle
 from attnhub_conformance.arrays import Ops, from_layout, round_to, to_layout
 from attnhub_conformance.cases import CHECK_FEATURES, Case
 from attnhub_conformance.oracle import Problem
@@ -301,58 +302,26 @@ def compare_grad(
 
 
 def dense_problem(data: Data, req: Request) -> Problem:
-    """The dense oracle problem of a plain case (rule or explicit mask; a float mask as a bias)."""
-    keep = np.ones((1, 1, req.nq, req.nk), dtype=bool)
+    """The dense oracle problem of a plain case: the pairs :func:`attended` keeps, a float mask as
+    the bias it is (SPEC §9)."""
     bias = None
-    if isinstance(req.rule, ExplicitMask):
-        if data.mask is not None and data.mask.dtype == np.bool_:
-            keep = np.broadcast_to(data.mask, (*data.q.shape[:2], req.nq, req.nk))
-        elif data.mask is not None:
-            bias = np.broadcast_to(data.mask, (*data.q.shape[:2], req.nq, req.nk))
-    else:
-        keep = dense_rule_mask(req.rule, req.seq_q, req.seq_k, req.sync)[None, None]
-    return Problem(data.q, data.k, data.v, keep, req.scale, bias=bias)
+    if isinstance(req.rule, ExplicitMask) and data.mask.dtype != np.bool_:
+        bias = np.broadcast_to(data.mask, (*data.q.shape[:2], req.nq, req.nk))
+    return Problem(data.q, data.k, data.v, attended(data, req), req.scale, bias=bias)
 
 
-def grad_magnitudes(data: Data, req: Request) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def grad_magnitudes(problem: Problem, dout: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """|dq|, |dk|, |dv| computed without cancellation (float64, dense; the grid's sizes are small).
 
     ``ds = p * (dp - delta)`` cancels exactly where a query attends a single key (Local window 1):
     the reference gradient is then 0 up to rounding, and a relative error against it is noise
-    over noise. With ``ds_mag = p * (|dp| + |delta|)`` and absolute values in the products, these
-    bound the terms a backend sums; gradient errors are measured against at least 1/64 of them,
-    which leaves every well-conditioned case (ratio 4 to 16 on random data) under SPEC §6 as is.
+    over noise. With ``ds_mag = p * (|dp| + |delta|)`` and absolute values in the products (the
+    oracle's magnitudes, :func:`oracle.backward`), these bound the terms a backend sums; gradient
+    errors are measured against at least 1/64 of them, which leaves every well-conditioned case
+    (ratio 4 to 16 on random data) under SPEC §6 as is.
     """
-    g = req.group
-    q, dout = data.q, data.dout
-    k, v = np.repeat(data.k, g, axis=1), np.repeat(data.v, g, axis=1)
-    s = req.scale * (q @ np.swapaxes(k, -1, -2))
-    if isinstance(req.rule, ExplicitMask):
-        keep = np.ones(s.shape[-2:], dtype=bool)
-        if data.mask is not None and data.mask.dtype == np.bool_:
-            keep = keep & data.mask
-        elif data.mask is not None:
-            s = s + data.mask
-    else:
-        keep = dense_rule_mask(req.rule, req.seq_q, req.seq_k, req.sync)
-    with np.errstate(invalid="ignore", over="ignore"):
-        s = np.where(keep, s, -np.inf)
-        m = s.max(axis=-1, keepdims=True)
-        p = np.exp(s - np.where(np.isfinite(m), m, 0.0))
-        l = p.sum(axis=-1, keepdims=True)
-        p = np.where(l > 0, p / np.where(l > 0, l, 1.0), 0.0)
-    dp = dout @ np.swapaxes(v, -1, -2)
-    delta = (dout * (p @ v)).sum(axis=-1, keepdims=True)
-    ds = p * (np.abs(dp) + np.abs(delta))
-    b, hq = q.shape[:2]
-
-    def per_kv(x: np.ndarray) -> np.ndarray:
-        return x.reshape(b, hq // g, g, *x.shape[2:]).sum(axis=2)
-
-    dq = req.scale * (ds @ np.abs(k))
-    dk = per_kv(req.scale * (np.swapaxes(ds, -1, -2) @ np.abs(q)))
-    dv = per_kv(np.swapaxes(p, -1, -2) @ np.abs(dout))
-    return dq, dk, dv
+    mag = oracle.backward(problem, dout)[1]
+    return mag.dq, mag.dk, mag.dv
 
 
 def require_zero_rows(check: str, got: np.ndarray, empty: np.ndarray) -> None:
@@ -497,10 +466,11 @@ class Certifier:
             if grads is None:
                 return
             refs = kernel.backward(data.q, data.k, data.v, data.dout, req, data.mask)
-            floors = grad_magnitudes(data, req)
+            problem = dense_problem(data, req)
+            floors = grad_magnitudes(problem, data.dout)
             rounded = None
             if is_half(case.dtype):
-                rg = rounded_backward(dense_problem(data, req), data.dout, case.dtype)
+                rg = rounded_backward(problem, data.dout, case.dtype)
                 rounded = (rg.dq, rg.dk, rg.dv)
             for i, (name, g, r, f) in enumerate(zip(("dq", "dk", "dv"), grads, refs, floors)):
                 compare_grad(name, g, r, grad_tol, case.dtype, f, None if rounded is None else rounded[i])
