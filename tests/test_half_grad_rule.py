@@ -15,6 +15,7 @@ import pytest
 from attnhub_conformance import oracle
 from attnhub_conformance.rounded import rounded_backward
 from attnhub_conformance.runner import TOLERANCES, CaseFailure, compare_grad, errors
+from tests.test_peaked_row_gradients import peaked_case
 
 HALF = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
@@ -31,18 +32,10 @@ def problem(rng, dtype: str, *, nq=24, nk=40, d=16, hq=4, hkv=2, q_scale=1.0, **
     return oracle.Problem(q, k, v, keep, d**-0.5, **mods)
 
 
-def peaked(dtype: str) -> tuple[oracle.Problem, np.ndarray]:
-    """One query whose logits put ~98 % of the mass on key 0 (dq cancels)."""
-    rng = np.random.default_rng(0)
-    d, n = 16, 44
-    q = np.zeros((1, 1, 1, d))
-    q[..., 0] = 8.0
-    k = rng.normal(0.0, 0.3, (1, 1, n, d))
-    k[0, 0, 0, 0] = 4.0
-    v = rng.standard_normal((1, 1, n, d))
-    dout = rng.standard_normal((1, 1, 1, d))
-    q, k, v, dout = (rnd(x, dtype) for x in (q, k, v, dout))
-    return oracle.Problem(q, k, v, np.ones((1, 1, 1, n), dtype=bool), d**-0.5), dout
+def peaked() -> tuple[oracle.Problem, np.ndarray]:
+    """tests/test_peaked_row_gradients.py's bfloat16 row with ~98 % of its mass on key 0 (dq cancels)."""
+    q, k, v, dout, _ = peaked_case()
+    return oracle.Problem(q, k, v, np.ones((1, 1, 1, k.shape[2]), dtype=bool), q.shape[-1] ** -0.5), dout
 
 
 def dq_with_rounded_out(p: oracle.Problem, dout: np.ndarray, dtype: str) -> np.ndarray:
@@ -77,7 +70,7 @@ def test_rounded_formula_is_accurate_where_nothing_cancels(dtype, mods):
 
 
 def test_rounded_output_fails_the_table_but_passes_the_rule():
-    p, dout = peaked("bfloat16")
+    p, dout = peaked()
     ref, mag = oracle.backward(p, dout)
     got = dq_with_rounded_out(p, dout, "bfloat16")
     with pytest.raises(CaseFailure):  # the table alone rejects what storing O in bfloat16 costs
@@ -108,7 +101,7 @@ def test_wrong_gradients_still_fail(dtype, q_scale, bug):
 
 
 def test_float32_keeps_the_table():
-    p, dout = peaked("bfloat16")
+    p, dout = peaked()
     ref, mag = oracle.backward(p, dout)
     got = dq_with_rounded_out(p, dout, "bfloat16")
     with pytest.raises(CaseFailure):  # a rounded-formula baseline is ignored outside half types

@@ -22,43 +22,7 @@ jnp = pytest.importorskip("jax.numpy")
 import attnhub  # noqa: E402
 from attnhub import Causal, Full, Local  # noqa: E402
 from attnhub.frameworks import numpy_dtype  # noqa: E402
-from attnhub.request import build_request  # noqa: E402
-from attnhub_backends.reference import kernel  # noqa: E402
-
-#: SPEC §6 (forward, gradient) tolerances.
-TOL = {"float64": (1e-10, 1e-9), "float32": (2e-5, 1e-4), "float16": (2e-3, 8e-3), "bfloat16": (1.6e-2, 4e-2)}
-
-
-def err(got, ref) -> float:
-    """max(relative L2 error, max error / max |ref|) of SPEC §6; the NaN patterns must agree."""
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    assert np.array_equal(np.isnan(got), np.isnan(ref)), "NaN pattern differs from the reference"
-    ok = ~np.isnan(ref)
-    if not ok.any():
-        return 0.0
-    e = got[ok] - ref[ok]
-    nr, mr = np.linalg.norm(ref[ok]), np.abs(ref[ok]).max()
-    return max(np.linalg.norm(e) / (nr or 1.0), np.abs(e).max() / (mr or 1.0))
-
-
-def rounded(rng, shape, dtype="float32", scale=1.0) -> np.ndarray:
-    """N(0, scale²) values rounded to ``dtype``, as float64."""
-    return (rng.standard_normal(shape) * scale).astype(numpy_dtype(dtype)).astype(np.float64)
-
-
-def ref_forward(xs, rule, **kw) -> np.ndarray:
-    """The reference backend's output on float64 NumPy inputs (any §9-§11 keyword)."""
-    return attnhub.attention(*xs, mask=rule, backend="reference", **kw)
-
-
-def ref_grads(xs, rule, dout, softcap=None) -> tuple[np.ndarray, ...]:
-    """(dq, dk, dv) of the float64 reference kernel for the cotangent ``dout``."""
-    req, _ = build_request(*xs, rule, "none_front", None, "bhsd", False)
-    if softcap is not None:
-        from dataclasses import replace
-
-        req = replace(req, softcap=softcap)
-    return kernel.backward(*xs, dout, req)
+from tests.robustness_oracle import TOL, err, padded_inputs, ref_forward, ref_grads, rounded  # noqa: E402
 
 
 # ---- item 1: gradients under jit ----------------------------------------------------------------
@@ -122,15 +86,9 @@ def test_operand_built_from_a_constant_under_jit(rng):
 
 
 # ---- item 2: NaN in padding (SPEC §10) and in valid inputs (SPEC §4) -----------------------------
-def _padded_inputs(rng):
-    """(float64 inputs, q_lengths, k_lengths) of a right-padded batch of 2 entries."""
-    xs = [rounded(rng, (2, 4, 12, 8)), rounded(rng, (2, 2, 12, 8)), rounded(rng, (2, 2, 12, 8))]
-    return xs, np.array([5, 12]), np.array([7, 11])
-
-
 @pytest.mark.parametrize("rule", [Causal(), Full(), Local(3)], ids=str)
 def test_nan_in_padding_reaches_no_valid_output_or_gradient(rng, rule):
-    xs, ql, kl = _padded_inputs(rng)
+    xs, ql, kl = padded_inputs(rng)
     ref = ref_forward(xs, rule, q_lengths=ql, k_lengths=kl)
     poisoned = [x.copy() for x in xs]
     poisoned[0][0, :, 5:] = np.nan  # padded query rows of entry 0
@@ -157,7 +115,7 @@ def test_nan_in_padding_reaches_no_valid_output_or_gradient(rng, rule):
 
 
 def test_nan_in_a_valid_query_propagates_with_lengths(rng):
-    xs, ql, kl = _padded_inputs(rng)
+    xs, ql, kl = padded_inputs(rng)
     xs[0][1, 3, 6, 2] = np.nan
     out = np.asarray(
         attnhub.attention(
@@ -174,7 +132,7 @@ def test_nan_in_a_valid_query_propagates_with_lengths(rng):
 
 def test_nan_in_a_valid_value_propagates_with_lengths(rng):
     """An attended key's NaN value reaches every row attending it (Full: all valid rows)."""
-    xs, ql, kl = _padded_inputs(rng)
+    xs, ql, kl = padded_inputs(rng)
     xs[2][1, 0, 4, 1] = np.nan
     out = np.asarray(
         attnhub.attention(

@@ -11,17 +11,13 @@ The reference is attnhub's NumPy float64 kernel on float64 copies of the rounded
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
 import attnhub
 from attnhub import Causal, Full, Local
-from attnhub.frameworks import numpy_dtype
-from attnhub.request import build_request
-from attnhub_backends.reference import kernel
 from attnhub_backends.tf import tiles
+from tests.robustness_oracle import TOL, err, padded_inputs, ref_forward, ref_grads, rounded
 
 tf = None  # imported by the fixture below, not at collection (TensorFlow before triton aborts)
 
@@ -37,37 +33,6 @@ def small_tiles(monkeypatch):
     """Small tiles so that short test sequences cross several tiles."""
     monkeypatch.setattr(tiles, "BLOCK_Q", 16)
     monkeypatch.setattr(tiles, "BLOCK_K", 24)
-
-
-#: SPEC §6 (forward, gradient) tolerances.
-TOL = {"float64": (1e-10, 1e-9), "float32": (2e-5, 1e-4), "float16": (2e-3, 8e-3), "bfloat16": (1.6e-2, 4e-2)}
-
-
-def err(got, ref) -> float:
-    """max(relative L2 error, max error / max |ref|) of SPEC §6; the NaN patterns must agree."""
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    assert np.array_equal(np.isnan(got), np.isnan(ref)), "NaN pattern differs from the reference"
-    ok = ~np.isnan(ref)
-    if not ok.any():
-        return 0.0
-    e = got[ok] - ref[ok]
-    nr, mr = np.linalg.norm(ref[ok]), np.abs(ref[ok]).max()
-    return max(np.linalg.norm(e) / (nr or 1.0), np.abs(e).max() / (mr or 1.0))
-
-
-def rounded(rng, shape, dtype="float32", scale=1.0) -> np.ndarray:
-    """N(0, scale²) values rounded to ``dtype``, as float64."""
-    return (rng.standard_normal(shape) * scale).astype(numpy_dtype(dtype)).astype(np.float64)
-
-
-def ref_forward(xs, rule, **kw):
-    return attnhub.attention(*xs, mask=rule, backend="reference", **kw)
-
-
-def ref_grads(xs, rule, dout, softcap=None) -> tuple[np.ndarray, ...]:
-    """(dq, dk, dv) of the float64 reference kernel for the cotangent ``dout``."""
-    req, _ = build_request(*xs, rule, "none_front", None, "bhsd", False)
-    return kernel.backward(*xs, dout, replace(req, softcap=softcap))
 
 
 def tf_dtype(dtype: str):
@@ -125,14 +90,9 @@ def test_softcap_on_logits_near_float32_max(cap):
 
 
 # ---- NaN in padding (SPEC §10) and in valid inputs (SPEC §4) -------------------------------------
-def _padded_inputs(rng):
-    xs = [rounded(rng, (2, 4, 12, 8)), rounded(rng, (2, 2, 12, 8)), rounded(rng, (2, 2, 12, 8))]
-    return xs, np.array([5, 12]), np.array([7, 11])
-
-
 @pytest.mark.parametrize("rule", [Causal(), Full(), Local(3)], ids=str)
 def test_nan_in_padding_reaches_no_valid_output_or_gradient(rng, rule):
-    xs, ql, kl = _padded_inputs(rng)
+    xs, ql, kl = padded_inputs(rng)
     ref = ref_forward(xs, rule, q_lengths=ql, k_lengths=kl)
     poisoned = [x.copy() for x in xs]
     poisoned[0][0, :, 5:] = np.nan
@@ -156,7 +116,7 @@ def test_nan_in_padding_reaches_no_valid_output_or_gradient(rng, rule):
 
 
 def test_nan_in_a_valid_query_propagates_with_lengths(rng):
-    xs, ql, kl = _padded_inputs(rng)
+    xs, ql, kl = padded_inputs(rng)
     xs[0][1, 3, 6, 2] = np.nan
     ts = [tf.constant(x, tf.float32) for x in xs]
     out = attnhub.attention(*ts, mask="causal", q_lengths=ql, k_lengths=kl, backend="tf").numpy()
