@@ -3,7 +3,6 @@ and a backend without a feature shows it declined."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 from typing import ClassVar
@@ -11,14 +10,14 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from attnhub import Causal, Local, hookimpl
-from attnhub.registry import REGISTRY
+from attnhub import Causal, Local
 from attnhub_backends.reference.backend import ReferenceBackend
 from attnhub_conformance import matrix as matrix_mod
 from attnhub_conformance import report as rep
 from attnhub_conformance.cases import FEATURE_ROWS, Case
 from attnhub_conformance.modifier_cases import kvcache, quick_cases, secondary_cases, varlen
 from attnhub_conformance.runner import CaseFailure, Certifier
+from tests.plugged import plugged_in, run_all
 
 
 class _NoBias(ReferenceBackend):
@@ -95,32 +94,17 @@ class _NoSinks(ReferenceBackend):
     features = ReferenceBackend.features - {"sinks"}
 
 
-class _Plugin:
-    @hookimpl
-    def attnhub_backends(self):
-        return [_NoBias(), _NoDsinks(), _PaddedKeys(), _Leaky(), _OperandScribbler(), _NoSinks()]
-
-
 @pytest.fixture(scope="module")
 def broken():
-    plugin = _Plugin()
-    REGISTRY.register_plugin(plugin)
-    yield
-    REGISTRY.unregister_plugin(plugin)
-
-
-def _run_all(cert: Certifier, cases: list[Case]) -> list:
-    for c in cases:
-        with contextlib.suppress(CaseFailure):
-            cert.run(c)
-    return list(cert.results.values())
+    with plugged_in(_NoBias(), _NoDsinks(), _PaddedKeys(), _Leaky(), _OperandScribbler(), _NoSinks()):
+        yield
 
 
 @pytest.mark.parametrize("framework", ["numpy", "torch"])
 def test_reference_passes_the_quick_modifier_cases(framework):
     cases = quick_cases("float32") if framework == "numpy" else secondary_cases("float32")
     cert = Certifier("reference", seed=4, framework=framework)
-    results = _run_all(cert, cases)
+    results = run_all(cert, cases)
     bad = [(r.id, r.message) for r in results if r.status != "pass"]
     assert not bad, bad
 
@@ -134,7 +118,7 @@ def test_reference_passes_float64_combinations():
         varlen("float64", Local(2), "none_end", (2, 4, 0), (5, 0, 3), sinks=True, softcap=30.0, grad=True, lse=True),
         kvcache("float64", Local(3, causal=True), 2, 64, (9, 64), paged=64, sinks=True, lse=True),
     ]  # fmt: skip
-    results = _run_all(Certifier("reference", seed=5), cases)
+    results = run_all(Certifier("reference", seed=5), cases)
     bad = [(r.id, r.message) for r in results if r.status != "pass"]
     assert not bad, bad
 
@@ -167,7 +151,7 @@ def test_broken_backends_fail_their_row(broken, name, case, check, row):
 
 def test_a_backend_without_sinks_shows_them_declined(broken):
     cert = Certifier("t_mod_nosinks", seed=7)
-    results = _run_all(cert, quick_cases("float32"))
+    results = run_all(cert, quick_cases("float32"))
     assert all(r.status in ("pass", "declined") for r in results), [r.message for r in results]
     m = rep.aggregate(results)
     assert m["sinks"]["float32"]["status"] == "declined"
@@ -188,7 +172,7 @@ def test_operands_written_into_fail_the_inputs_row_only(broken):
     the call and in backend.forward before backend.backward (whose gradients stay right)."""
     cert = Certifier("t_mod_scribble", seed=9)
     cases = [quick_cases("float32")[i] for i in (0, 2, 5, 9)]  # bias+dbias, sinks, lengths, paged
-    results = _run_all(cert, cases)
+    results = run_all(cert, cases)
     assert all(r.status == "FAIL" and r.check == "inputs modified" for r in results), [
         r.message for r in results
     ]

@@ -9,14 +9,12 @@ receive ``operands=``.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 
-from attnhub import hookimpl
 from attnhub.backend import Backend
 from attnhub.registry import REGISTRY
 from attnhub.rules import Causal, ExplicitMask, Full, Local
@@ -25,7 +23,8 @@ from attnhub_backends.reference.backend import ReferenceBackend
 from attnhub_conformance import report as rep
 from attnhub_conformance.cases import SYNCS, Case
 from attnhub_conformance.modifier_cases import full_cases, gap_cases, quick_cases, quick_dtype_cases
-from attnhub_conformance.runner import CaseFailure, Certifier
+from attnhub_conformance.runner import Certifier
+from tests.plugged import plugged_in, run_all
 
 # -- deliberately broken backends --------------------------------------------------------------
 
@@ -198,25 +197,10 @@ BROKEN = [_ZeroTimesNaN, _PaddedRowsNotZeroed, _PagedGradContiguous, _GroupFirst
           _Int32Positions, _SoftcapInInputDtype, _PlainNumpy]  # fmt: skip
 
 
-class _Plugin:
-    @hookimpl
-    def attnhub_backends(self):
-        return [cls() for cls in BROKEN]
-
-
 @pytest.fixture(scope="module")
 def broken():
-    plugin = _Plugin()
-    REGISTRY.register_plugin(plugin)
-    yield
-    REGISTRY.unregister_plugin(plugin)
-
-
-def _run_all(cert: Certifier, cases: list[Case]) -> list:
-    for c in cases:
-        with contextlib.suppress(CaseFailure):
-            cert.run(c)
-    return list(cert.results.values())
+    with plugged_in(*(cls() for cls in BROKEN)):
+        yield
 
 
 def _quick(pred) -> list[Case]:
@@ -228,7 +212,7 @@ def _nan_padded(c: Case) -> bool:
 
 
 def _statuses(cert: Certifier, cases: list[Case], *rows: str) -> dict[str, str]:
-    m = rep.aggregate(_run_all(cert, cases))
+    m = rep.aggregate(run_all(cert, cases))
     return {r: m[r][cases[0].dtype]["status"] for r in rows}
 
 
@@ -297,7 +281,7 @@ def test_packed_gqa_gradients_from_one_head_are_caught(broken):
     cases = _quick(lambda c: (c.entry == "varlen" and c.grad) or c.bias == "1hqk")
     assert any(c.heads_q == c.heads_kv for c in cases if c.entry == "varlen")  # MHA: passes
     cert = Certifier("t_gap_first_head", seed=24)
-    results = _run_all(cert, cases)
+    results = run_all(cert, cases)
     for c in cases:
         if c.entry == "varlen":
             assert (cert.results[c.id].status == "FAIL") == (c.heads_q > c.heads_kv), c.id
@@ -308,7 +292,7 @@ def test_packed_gqa_gradients_from_one_head_are_caught(broken):
 def test_a_repeat_that_is_not_bitwise_equal_is_caught(broken):
     cases = _quick(lambda c: c.repeat or c.q_offset == 8)
     cert = Certifier("t_gap_nondet", seed=25)
-    results = _run_all(cert, cases)
+    results = run_all(cert, cases)
     repeat_ids = {c.id for c in cases if c.repeat}
     assert {r.id for r in results if r.status == "FAIL"} == repeat_ids
     assert all(r.check.startswith("deterministic") for r in results if r.status == "FAIL")
@@ -320,7 +304,7 @@ def test_a_backend_without_deterministic_declines_the_repeats():
     cert = Certifier("sdpa-cpu", seed=26) if "sdpa-cpu" in REGISTRY.backends() else None
     if cert is None or "deterministic" in cert.backend.features:
         pytest.skip("needs a backend that does not declare deterministic")
-    results = _run_all(cert, _quick(lambda c: c.repeat))
+    results = run_all(cert, _quick(lambda c: c.repeat))
     assert results and all(r.status == "declined" for r in results)
 
 
@@ -331,7 +315,7 @@ def test_offsets_at_the_int32_edges_are_caught(broken):
     small = Case("float32", (6,), (14,), Local(3, causal=True), q_offset=8, k_offset=2, lse=True, dim_qk=16,
                  dim_v=16)  # fmt: skip
     assert Certifier("t_gap_int32", seed=27).run(small).status == "pass"  # right for small offsets
-    results = _run_all(Certifier("t_gap_int32", seed=27), [*edge, _quick(lambda c: c.bias == "1hqk")[0]])
+    results = run_all(Certifier("t_gap_int32", seed=27), [*edge, _quick(lambda c: c.bias == "1hqk")[0]])
     assert any(r.status == "FAIL" and r.check == "out" for r in results), [(r.id, r.status) for r in results]
     m = rep.aggregate(results)
     assert m["offsets"]["float32"]["status"] == "FAIL" and m["bias"]["float32"]["status"] == "pass"
@@ -342,21 +326,21 @@ def test_offsets_at_the_edges_pass_the_reference():
         lambda c: abs(c.q_offset) + abs(c.k_offset) > 2**29 and not getattr(c, "expect_spec_error", "")
     )
     assert len(edge) >= 3
-    results = _run_all(Certifier("reference", seed=28), edge)
+    results = run_all(Certifier("reference", seed=28), edge)
     assert all(r.status == "pass" for r in results), [(r.id, r.message) for r in results]
 
 
 def test_one_past_the_offset_limits_must_be_a_spec_error():
     cases = _quick(lambda c: getattr(c, "expect_spec_error", ""))
     assert {c.expect_spec_error for c in cases} == {"q_offset", "k_offset"}
-    results = _run_all(Certifier("reference", seed=29), cases)
+    results = run_all(Certifier("reference", seed=29), cases)
     assert all(r.status == "pass" for r in results), [(r.id, r.message) for r in results]
 
 
 def test_a_huge_softcap_rounded_to_inf_is_caught(broken):
     cases = _quick(lambda c: c.softcap in (1e39, 30.0))
     cert = Certifier("t_gap_softcap32", seed=30)
-    results = _run_all(cert, cases)
+    results = run_all(cert, cases)
     assert {r.status for r in results if "softcap1e+39" in r.id} == {"FAIL"}
     assert {r.status for r in results if "softcap30" in r.id} == {"pass"}
 
@@ -370,7 +354,7 @@ def test_a_plain_numpy_backend_certifies_the_modifier_grid(broken):
     cases = [c for c in full_cases("float32") if c.rule == "bool" or (c.bias and isinstance(c.rule, Full)
              and c.softcap is None and not c.sinks and c.entry == "attention" and c.q_lengths is None
              and c.k_lengths is None and not c.q_offset and not c.k_offset)]  # fmt: skip
-    results = _run_all(Certifier("t_gap_plain", seed=31), cases)
+    results = run_all(Certifier("t_gap_plain", seed=31), cases)
     bad = [(r.id, r.message) for r in results if r.status == "FAIL"]
     assert not bad, bad
     accepted = [r for r in results if r.status == "pass"]

@@ -8,13 +8,13 @@ from typing import ClassVar
 
 import pytest
 
-from attnhub import Causal, hookimpl
-from attnhub.registry import REGISTRY
+from attnhub import Causal
 from attnhub_backends.jax.backend import JaxBackend
 from attnhub_backends.tf.backend import TFBackend
 from attnhub_conformance import report as rep
 from attnhub_conformance.cases import Case, quick_grid, secondary_grid, traced_cases
 from attnhub_conformance.runner import CaseFailure, Certifier
+from tests.plugged import plugged_in
 
 ALL = ("float32", "float64", "float16", "bfloat16")
 #: The shape of the known jitted-gradient bug: lengths no tile divides, B·Hq = 8, ones cotangent.
@@ -67,18 +67,10 @@ class TfFunctionGradWrong(TFBackend):
         return (grads[0] * 1.5, *grads[1:])
 
 
-class _Plugin:
-    @hookimpl
-    def attnhub_backends(self):
-        return [JaxJitGradWrong(), TfFunctionGradWrong()]
-
-
 @pytest.fixture(scope="module")
 def traced_backends():
-    plugin = _Plugin()
-    REGISTRY.register_plugin(plugin)
-    yield
-    REGISTRY.unregister_plugin(plugin)
+    with plugged_in(JaxJitGradWrong(), TfFunctionGradWrong()):
+        yield
 
 
 def test_grids_hold_traced_cases_for_frameworks_with_a_tracer():

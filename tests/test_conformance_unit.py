@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from attnhub import Causal, Full, Local, hookimpl
-from attnhub.registry import REGISTRY
+from attnhub import Causal, Full, Local
 from attnhub_backends.reference.backend import ReferenceBackend
 from attnhub_conformance import matrix as matrix_mod
 from attnhub_conformance import report as rep
@@ -30,6 +29,7 @@ from attnhub_conformance.cases import (
 )
 from attnhub_conformance.cli import _plugin_autoloaded, certify
 from attnhub_conformance.runner import CaseFailure, Certifier, Result, compare, make_data
+from tests.plugged import plugged_in
 
 ALL = ("float32", "float64", "float16", "bfloat16")
 
@@ -177,18 +177,10 @@ class _Nothing(ReferenceBackend):
         return ["this backend serves nothing"]
 
 
-class _Plugin:
-    @hookimpl
-    def attnhub_backends(self):
-        return [_Half(), _WrongDtype(), _Scribbler(), _Flaky(), _Nothing()]
-
-
 @pytest.fixture(scope="module")
 def broken_backends():
-    plugin = _Plugin()
-    REGISTRY.register_plugin(plugin)
-    yield
-    REGISTRY.unregister_plugin(plugin)
+    with plugged_in(_Half(), _WrongDtype(), _Scribbler(), _Flaky(), _Nothing()):
+        yield
 
 
 def test_reference_cases_pass_and_declines_are_checked(broken_backends):
