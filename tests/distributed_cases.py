@@ -74,3 +74,18 @@ def check_case(rank, world, group, case, device="cpu", backend="auto", gather=No
         if rel > tol or mx > tol:
             fails.append(f"{case['id']} {name}: rel {rel:.2e} max {mx:.2e} > {tol}")
     return fails
+
+
+def spawn_gloo(worker, world: int) -> str:
+    """Run ``worker(rank, world, init, result)`` in ``world`` processes (gloo through a file
+    rendezvous); what rank 0 wrote to ``result``: the failures, one a line ("" when none)."""
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        init, result = f"file://{os.path.join(tmp, 'init')}", os.path.join(tmp, "result")
+        mp.spawn(worker, args=(world, init, result), nprocs=world, join=True)
+        with open(result) as f:
+            return f.read()

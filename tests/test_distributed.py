@@ -4,7 +4,6 @@ float64 reference, forward and backward (SPEC §6 tolerances)."""
 from __future__ import annotations
 
 import os
-import tempfile
 
 import pytest
 import torch
@@ -98,13 +97,9 @@ def _worker(rank: int, world: int, init: str, result: str) -> None:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_gloo_matches_single_process(world: int) -> None:
-    import torch.multiprocessing as mp
+    from tests.distributed_cases import spawn_gloo
 
-    with tempfile.TemporaryDirectory() as tmp:
-        init, result = f"file://{os.path.join(tmp, 'init')}", os.path.join(tmp, "result")
-        mp.spawn(_worker, args=(world, init, result), nprocs=world, join=True)
-        with open(result) as f:
-            fails = f.read()
+    fails = spawn_gloo(_worker, world)
     assert fails == "", fails
 
 

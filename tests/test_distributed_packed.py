@@ -5,9 +5,6 @@ whole sequence in float64 (SPEC §6 tolerances); bitwise determinism of the ring
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import pytest
 import torch
 
@@ -194,11 +191,7 @@ def _worker(rank: int, world: int, init: str, result: str) -> None:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_gloo_packed_documents_and_heads(world: int) -> None:
-    import torch.multiprocessing as mp
+    from tests.distributed_cases import spawn_gloo
 
-    with tempfile.TemporaryDirectory() as tmp:
-        init, result = f"file://{os.path.join(tmp, 'init')}", os.path.join(tmp, "result")
-        mp.spawn(_worker, args=(world, init, result), nprocs=world, join=True)
-        with open(result) as f:
-            fails = f.read()
+    fails = spawn_gloo(_worker, world)
     assert fails == "", fails
