@@ -69,3 +69,20 @@ def sdpa_registered():
     REGISTRY.register_plugin(sdpa_plugin)
     yield
     REGISTRY.unregister_plugin(sdpa_plugin)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """An empty user cache dir (yielded) and no shipped profiles, for the tuner's tests; profiles
+    are re-read around the test (tests/test_profile_dispatch.py keeps a variant of its own)."""
+    pytest.importorskip("torch")
+    from attnhub import profile
+
+    monkeypatch.setenv("ATTNHUB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("ATTNHUB_BACKEND", raising=False)
+    monkeypatch.delenv("ATTNHUB_DISABLE", raising=False)
+    monkeypatch.setattr(profile, "SHIPPED_DIR", tmp_path / "shipped")
+    profile.reload()
+    yield tmp_path / "cache"
+    monkeypatch.undo()
+    profile.reload()

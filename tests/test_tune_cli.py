@@ -17,19 +17,6 @@ from attnhub.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    pytest.importorskip("torch")
-    monkeypatch.setenv("ATTNHUB_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("ATTNHUB_BACKEND", raising=False)
-    monkeypatch.delenv("ATTNHUB_DISABLE", raising=False)
-    monkeypatch.setattr(profile, "SHIPPED_DIR", tmp_path / "shipped")
-    profile.reload()
-    yield tmp_path / "cache"
-    monkeypatch.undo()
-    profile.reload()
-
-
 def test_tune_cpu_quick_writes_a_profile_auto_follows(cache_dir):
     import torch
 

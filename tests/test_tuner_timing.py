@@ -11,10 +11,9 @@ import json
 import time
 from collections import Counter
 
-import pytest
 from click.testing import CliRunner
 
-from attnhub import profile, tuner
+from attnhub import tuner
 from attnhub.bench import timing
 from attnhub.bench.grid import Case
 from attnhub.cli import main
@@ -50,19 +49,6 @@ def test_cpu_timing_warms_up_by_count_and_repeats_enough():
     assert calls["n"] == res.warmup_calls + res.calls
     assert res.ms <= res.median_ms < 1.0
     assert "fastest of" in res.describe() and str(res.calls) in res.describe()
-
-
-@pytest.fixture
-def cache_dir(tmp_path, monkeypatch):
-    pytest.importorskip("torch")
-    monkeypatch.setenv("ATTNHUB_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("ATTNHUB_BACKEND", raising=False)
-    monkeypatch.delenv("ATTNHUB_DISABLE", raising=False)
-    monkeypatch.setattr(profile, "SHIPPED_DIR", tmp_path / "shipped")
-    profile.reload()
-    yield tmp_path / "cache"
-    monkeypatch.undo()
-    profile.reload()
 
 
 def entries_of(path) -> list[dict]:
