@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from attnhub.errors import SpecError
-from attnhub.frameworks import FLOAT_DTYPES, Adapter, adapter_for
+from attnhub.frameworks import FLOAT_DTYPES, Adapter, adapter_for, adapter_like
 from attnhub.operands import Operands
 from attnhub.readings import check_readable, int32_like, reading
 from attnhub.readings import host_values as host_values  # re-exported (home: attnhub.readings)
@@ -236,9 +236,7 @@ def check_float_array(
     its rank-4 (left-padded) shape is returned, else its shape."""
     if not (hasattr(x, "shape") and hasattr(x, "dtype")):
         raise SpecError(name, f"a {ad.name} array", x)
-    xad = adapter_for(x, name)
-    if xad.name != ad.name:
-        raise SpecError(name, f"a {ad.name} array like q", f"a {xad.name} array")
+    xad = adapter_like(x, name, ad)
     why = xad.dense_problem(x)
     if why is not None:
         raise SpecError(name, f"a dense {ad.name} array", why)

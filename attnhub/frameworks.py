@@ -344,6 +344,15 @@ def adapter_for(x: Any, name: str = "q") -> Adapter:
     return found
 
 
+def adapter_like(x: Any, name: str, like: Adapter) -> Adapter:
+    """``x``'s adapter, which must be ``like``'s framework (q's): :class:`SpecError` naming ``name``
+    otherwise (SPEC §12: inputs of different frameworks, whatever their order)."""
+    xad = adapter_for(x, name)
+    if xad.name != like.name:
+        raise SpecError(name, f"a {like.name} array like q", f"a {xad.name} array")
+    return xad
+
+
 def _tf_record() -> Any:
     try:
         from tensorflow.python.eager import record

@@ -20,7 +20,7 @@ import numpy as np
 from attnhub.dispatch import CACHE, DISPATCHER, override_state
 from attnhub.errors import SpecError
 from attnhub.extras import Extras, check_int_array, int_arg
-from attnhub.frameworks import Adapter, adapter_for
+from attnhub.frameworks import Adapter, adapter_for, adapter_like
 from attnhub.readings import check_readable, reading
 from attnhub.request import build_request_ex, check_backend_arg
 
@@ -30,9 +30,7 @@ def _int32_array(name: str, x: Any, ndim: int, ad: Adapter) -> tuple[int, ...]:
     ``ndim`` whose values can be read (SPEC §10, §12); returns its shape."""
     if isinstance(x, (list, tuple)) or not (hasattr(x, "shape") and hasattr(x, "dtype")):
         raise SpecError(name, f"an int32 {ad.name} array like q", type(x).__name__)
-    xad = adapter_for(x, name)
-    if xad.name != ad.name:
-        raise SpecError(name, f"a {ad.name} array like q", f"a {xad.name} array")
+    adapter_like(x, name, ad)
     check_readable(name, x)
     dt = str(x.dtype).removeprefix("torch.").removeprefix("<dtype: '").removesuffix("'>")
     if dt != "int32":

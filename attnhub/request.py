@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from attnhub.errors import SpecError
-from attnhub.frameworks import FLOAT_DTYPES, Adapter, adapter_for
+from attnhub.frameworks import FLOAT_DTYPES, Adapter, adapter_for, adapter_like
 from attnhub.positions import check_position_range
 from attnhub.rules import SYNC_MODES, Causal, ExplicitMask, Full, Local, Rule
 
@@ -213,9 +213,7 @@ def build_request_ex(
     extras = ext.NONE if extras is None else extras
     ad = adapter_for(q, "q")
     for name, x in (("k", k), ("v", v)):
-        other = adapter_for(x, name)
-        if other.name != ad.name:
-            raise SpecError(name, f"a {ad.name} array like q", f"a {other.name} array")
+        adapter_like(x, name, ad)
     for name, x in (("q", q), ("k", k), ("v", v)):
         why = ad.dense_problem(x)
         if why is not None:
@@ -348,9 +346,7 @@ def _explicit_signature(
     mask: Any, ad: Adapter, b: int, hq: int, nq: int, nk: int, device: str
 ) -> ExplicitMask:
     """Check an explicit mask array (SPEC §3) and describe it as rank 4."""
-    mad = adapter_for(mask, "mask")
-    if mad.name != ad.name:
-        raise SpecError("mask", f"a {ad.name} array like q", f"a {mad.name} array")
+    mad = adapter_like(mask, "mask", ad)
     why = mad.dense_problem(mask)
     if why is not None:
         raise SpecError("mask", f"a dense {mad.name} array", why)
