@@ -55,6 +55,10 @@ def _merge(
         new = tl.where(tot == 0.0, float("-inf"), ref + tl.log(safe))
         inv = 1.0 / safe
         o = (o_a * (wa * inv)[:, None]) + (o_b * (wb * inv)[:, None])
+        # The rows are read and rewritten in place: no thread may store before every thread has
+        # read (a row's lse is read by every warp holding part of the row; without the barrier a
+        # warp could read the merged lse another warp had stored, and weight its part of O by it).
+        tl.debug_barrier()
         tl.store(pl, new, mask=rm)
     tl.store(po, o, mask=m2)
     if OUT:
