@@ -108,6 +108,7 @@ def _cases(world: int) -> list[dict]:
         {"id": "ring-docs-causal-bf16", "method": "ring", "mask": "causal", "docs": LONG_DOCS, "hq": 4, "hkv": 1,
          "dtype": bf16},
         {"id": "heads-causal", "method": "heads", "mask": "causal", "docs": None, "hq": 4, "hkv": 4},
+        {"id": "heads-causal-batch2", "method": "heads", "mask": "causal", "docs": None, "hq": 4, "hkv": 4, "b": 2},
         {"id": "heads-gqa-repeat", "method": "heads", "mask": "causal", "docs": None, "hq": 4 * world // 2,
          "hkv": 1},
         {"id": "heads-docs-causal", "method": "heads", "mask": "causal", "docs": LONG_DOCS, "hq": 4, "hkv": 4},
@@ -131,7 +132,7 @@ def _run(case: dict, sh: list, group=None):
 
 def _check(rank: int, world: int, n: int, case: dict) -> list[str]:
     dtype = case.get("dtype", torch.float32)
-    q, k, v, do = make_inputs(500 + n, 1, case["hq"], case["hkv"], 64, 64, 8, dtype, "cpu")
+    q, k, v, do = make_inputs(500 + n, case.get("b", 1), case["hq"], case["hkv"], 64, 64, 8, dtype, "cpu")
     if case["docs"] is None:
         out, lse, grads = reference(q, k, v, do, case["mask"], "none_front", None)
     else:

@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 import attnhub
-from attnhub.distributed.shard import shard, unshard_local
+from attnhub.distributed.schedule import chunk_ids, chunks_per_rank
+from attnhub.distributed.shard import unshard_local
 from attnhub.errors import SpecError
 
 
@@ -44,17 +45,37 @@ def _exchange(send: torch.Tensor, group: Any) -> torch.Tensor:
     return recv
 
 
+def _by_head_group(x: torch.Tensor, world: int) -> torch.Tensor:
+    """(B, H, ...) → (N, B, H/N, ...) contiguous, slice ``r`` head group ``r`` (a view, no copy,
+    for one contiguous batch row: packed documents and most long-context training)."""
+    if x.shape[0] == 1 and x.is_contiguous():
+        return x.view(world, 1, x.shape[1] // world, *x.shape[2:])
+    return torch.stack(x.chunk(world, dim=1)).contiguous()
+
+
+def _by_sequence_shard(x: torch.Tensor, s: Heads) -> torch.Tensor:
+    """(B, H/N, L, ...) → (N, B, H/N, L/N, ...), slice ``r`` rank ``r``'s sequence shard: every
+    element copied once, straight into the send buffer."""
+    per = chunks_per_rank(s.load_balance)
+    c = x.shape[2] // (s.world * per)
+    out = x.new_empty((s.world, *x.shape[:2], c * per, *x.shape[3:]))
+    for r in range(s.world):
+        for slot, cid in enumerate(chunk_ids(r, s.world, s.load_balance)):
+            out[r].narrow(2, slot * c, c).copy_(x.narrow(2, cid * c, c))
+    return out
+
+
 def seq_to_heads_raw(x: torch.Tensor, s: Heads) -> torch.Tensor:
     """(B, H, L/N, ...) sequence shard → (B, H/N, L, ...) head group ``rank``, global order."""
-    send = torch.stack(x.chunk(s.world, dim=1)).contiguous()  # (N, B, H/N, L/N, ...)
-    recv = _exchange(send, s.group)
+    recv = _exchange(_by_head_group(x, s.world), s.group)
     return unshard_local(list(recv.unbind(0)), dim=2, load_balance=s.load_balance)
 
 
 def heads_to_seq_raw(x: torch.Tensor, s: Heads) -> torch.Tensor:
     """The inverse: (B, H/N, L, ...) head group ``rank`` → (B, H, L/N, ...) sequence shard."""
-    parts = [shard(x, r, s.world, dim=2, load_balance=s.load_balance) for r in range(s.world)]
-    recv = _exchange(torch.stack(parts).contiguous(), s.group)
+    recv = _exchange(_by_sequence_shard(x, s), s.group)  # (N, B, H/N, L/N, ...): group r from rank r
+    if recv.shape[1] == 1:
+        return recv.view(1, recv.shape[0] * recv.shape[2], *recv.shape[3:])
     return torch.cat(recv.unbind(0), dim=1)
 
 
