@@ -101,6 +101,11 @@ class Backend:
     reads_additive_mask: ClassVar[bool] = False
     #: Name and version of what the backend runs on, for ``attnhub info``.
     requires: ClassVar[tuple[str, ...]] = ()
+    #: A kernel its framework or hardware vendor ships (torch's SDPA kernels, cuDNN). Where no
+    #: profile measured a request's class, ``auto`` tries vendor kernels first for plain dense
+    #: requests (Full or Causal, no SPEC §9-§11 argument): tuned for every device their vendor
+    #: supports, they are the safe pick on a device attnhub has never measured (docs/dispatch.md).
+    vendor: ClassVar[bool] = False
 
     def availability(self) -> str | None:
         """None when the backend can run on this machine, else a reason a user can act on."""

@@ -65,15 +65,32 @@ class Explanation:
     mode: str
     chosen: str | None
     verdicts: list[Verdict] = field(default_factory=list)
-    #: The profile measurements that ordered the candidates (None: declared priority decided).
+    #: The profile measurements that ordered the candidates (None: the prior decided).
     measured: profile.Measured | None = None
+    #: The candidates in the order auto tries them (the chosen one first).
+    order: list[str] = field(default_factory=list)
+    #: The measured class lacks a candidate the prior puts first (a vendor kernel that could not
+    #: run the request when the class was measured): a first-use measurement completes it.
+    incomplete: bool = False
+
+    @property
+    def basis(self) -> str:
+        """Where the choice comes from: "shipped profile", "first-use measurement", "user
+        profile" or "prior"."""
+        return "prior" if self.measured is None else self.measured.origin
 
     def __str__(self) -> str:
         lines = [f"request: {self.request.describe()}", f"mode: {self.mode}"]
         if self.measured is not None:
             lines.append(f"order: by {self.measured.describe()}")
+            if self.incomplete:
+                lines.append(
+                    f"  (the class lacks {', '.join(self._unmeasured())}: measured on first use where it applies)"
+                )
         else:
-            lines.append("order: by priority (no measured class for this request on this device)")
+            lines.append(
+                f"order: by the prior ({PRIOR_TEXT}; no measured class for this request on this device)"
+            )
         width = max([len(v.name) for v in self.verdicts] + [7])
         lines.append(f"{'backend':<{width}}  prio  verdict")
         for v in self.verdicts:
@@ -86,14 +103,34 @@ class Explanation:
                 elif self.measured is not None:
                     verdict = "can run it (not measured)"
                 else:
-                    verdict = "can run it (lower priority)"
+                    verdict = "can run it (later in the prior's order)"
             else:
                 verdict = "; ".join(v.reasons)
             if v.note and not v.reasons:
                 verdict += f" ({v.note})"
             lines.append(f"{v.name:<{width}}  {v.priority:>4}  {verdict}")
-        lines.append(f"chosen: {self.chosen or 'none'}")
+        lines.append(f"chosen: {self.chosen or 'none'} (by {self.basis})")
         return "\n".join(lines)
+
+    def _unmeasured(self) -> list[str]:
+        return [v.name for v in self.verdicts if not v.reasons and v.measured_ms is None]
+
+
+#: The prior, in words (explain's output and docs/dispatch.md).
+PRIOR_TEXT = "vendor kernels first for plain dense requests, then declared priority"
+
+
+def plain(req: Request) -> bool:
+    """A dense request vendor kernels are built for: the rule Full or Causal (any sync) and no
+    SPEC §9-§11 argument (bias, softcap, sinks, lengths, packed or paged keys, offsets)."""
+    return type(req.rule).__name__ in ("Full", "Causal") and not req.modified
+
+
+def prior_rank(b: Backend, req: Request) -> int:
+    """The prior's bucket of ``b`` for ``req`` (lower first; priority orders within a bucket):
+    vendor kernels lead for :func:`plain` requests, own kernels for everything else, where only
+    they compute the request natively (masks, biases, lengths and the rest)."""
+    return 0 if b.vendor and plain(req) else 1
 
 
 def _mode(backend: str) -> tuple[str, str | None]:
@@ -156,7 +193,8 @@ def explain_request(req: Request, backend: str = "auto") -> Explanation:
     In auto mode a backend whose stored certification report for this device has a failing case
     is declined; the others that can run the request are tried fastest first when this device's
     profile has a class near the request's (:func:`attnhub.profile.lookup`), a measured backend
-    before every unmeasured one (which keep their priority order), else by priority.
+    before every unmeasured one, else (and among the unmeasured) in the prior's order
+    (:func:`prior_rank`, then declared priority).
     """
     mode, name = _mode(backend)
     disabled = _disabled()
@@ -182,16 +220,26 @@ def explain_request(req: Request, backend: str = "auto") -> Explanation:
             failed = profile.certify_failure(v.name, req.device)
             if failed is not None:
                 v.reasons.append(certify_reason(failed))
+        ranks = {v.name: prior_rank(table[v.name], req) for v in runnable}
         order = sorted(
             (v for v in runnable if not v.reasons),
-            key=lambda v: (v.measured_ms is None, v.measured_ms or 0.0),  # stable: priority among equals
+            # measured first, fastest first; then the prior's buckets; stable: priority within them
+            key=lambda v: (v.measured_ms is None, v.measured_ms or 0.0, ranks[v.name]),
         )
         chosen = order[0].name if order else None
+        # A measured class that lacks a vendor kernel the prior puts first (one that could not run
+        # the request when the class was measured, e.g. bfloat16 gradients before 2026-11-28).
+        incomplete = measured is not None and any(v.measured_ms is None and ranks[v.name] == 0 for v in order)
+        return _finish(req, mode, chosen, verdicts, measured, table, [v.name for v in order], incomplete)
+    return _finish(req, mode, chosen, verdicts, measured, table, [chosen] if chosen else [], False)
+
+
+def _finish(req, mode, chosen, verdicts, measured, table, order, incomplete) -> Explanation:
     for v in verdicts:
         v.chosen = v.name == chosen
         if not v.reasons and v.name in table:
             v.note = backend_note(table[v.name], req)
-    return Explanation(req, mode, chosen, verdicts, measured)
+    return Explanation(req, mode, chosen, verdicts, measured, order, incomplete)
 
 
 def backend_note(b: Backend, req: Request) -> str | None:
@@ -281,7 +329,7 @@ class Dispatcher:
             self.cache.put(key, table[name])
             return table[name]
         exp = explain_request(req, backend)
-        if exp.mode == "auto" and exp.measured is None and settings.value("ATTNHUB_AUTOTUNE"):
+        if exp.mode == "auto" and (exp.measured is None or exp.incomplete):
             exp = _autotune(req, exp)
         if exp.chosen is None:
             if name is not None:
@@ -294,14 +342,21 @@ class Dispatcher:
 
 
 def _autotune(req: Request, exp: Explanation) -> Explanation:
-    """``ATTNHUB_AUTOTUNE``: time the candidates of a request class the profile lacks, on random
-    inputs of the request's shapes (the caller's arrays are never touched), then choose again."""
-    names = [v.name for v in exp.verdicts if not v.reasons]
-    if len(names) < 2:
+    """First-use measurement (``ATTNHUB_AUTOTUNE``; by default CUDA requests long enough to time):
+    time the candidates of a class the profile lacks (or lacks the prior's first pick for), in
+    the prior's order, on random inputs of the request's shapes (the caller's arrays are never
+    touched), then choose again. A timing the tuner does not trust is not kept: the prior decides."""
+    if len(exp.order) < 2:
         return exp
     from attnhub import tuner
 
-    if not tuner.can_measure(req) or tuner.measure_request(req, names) is None:
+    mode = settings.value("ATTNHUB_AUTOTUNE")
+    if not tuner.worth_measuring(req, mode) or not tuner.can_measure(req):
+        return exp
+    table = REGISTRY.backends()
+    rank = {name: i for i, name in enumerate(table)}  # the registry lists by declared priority
+    names = sorted(exp.order, key=lambda n: (prior_rank(table[n], req), rank[n]))
+    if tuner.measure_request(req, names) is None:
         return exp
     return explain_request(req, "auto")
 

@@ -213,6 +213,10 @@ def class_text(cls: tuple) -> str:
 # --- profiles ----------------------------------------------------------------------------------
 
 
+#: The case label prefix of classes measured on first use (``ATTNHUB_AUTOTUNE``).
+FIRST_USE = "first use: "
+
+
 @dataclass
 class Entry:
     """One class's measurements: milliseconds per backend (None: it failed to run), and where from."""
@@ -302,10 +306,21 @@ class Measured:
     ms: dict[str, float | None]
     source: str
     exact: bool
+    case: str = ""
+
+    @property
+    def origin(self) -> str:
+        """Where the figures come from: "shipped profile", "first-use measurement" (the class was
+        timed on its first ``auto`` call on this device) or "user profile" (``attnhub tune``)."""
+        if Path(self.source).parent == SHIPPED_DIR:
+            return "shipped profile"
+        if self.case.startswith(FIRST_USE):
+            return "first-use measurement"
+        return "user profile"
 
     def describe(self) -> str:
         how = "" if self.exact else "nearest "
-        return f"{how}measured class {class_text(self.cls)} ({self.source})"
+        return f"{how}measured class {class_text(self.cls)} ({self.origin}: {self.source})"
 
 
 def lookup(req: Request) -> Measured | None:
@@ -321,7 +336,7 @@ def lookup(req: Request) -> Measured | None:
     if hit is None:
         return None
     found, entry = hit
-    return Measured(key, found, dict(entry.ms), entry.source, found == cls[: len(found)])
+    return Measured(key, found, dict(entry.ms), entry.source, found == cls[: len(found)], entry.case)
 
 
 def record(

@@ -43,6 +43,15 @@ class Setting:
 # --- parsers -----------------------------------------------------------------------------------
 
 
+def _autotune_mode(text: str) -> str:
+    """``ATTNHUB_AUTOTUNE``: "on" (every class the profile lacks), "off", or "auto" (the default:
+    CUDA requests long enough to time, :func:`attnhub.tuner.worth_measuring`)."""
+    low = text.strip().lower()
+    if low in ("", "auto"):
+        return "auto"
+    return "on" if _flag(low) else "off"
+
+
 def _flag(text: str) -> bool:
     low = text.strip().lower()
     if low in ("1", "true", "yes", "on"):
@@ -140,7 +149,7 @@ def _declare(name: str, parse, default, meaning: str, audience: str = "dev", exp
 _declare("ATTNHUB_BACKEND", _name, None, "backend that backend='auto' means (as use_backend)", "user", "a backend name")
 _declare("ATTNHUB_DISABLE", _names, frozenset(), "backends auto dispatch never picks", "user", "name1,name2")
 _declare("ATTNHUB_CACHE_DIR", _path, None, "where compiled kernels, timing profiles and certify verdicts are kept (default ~/.cache/attnhub)", "user", "a directory")
-_declare("ATTNHUB_AUTOTUNE", _flag, False, "auto: time the candidates on first use of a request class the profile lacks", "user", "0 or 1")
+_declare("ATTNHUB_AUTOTUNE", _autotune_mode, "auto", "auto: time the candidates on first use of a request class the profile lacks (auto: on CUDA, for calls long enough to time)", "user", "1 (always), 0 (never) or auto")
 _declare("ATTNHUB_IPU_EMULATE", _flag, False, "run the ipu backend's PopTorch graph on CPU tensors", "user", "0 or 1")
 _declare("ATTNHUB_TRITON_TUNE", _flag, True, "use the triton configs that `attnhub warmup --tune` recorded for this GPU", "user", "0 or 1")
 _declare("ATTNHUB_JAX_PALLAS", _pallas_mode, "on", "jax backend's Pallas GPU path (interpret: Pallas interpreter)", "user", "1 (on), 0 (off) or interpret")

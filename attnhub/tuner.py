@@ -135,19 +135,20 @@ def case_request(case: Case, device: str) -> Request:
 
 
 def candidates(req: Request, only: list[str] | None = None) -> list[str]:
-    """The backends auto may pick for ``req`` (highest priority first), optionally only ``only``."""
-    from attnhub.dispatch import _disabled, backend_reasons
+    """The backends auto may pick for ``req``, in the prior's order (the dispatch order where
+    nothing is measured), optionally only ``only``."""
+    from attnhub.dispatch import _disabled, backend_reasons, prior_rank
     from attnhub.registry import REGISTRY
 
     disabled = _disabled()
-    names = []
+    found = []
     for b in REGISTRY.backends().values():
         if only is not None and b.name not in only:
             continue
         if backend_reasons(b, req, disabled) or profile.certify_failure(b.name, req.device):
             continue
-        names.append(b.name)
-    return names
+        found.append(b)
+    return [b.name for b in sorted(found, key=lambda b: prior_rank(b, req))]
 
 
 def _runner(name: str, case: Case) -> Callable[[Any, Any, Any], Any]:
@@ -209,13 +210,23 @@ class ClassTimes:
     ms: dict[str, float | None]
     errors: dict[str, str]
     how: dict[str, str]
+    #: False when a challenger the re-timing confirmed is not faster than the prior in every pair
+    #: of their figures (its slower figure against the prior's faster one): the rounds disagree by
+    #: more than the margin, so the order is noise. First-use measurement then records nothing.
+    trusted: bool = True
+
+
+def _clearly_faster(a: tuple, b: tuple) -> bool:
+    """Every figure of ``a`` below every figure of ``b`` (None: failed)."""
+    known_a, known_b = [t for t in a if t is not None], [t for t in b if t is not None]
+    return bool(known_a) and bool(known_b) and max(known_a) < min(known_b)
 
 
 def time_class(
     case: Case, names: list[str], device: str, warmup: int | None = None, rep: int | None = None
 ) -> ClassTimes:
-    """Time ``names`` (highest declared priority first, as :func:`candidates` lists them) on
-    ``case``, re-timing where the measurement would overturn the priority order.
+    """Time ``names`` (the prior's order, as :func:`candidates` lists them) on ``case``,
+    re-timing where the measurement would overturn that order.
 
     The *prior* is the first name that ran. Each backend that timed faster than it (a challenger)
     is timed again together with the prior. A challenger the re-timing confirms (faster than the
@@ -235,10 +246,12 @@ def time_class(
         return ClassTimes(ms, errors, how)
     again_how: dict[str, str] = {}
     again, again_errors = time_candidates(case, [prior, *challengers], device, warmup, rep, again_how)
+    trusted = True
     ms[prior] = _better(first[prior], again[prior])
     how[prior] = f"{first_how[prior]}; re-timed: {_shown(again[prior])}; the better kept"
     for n in challengers:
         if again[n] is not None and (again[prior] is None or again[n] < again[prior]):
+            trusted = trusted and _clearly_faster((first[n], again[n]), (first[prior], again[prior]))
             ms[n] = _better(first[n], again[n])
             how[n] = (
                 f"{first_how[n]}; re-timed against {prior}: {_shown(again[n])}, confirmed; the better kept"
@@ -251,7 +264,7 @@ def time_class(
                 f"{again_how[n]}; re-timing against {prior}, not confirmed: the first timing "
                 f"({_shown(first[n])}) is dropped"
             )
-    return ClassTimes(ms, errors, how)
+    return ClassTimes(ms, errors, how, trusted)
 
 
 def _better(a: float | None, b: float | None) -> float | None:
@@ -386,6 +399,31 @@ def can_measure(req: Request) -> bool:
     return True
 
 
+#: First use under ``ATTNHUB_AUTOTUNE=auto``: CUDA requests of at least this many FLOPs (forward;
+#: 3.5× with gradients), about 50 µs at 500 TFLOP/s. Shorter calls come in loops whose time is the
+#: host's, where the prior (the vendor kernel) is already the right pick, and their first-use timing
+#: would cost more than a whole run of them gains.
+FIRST_USE_MIN_FLOPS = 2.5e10
+
+
+def request_flops(req: Request) -> float:
+    """FlashAttention's count for ``req``: 4·B·Hq·Lq·Lk·D (D the mean of Dqk and Dv), halved under
+    a causal rule, 3.5× with gradients."""
+    flops = 2.0 * req.batch * req.heads_q * req.nq * req.nk * (req.dim_qk + req.dim_v)
+    if type(req.rule).__name__ == "Causal":
+        flops /= 2
+    return flops * (3.5 if req.needs_grad else 1.0)
+
+
+def worth_measuring(req: Request, mode: str) -> bool:
+    """Whether ``auto`` times ``req``'s class on first use under ``ATTNHUB_AUTOTUNE=mode``."""
+    if mode == "on":
+        return True
+    if mode != "auto" or req.device_type != "cuda":
+        return False
+    return request_flops(req) >= FIRST_USE_MIN_FLOPS
+
+
 def measure_request(req: Request, names: list[str]) -> Path | None:
     """Time ``names`` on fresh random inputs of ``req``'s shapes (never the caller's arrays) and add
     the class to the user's profile; the path written, or None when it could not be measured."""
@@ -415,7 +453,7 @@ def measure_request(req: Request, names: list[str]) -> Path | None:
     if req.dim_v != req.dim_qk:
         return None
     timed = time_class(case, names, req.device)
-    if all(t is None for t in timed.ms.values()):
-        return None
+    if all(t is None for t in timed.ms.values()) or not timed.trusted:
+        return None  # nothing usable, or a disturbed machine: the prior decides, nothing is kept
     meta = {"command": "ATTNHUB_AUTOTUNE (measured on first use)"}
-    return profile.record(key, [(cls, timed.ms, case.label(), timed.how)], meta)
+    return profile.record(key, [(cls, timed.ms, profile.FIRST_USE + case.label(), timed.how)], meta)

@@ -37,6 +37,7 @@ class NullBackend(attnhub.Backend):
 
     name = "null-benchmark"
     priority = 1000
+    vendor = True  # first in the prior's order for this plain request too
     frameworks = ("numpy", "torch")
 
     def __init__(self) -> None:

@@ -203,6 +203,7 @@ class _SdpaCallingBackend(attnhub.Backend):
 
     name = "sdpa-caller-test"
     priority = 10_000
+    vendor = True  # it runs torch's SDPA: first in the prior's order for plain requests too
     frameworks = ("torch",)
     calls = 0
 

@@ -93,8 +93,8 @@ def measure(times, n=8, d=16, mask=None):
 def test_without_a_profile_priority_decides(pair):
     exp = attnhub.explain(*qkv())
     assert exp.chosen == "t_prof_high" and exp.measured is None
-    assert "order: by priority" in str(exp)
-    assert "can run it (lower priority)" in str(exp)
+    assert "order: by the prior" in str(exp) and exp.basis == "prior"
+    assert "can run it (later in the prior's order)" in str(exp)
 
 
 def test_profile_makes_auto_pick_the_measured_faster_backend(pair):
@@ -402,3 +402,144 @@ def test_sized_classes_round_trip_through_json():
     plain = profile.request_class(sized_req(8, 12, 512))
     assert "bh" not in profile.class_to_json(plain)
     assert profile.class_from_json(profile.class_to_json(plain)) == plain
+
+
+# --- the prior (no profile for the device) and trusted first-use timings (issue 37) ---------------
+
+
+class OwnKernel(_Counting):
+    name = "t_prior_own"
+    priority = 90
+    features = _Counting.features | {"softcap", "offsets"}
+
+
+class VendorKernel(_Counting):
+    name = "t_prior_vendor"
+    priority = 10
+    vendor = True
+    features = _Counting.features | {"softcap", "offsets"}
+
+
+@pytest.fixture
+def own_and_vendor(cache_dir, monkeypatch):
+    monkeypatch.setenv("ATTNHUB_DISABLE", "reference")
+    plugin = Plugin(OwnKernel(), VendorKernel())
+    REGISTRY.register_plugin(plugin)
+    yield {b.name: b for b in plugin.backends}
+    REGISTRY.unregister_plugin(plugin)
+
+
+@pytest.mark.parametrize("mask", [None, "causal"])
+def test_prior_takes_the_vendor_kernel_for_plain_requests(own_and_vendor, mask):
+    exp = attnhub.explain(*qkv(), mask=mask)
+    assert exp.measured is None and exp.basis == "prior"
+    assert exp.chosen == "t_prior_vendor" and exp.order == ["t_prior_vendor", "t_prior_own"], str(exp)
+    assert "chosen: t_prior_vendor (by prior)" in str(exp)
+
+
+@pytest.mark.parametrize(
+    "kw", [{"mask": attnhub.Local(3)}, {"softcap": 5.0}, {"mask": "causal", "q_offset": 2}], ids=str
+)
+def test_prior_takes_own_kernels_for_everything_else(own_and_vendor, kw):
+    """Windows, SPEC §9-§11 arguments: the vendor kernel may run them (here: softcap), but attnhub's
+    own kernels compute them natively; priority decides among the own kernels."""
+    exp = attnhub.explain(*qkv(), **kw)
+    assert exp.chosen == "t_prior_own", str(exp)
+
+
+def test_measured_times_overrule_the_prior(own_and_vendor):
+    measure({"t_prior_own": 1.0, "t_prior_vendor": 2.0})
+    exp = attnhub.explain(*qkv())
+    assert exp.chosen == "t_prior_own" and exp.basis == "user profile" and not exp.incomplete
+
+
+def test_a_class_lacking_the_priors_vendor_kernel_is_incomplete(own_and_vendor, monkeypatch):
+    """A class measured before the vendor kernel could run the request (the SDPA kernels and bf16
+    gradients until 2026-11-28): the measured backend still leads, but the class is incomplete,
+    and a first-use measurement (ATTNHUB_AUTOTUNE=1 on the CPU) completes it."""
+    from attnhub import tuner
+
+    measure({"t_prior_own": 1.0})
+    exp = attnhub.explain(*qkv())
+    assert exp.chosen == "t_prior_own" and exp.incomplete and "t_prior_vendor" in str(exp)
+    seen = []
+
+    def fake_time_class(case, names, device, *a, **kw):
+        seen.append(list(names))
+        return tuner.ClassTimes({"t_prior_vendor": 0.5, "t_prior_own": 1.0}, {}, {}, True)
+
+    monkeypatch.setattr(tuner, "time_class", fake_time_class)
+    monkeypatch.setattr(tuner, "_tried", set())
+    monkeypatch.setattr(tuner, "can_measure", lambda req: True)
+    monkeypatch.setenv("ATTNHUB_AUTOTUNE", "1")
+    attnhub.attention(*qkv())
+    assert seen == [["t_prior_vendor", "t_prior_own"]]  # timed in the prior's order
+    exp = attnhub.explain(*qkv())
+    assert exp.chosen == "t_prior_vendor" and exp.basis == "first-use measurement", str(exp)
+
+
+def _rounds(first: dict, again: dict):
+    """A time_candidates stand-in: ``first`` on its first call, ``again`` after."""
+    calls = []
+
+    def fake(case, names, device, warmup=None, rep=None, how=None):
+        figures = first if not calls else again
+        calls.append(list(names))
+        if how is not None:
+            how.update({n: "fake" for n in names})
+        return {n: figures[n] for n in names}, {}
+
+    return fake, calls
+
+
+def test_a_timing_the_rounds_disagree_on_is_never_persisted(own_and_vendor, monkeypatch):
+    """The challenger is faster in both rounds, but its slower figure does not beat the prior's
+    faster one: the order is noise. Nothing is recorded, and the prior keeps deciding."""
+    from attnhub import tuner
+
+    fake, calls = _rounds(
+        {"t_prior_vendor": 0.7, "t_prior_own": 0.6}, {"t_prior_vendor": 1.0, "t_prior_own": 0.9}
+    )
+    monkeypatch.setattr(tuner, "time_candidates", fake)
+    monkeypatch.setattr(tuner, "_tried", set())
+    monkeypatch.setattr(tuner, "can_measure", lambda req: True)
+    monkeypatch.setenv("ATTNHUB_AUTOTUNE", "1")
+    out = attnhub.attention(*qkv())
+    assert len(calls) == 2  # timed, then re-timed
+    assert out.shape == (1, 2, 8, 16)
+    assert not profile.user_profile_path(cpu_key()).exists()
+    exp = attnhub.explain(*qkv())
+    assert exp.chosen == "t_prior_vendor" and exp.basis == "prior"
+
+
+def test_a_timing_both_rounds_agree_on_is_persisted(own_and_vendor, monkeypatch):
+    from attnhub import tuner
+
+    fake, calls = _rounds(
+        {"t_prior_vendor": 1.0, "t_prior_own": 0.5}, {"t_prior_vendor": 0.9, "t_prior_own": 0.4}
+    )
+    monkeypatch.setattr(tuner, "time_candidates", fake)
+    monkeypatch.setattr(tuner, "_tried", set())
+    monkeypatch.setattr(tuner, "can_measure", lambda req: True)
+    monkeypatch.setenv("ATTNHUB_AUTOTUNE", "1")
+    attnhub.attention(*qkv())
+    assert profile.user_profile_path(cpu_key()).exists()
+    exp = attnhub.explain(*qkv())
+    assert exp.chosen == "t_prior_own" and exp.basis == "first-use measurement"
+    assert exp.measured.ms == {"t_prior_vendor": 0.9, "t_prior_own": 0.4}
+
+
+def test_first_use_measurement_by_default_only_on_cuda_for_long_calls():
+    from dataclasses import replace
+
+    from attnhub import settings, tuner
+
+    assert settings.SETTINGS["ATTNHUB_AUTOTUNE"].default == "auto"
+    big = request_from_shapes((4, 16, 4096, 128), (4, 16, 4096, 128), (4, 16, 4096, 128), mask="causal")
+    small = request_from_shapes((8, 12, 512, 64), (8, 12, 512, 64), (8, 12, 512, 64), mask="causal")
+    assert not tuner.worth_measuring(big, "auto")  # a CPU request
+    assert tuner.worth_measuring(replace(big, device="cuda:0"), "auto")
+    assert not tuner.worth_measuring(replace(small, device="cuda:0"), "auto")  # host-bound size
+    assert not tuner.worth_measuring(replace(big, device="cuda:0"), "off")
+    assert tuner.worth_measuring(small, "on")
+    assert tuner.request_flops(big) == 4 * 4 * 16 * 4096 * 4096 * 128 / 2

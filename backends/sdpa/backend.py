@@ -87,6 +87,7 @@ def _grads_by_autograd(backend: Backend, q, k, v, dout, req, mask, operands=None
 
 class _SdpaBase(Backend):
     frameworks: ClassVar[tuple[str, ...]] = ("torch",)
+    vendor: ClassVar[bool] = True  # torch's own kernels
     #: backward re-runs the kernel under torch autograd (so torch.compile's backward op avoids it)
     backward_by_autograd: ClassVar[bool] = True
     requires: ClassVar[tuple[str, ...]] = ("torch",)
@@ -730,6 +731,7 @@ class SdpaFlash(_SdpaCuda):
     """SDPA's FlashAttention-2 kernel."""
 
     name: ClassVar[str] = "sdpa-flash"
+    priority: ClassVar[int] = 41
     kernel: ClassVar[str] = "FLASH_ATTENTION"
     probe: ClassVar[str] = "can_use_flash_attention"
     dtypes: ClassVar[tuple[str, ...]] = _HALF
@@ -764,6 +766,7 @@ class SdpaCudnn(_SdpaCuda):
     """SDPA's cuDNN kernel."""
 
     name: ClassVar[str] = "sdpa-cudnn"
+    priority: ClassVar[int] = 42
     kernel: ClassVar[str] = "CUDNN_ATTENTION"
     probe: ClassVar[str] = "can_use_cudnn_attention"
     dtypes: ClassVar[tuple[str, ...]] = _HALF
