@@ -478,8 +478,11 @@ def test_a_class_lacking_the_priors_vendor_kernel_is_incomplete(own_and_vendor, 
     assert exp.chosen == "t_prior_vendor" and exp.basis == "first-use measurement", str(exp)
 
 
-def _rounds(first: dict, again: dict):
-    """A time_candidates stand-in: ``first`` on its first call, ``again`` after."""
+def _timed_rounds(monkeypatch, first: dict, again: dict) -> list:
+    """First-use measurement on (ATTNHUB_AUTOTUNE=1) with time_candidates giving ``first`` on its
+    first call and ``again`` after; the list of the names each call timed."""
+    from attnhub import tuner
+
     calls = []
 
     def fake(case, names, device, warmup=None, rep=None, how=None):
@@ -489,21 +492,19 @@ def _rounds(first: dict, again: dict):
             how.update({n: "fake" for n in names})
         return {n: figures[n] for n in names}, {}
 
-    return fake, calls
+    monkeypatch.setattr(tuner, "time_candidates", fake)
+    monkeypatch.setattr(tuner, "_tried", set())
+    monkeypatch.setattr(tuner, "can_measure", lambda req: True)
+    monkeypatch.setenv("ATTNHUB_AUTOTUNE", "1")
+    return calls
 
 
 def test_a_timing_the_rounds_disagree_on_is_never_persisted(own_and_vendor, monkeypatch):
     """The challenger is faster in both rounds, but its slower figure does not beat the prior's
     faster one: the order is noise. Nothing is recorded, and the prior keeps deciding."""
-    from attnhub import tuner
-
-    fake, calls = _rounds(
-        {"t_prior_vendor": 0.7, "t_prior_own": 0.6}, {"t_prior_vendor": 1.0, "t_prior_own": 0.9}
+    calls = _timed_rounds(
+        monkeypatch, {"t_prior_vendor": 0.7, "t_prior_own": 0.6}, {"t_prior_vendor": 1.0, "t_prior_own": 0.9}
     )
-    monkeypatch.setattr(tuner, "time_candidates", fake)
-    monkeypatch.setattr(tuner, "_tried", set())
-    monkeypatch.setattr(tuner, "can_measure", lambda req: True)
-    monkeypatch.setenv("ATTNHUB_AUTOTUNE", "1")
     out = attnhub.attention(*qkv())
     assert len(calls) == 2  # timed, then re-timed
     assert out.shape == (1, 2, 8, 16)
@@ -513,16 +514,11 @@ def test_a_timing_the_rounds_disagree_on_is_never_persisted(own_and_vendor, monk
 
 
 def test_a_timing_both_rounds_agree_on_is_persisted(own_and_vendor, monkeypatch):
-    from attnhub import tuner
-
-    fake, calls = _rounds(
-        {"t_prior_vendor": 1.0, "t_prior_own": 0.5}, {"t_prior_vendor": 0.9, "t_prior_own": 0.4}
+    calls = _timed_rounds(
+        monkeypatch, {"t_prior_vendor": 1.0, "t_prior_own": 0.5}, {"t_prior_vendor": 0.9, "t_prior_own": 0.4}
     )
-    monkeypatch.setattr(tuner, "time_candidates", fake)
-    monkeypatch.setattr(tuner, "_tried", set())
-    monkeypatch.setattr(tuner, "can_measure", lambda req: True)
-    monkeypatch.setenv("ATTNHUB_AUTOTUNE", "1")
     attnhub.attention(*qkv())
+    assert len(calls) == 2  # timed, then re-timed
     assert profile.user_profile_path(cpu_key()).exists()
     exp = attnhub.explain(*qkv())
     assert exp.chosen == "t_prior_own" and exp.basis == "first-use measurement"
