@@ -381,7 +381,8 @@ _tried: set[tuple] = set()
 
 def can_measure(req: Request) -> bool:
     """Whether :func:`measure_request` can time ``req``: concrete torch inputs, a rule (no mask
-    array), not inside torch.compile or CUDA graph capture."""
+    array), not inside torch.compile or CUDA graph capture, and on a GPU room for the timing's
+    fresh inputs (:func:`fits`)."""
     if req.framework != "torch" or req.symbolic or req.is_empty or req.ndim != 1:
         return False
     if type(req.rule).__name__ == "ExplicitMask":
@@ -396,6 +397,10 @@ def can_measure(req: Request) -> bool:
             return False
     except Exception:
         return False
+    if req.device_type == "cuda":
+        free = _free_bytes(req.device)
+        if free is None or not fits(req, free):
+            return False
     return True
 
 
@@ -422,6 +427,35 @@ def worth_measuring(req: Request, mode: str) -> bool:
     if mode != "auto" or req.device_type != "cuda":
         return False
     return request_flops(req) >= FIRST_USE_MIN_FLOPS
+
+
+_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+
+
+def timing_bytes(req: Request) -> int:
+    """Device memory a timing of ``req`` allocates at most: fresh q, k, v and out (their
+    gradients too when it needs them), plus as much again for a backend's workspace (its lse,
+    saved tensors, split-KV partials)."""
+    per = _BYTES.get(req.dtype, 8)
+    q = req.batch * req.heads_q * req.nq * req.dim_qk
+    kv = req.batch * req.heads_kv * req.nk * (req.dim_qk + req.dim_v)
+    out = req.batch * req.heads_q * req.nq * req.dim_v
+    arrays = (q + kv + out) * per * (2 if req.needs_grad else 1)
+    return 2 * arrays
+
+
+def fits(req: Request, free_bytes: int) -> bool:
+    """Whether a first-use timing of ``req`` fits in ``free_bytes`` with half of them to spare:
+    timing must never make a call that fits run out of memory."""
+    return 2 * timing_bytes(req) <= free_bytes
+
+
+def _free_bytes(device: str) -> int | None:
+    torch = sys.modules.get("torch")
+    try:
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    except Exception:
+        return None
 
 
 def measure_request(req: Request, names: list[str]) -> Path | None:

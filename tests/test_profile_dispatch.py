@@ -539,3 +539,13 @@ def test_first_use_measurement_by_default_only_on_cuda_for_long_calls():
     assert not tuner.worth_measuring(replace(big, device="cuda:0"), "off")
     assert tuner.worth_measuring(small, "on")
     assert tuner.request_flops(big) == 4 * 4 * 16 * 4096 * 4096 * 128 / 2
+
+
+def test_first_use_timing_is_skipped_where_its_inputs_would_not_fit():
+    """Timing allocates fresh inputs: never where that could run a call that fits out of memory."""
+    from attnhub import tuner
+
+    req = request_from_shapes((1, 32, 131072, 128), (1, 8, 131072, 128), (1, 8, 131072, 128), mask="causal")
+    need = tuner.timing_bytes(req)
+    assert need == 2 * (32 + 8 * 2 + 32) * 131072 * 128 * 4  # float32: q, k, v, out, twice
+    assert tuner.fits(req, 2 * need) and not tuner.fits(req, 2 * need - 1)
