@@ -444,10 +444,15 @@ def timing_bytes(req: Request) -> int:
     return 2 * arrays
 
 
+#: What ``triton.testing.do_bench`` allocates to flush the L2 cache between timed calls.
+FLUSH_BYTES = 256 * 10**6
+
+
 def fits(req: Request, free_bytes: int) -> bool:
-    """Whether a first-use timing of ``req`` fits in ``free_bytes`` with half of them to spare:
-    timing must never make a call that fits run out of memory."""
-    return 2 * timing_bytes(req) <= free_bytes
+    """Whether a first-use timing of ``req`` (its arrays and do_bench's L2 flush buffer) fits in
+    ``free_bytes`` with as much again to spare: timing must never make a call that fits run out of
+    memory."""
+    return 2 * (timing_bytes(req) + FLUSH_BYTES) <= free_bytes
 
 
 def _free_bytes(device: str) -> int | None:
