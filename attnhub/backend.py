@@ -106,6 +106,10 @@ class Backend:
     #: requests (Full or Causal, no SPEC §9-§11 argument): tuned for every device their vendor
     #: supports, they are the safe pick on a device attnhub has never measured (docs/dispatch.md).
     vendor: ClassVar[bool] = False
+    #: A vendor kernel with the least host and launch cost per call: the prior tries it first for
+    #: plain calls too small to time (below :data:`attnhub.dispatch.SMALL_CALL_FLOPS`), where a
+    #: loop of calls runs at the host's pace.
+    light_calls: ClassVar[bool] = False
 
     def availability(self) -> str | None:
         """None when the backend can run on this machine, else a reason a user can act on."""

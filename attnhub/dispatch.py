@@ -117,7 +117,7 @@ class Explanation:
 
 
 #: The prior, in words (explain's output and docs/dispatch.md).
-PRIOR_TEXT = "vendor kernels first for plain dense requests, then declared priority"
+PRIOR_TEXT = "vendor kernels first for plain dense requests (the lightest-call one for small calls), then declared priority"
 
 
 def plain(req: Request) -> bool:
@@ -126,11 +126,21 @@ def plain(req: Request) -> bool:
     return type(req.rule).__name__ in ("Full", "Causal") and not req.modified
 
 
+#: Plain calls below this many FLOPs (``Request.flops``) run at the host's pace in a loop: the
+#: prior tries the vendor kernel with the lightest calls first (``Backend.light_calls``). On the
+#: H100 and H200 that picks the fastest loop at (1, 8, 1, 512) and (1, 8, 128, 128), D 64
+#: (2·10^7 FLOPs and less), and leaves (8, 12, 512, 512) (3·10^9) to cuDNN.
+SMALL_CALL_FLOPS = 1e9
+
+
 def prior_rank(b: Backend, req: Request) -> int:
     """The prior's bucket of ``b`` for ``req`` (lower first; priority orders within a bucket):
-    vendor kernels lead for :func:`plain` requests, own kernels for everything else, where only
-    they compute the request natively (masks, biases, lengths and the rest)."""
-    return 0 if b.vendor and plain(req) else 1
+    vendor kernels lead for :func:`plain` requests (the lightest-call one first for calls under
+    :data:`SMALL_CALL_FLOPS`), own kernels for everything else, where only they compute the
+    request natively (masks, biases, lengths and the rest)."""
+    if not (b.vendor and plain(req)):
+        return 2
+    return 0 if b.light_calls and req.flops < SMALL_CALL_FLOPS else 1
 
 
 def _mode(backend: str) -> tuple[str, str | None]:
@@ -229,7 +239,7 @@ def explain_request(req: Request, backend: str = "auto") -> Explanation:
         chosen = order[0].name if order else None
         # A measured class that lacks a vendor kernel the prior puts first (one that could not run
         # the request when the class was measured, e.g. bfloat16 gradients before 2026-11-28).
-        incomplete = measured is not None and any(v.measured_ms is None and ranks[v.name] == 0 for v in order)
+        incomplete = measured is not None and any(v.measured_ms is None and ranks[v.name] < 2 for v in order)
         return _finish(req, mode, chosen, verdicts, measured, table, [v.name for v in order], incomplete)
     return _finish(req, mode, chosen, verdicts, measured, table, [chosen] if chosen else [], False)
 

@@ -125,6 +125,15 @@ class Request:
         return self.device.split(":", 1)[0]
 
     @property
+    def flops(self) -> float:
+        """FlashAttention's count: 4·B·Hq·Nq·Nk·D (D the mean of Dqk and Dv), halved under a
+        causal rule, 3.5× with gradients (forward plus a backward of 2.5×)."""
+        f = 2.0 * self.batch * self.heads_q * self.nq * self.nk * (self.dim_qk + self.dim_v)
+        if isinstance(self.rule, Causal):
+            f /= 2
+        return f * (3.5 if self.needs_grad else 1.0)
+
+    @property
     def is_empty(self) -> bool:
         """True when the output has no elements or no key is present (SPEC §7: not an error)."""
         return 0 in (self.batch, self.heads_q, self.nq, self.dim_v) or self.nk == 0

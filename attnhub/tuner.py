@@ -411,22 +411,13 @@ def can_measure(req: Request) -> bool:
 FIRST_USE_MIN_FLOPS = 2.5e10
 
 
-def request_flops(req: Request) -> float:
-    """FlashAttention's count for ``req``: 4·B·Hq·Lq·Lk·D (D the mean of Dqk and Dv), halved under
-    a causal rule, 3.5× with gradients."""
-    flops = 2.0 * req.batch * req.heads_q * req.nq * req.nk * (req.dim_qk + req.dim_v)
-    if type(req.rule).__name__ == "Causal":
-        flops /= 2
-    return flops * (3.5 if req.needs_grad else 1.0)
-
-
 def worth_measuring(req: Request, mode: str) -> bool:
     """Whether ``auto`` times ``req``'s class on first use under ``ATTNHUB_AUTOTUNE=mode``."""
     if mode == "on":
         return True
     if mode != "auto" or req.device_type != "cuda":
         return False
-    return request_flops(req) >= FIRST_USE_MIN_FLOPS
+    return req.flops >= FIRST_USE_MIN_FLOPS
 
 
 _BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}

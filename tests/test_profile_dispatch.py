@@ -538,7 +538,7 @@ def test_first_use_measurement_by_default_only_on_cuda_for_long_calls():
     assert not tuner.worth_measuring(replace(small, device="cuda:0"), "auto")  # host-bound size
     assert not tuner.worth_measuring(replace(big, device="cuda:0"), "off")
     assert tuner.worth_measuring(small, "on")
-    assert tuner.request_flops(big) == 4 * 4 * 16 * 4096 * 4096 * 128 / 2
+    assert big.flops == 4 * 4 * 16 * 4096 * 4096 * 128 / 2
 
 
 def test_first_use_timing_is_skipped_where_its_inputs_would_not_fit():
@@ -550,3 +550,22 @@ def test_first_use_timing_is_skipped_where_its_inputs_would_not_fit():
     assert need == 2 * (32 + 8 * 2 + 32) * 131072 * 128 * 4  # float32: q, k, v, out, twice
     room = 2 * (need + tuner.FLUSH_BYTES)
     assert tuner.fits(req, room) and not tuner.fits(req, room - 1)
+
+
+class LightVendor(_Counting):
+    name = "t_prior_light"
+    priority = 5
+    vendor = True
+    light_calls = True
+
+
+def test_prior_takes_the_lightest_vendor_call_for_small_requests(own_and_vendor):
+    plugin = Plugin(LightVendor())
+    REGISTRY.register_plugin(plugin)
+    try:
+        small = attnhub.explain(*qkv(), mask="causal")  # 10^4 FLOPs: host-bound in a loop
+        assert small.order == ["t_prior_light", "t_prior_vendor", "t_prior_own"], str(small)
+        big = np.zeros((1, 16, 2048, 64), dtype=np.float32)  # 1.7·10^10 FLOPs
+        assert attnhub.explain(big, big, big).order == ["t_prior_vendor", "t_prior_light", "t_prior_own"]
+    finally:
+        REGISTRY.unregister_plugin(plugin)

@@ -748,6 +748,9 @@ class SdpaEfficient(_SdpaCuda):
     """SDPA's memory-efficient kernel."""
 
     name: ClassVar[str] = "sdpa-efficient"
+    #: The fastest loop of small calls on the H100 and H200 (1, 8, 1, 512) and (1, 8, 128, 128)
+    #: (attnhub/profiles: its host classes); at (8, 12, 512, 512) cuDNN or flash are faster.
+    light_calls: ClassVar[bool] = True
     kernel: ClassVar[str] = "EFFICIENT_ATTENTION"
     probe: ClassVar[str] = "can_use_efficient_attention"
     dtypes: ClassVar[tuple[str, ...]] = ("float16", "bfloat16", "float32")
