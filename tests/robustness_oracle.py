@@ -10,10 +10,23 @@ import numpy as np
 import attnhub
 from attnhub.frameworks import numpy_dtype
 from attnhub.request import build_request
+from attnhub.rules import Causal, Full, Local
 from attnhub_backends.reference import kernel
 
 #: SPEC §6 (forward, gradient) tolerances.
 TOL = {"float64": (1e-10, 1e-9), "float32": (2e-5, 1e-4), "float16": (2e-3, 8e-3), "bfloat16": (1.6e-2, 4e-2)}
+
+
+#: Offsets (SPEC §11) at the ends of the position range [-2**30, 2**30), for every rule kind: the
+#: queries far ahead of or behind the keys, and both at the top and at the bottom of the range.
+EDGE_RULES = (Causal(), Full(), Local(3), Local(40, causal=True))
+EDGE_OFFSETS = (
+    (2**30 - 100, -(2**30) + 5),
+    (-(2**30) + 5, 2**30 - 100),
+    (2**30 - 100, 2**30 - 90),
+    (-(2**30), -(2**30) + 7),
+)
+EDGE_IDS = ("far-ahead", "far-behind", "top", "bottom")
 
 
 def err(got, ref) -> float:
