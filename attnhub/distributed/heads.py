@@ -79,26 +79,18 @@ def heads_to_seq_raw(x: torch.Tensor, s: Heads) -> torch.Tensor:
     return torch.cat(recv.unbind(0), dim=1)
 
 
-class SeqToHeads(torch.autograd.Function):
+class Regroup(torch.autograd.Function):
+    """``there(x, s)``, differentiable: the two regroupings (sequence shards ↔ head groups) are
+    each other's inverse, so the backward of one is the other on the gradient."""
+
     @staticmethod
-    def forward(ctx, x, s):  # type: ignore[override]
-        ctx.s = s
-        return seq_to_heads_raw(x, s)
+    def forward(ctx, x, s, there, back):  # type: ignore[override]
+        ctx.s, ctx.back = s, back
+        return there(x, s)
 
     @staticmethod
     def backward(ctx, g):  # type: ignore[override]
-        return heads_to_seq_raw(g.contiguous(), ctx.s), None
-
-
-class HeadsToSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, s):  # type: ignore[override]
-        ctx.s = s
-        return heads_to_seq_raw(x, s)
-
-    @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
-        return seq_to_heads_raw(g.contiguous(), ctx.s), None
+        return ctx.back(g.contiguous(), ctx.s), None, None, None
 
 
 def check_heads(hq: int, world: int) -> None:
@@ -123,8 +115,8 @@ def heads_attention(q: Any, k: Any, v: Any, s: Heads) -> tuple[Any, Any]:
     if k.shape[1] % s.world:  # repeat K/V heads up to Hq (q head h reads kv head h // group)
         group = q.shape[1] // k.shape[1]
         k, v = (x.repeat_interleave(group, dim=1) for x in (k, v))
-    qh, kh, vh = (SeqToHeads.apply(x, s) for x in (q, k, v))
+    qh, kh, vh = (Regroup.apply(x, s, seq_to_heads_raw, heads_to_seq_raw) for x in (q, k, v))
     out, lse = _local(qh, kh, vh, s)
-    out = HeadsToSeq.apply(out, s)
+    out = Regroup.apply(out, s, heads_to_seq_raw, seq_to_heads_raw)
     lse = heads_to_seq_raw(lse.detach().unsqueeze(-1).contiguous(), s).squeeze(-1)
     return out, lse
