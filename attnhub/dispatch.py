@@ -15,6 +15,7 @@ from attnhub.backend import Backend
 from attnhub.errors import BackendUnsupported, NoBackendError
 from attnhub.registry import REGISTRY
 from attnhub.request import Request
+from attnhub.rules import Causal, Full
 
 _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("attnhub_backend", default=None)
 
@@ -123,7 +124,7 @@ PRIOR_TEXT = "vendor kernels first for plain dense requests (the lightest-call o
 def plain(req: Request) -> bool:
     """A dense request vendor kernels are built for: the rule Full or Causal (any sync) and no
     SPEC §9-§11 argument (bias, softcap, sinks, lengths, packed or paged keys, offsets)."""
-    return type(req.rule).__name__ in ("Full", "Causal") and not req.modified
+    return isinstance(req.rule, (Full, Causal)) and not req.modified
 
 
 #: Plain calls below this many FLOPs (``Request.flops``) run at the host's pace in a loop: the
@@ -363,10 +364,7 @@ def _autotune(req: Request, exp: Explanation) -> Explanation:
     mode = settings.value("ATTNHUB_AUTOTUNE")
     if not tuner.worth_measuring(req, mode) or not tuner.can_measure(req):
         return exp
-    table = REGISTRY.backends()
-    rank = {name: i for i, name in enumerate(table)}  # the registry lists by declared priority
-    names = sorted(exp.order, key=lambda n: (prior_rank(table[n], req), rank[n]))
-    if tuner.measure_request(req, names) is None:
+    if tuner.measure_request(req, tuner.candidates(req)) is None:
         return exp
     return explain_request(req, "auto")
 
