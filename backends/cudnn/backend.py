@@ -1,0 +1,189 @@
+"""The ``cudnn`` backend's contract with the core: what it serves, why it declines, and forward /
+backward run as cuDNN graphs (:mod:`attnhub_backends.cudnn.graphs`), with torch autograd wired by
+the core's glue (``forward_for_grad``/``backward``, as the cuda and triton backends do).
+
+NOT YET RUN OR CERTIFIED ON A GPU: drafted on 2026-11-28 on a machine without one (see
+docs/backends/cudnn.md for what was and was not checked, and the open questions).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, ClassVar
+
+from attnhub.backend import Backend
+from attnhub.request import Request
+from attnhub_backends.cudnn import graphs, scope
+
+#: Oldest frontend whose ``sdpa`` takes every argument used here (``generate_stats`` came with
+#: v1.13/1.14, ``diagonal_alignment``/``diagonal_band_right_bound`` with v1.10; git history of
+#: python/pygraph/sdpa.cpp). Only 1.32's sources were read against this code.
+MIN_FRONTEND = (1, 14)
+#: Oldest cuDNN runtime taken: 9.6.0 lifts the "bottom right causal mask is only supported with
+#: s_q and s_kv multiples of 64" limit (sdpa_support_surface.h).
+MIN_CUDNN = 90600
+#: Runtimes the frontend itself refuses for fp16/bf16 SDPA ("known bugs").
+BROKEN_CUDNN = {91000: "9.10.0", 91001: "9.10.1"}
+
+_INSTALL = "pip install 'attnhub[cudnn]' (the nvidia-cudnn-frontend package)"
+
+
+def runtime_reason(cudnn: Any) -> str | None:
+    """None when the imported ``cudnn`` module and the cuDNN library it loaded are recent enough,
+    else why not (a separate function so that tests can hand it a stand-in module)."""
+    version = str(getattr(cudnn, "__version__", "0"))
+    try:
+        parts = tuple(int(p) for p in version.split(".")[:2])
+    except ValueError:
+        parts = (0, 0)
+    if parts < MIN_FRONTEND:
+        want = ".".join(map(str, MIN_FRONTEND))
+        return f"nvidia-cudnn-frontend {version} is too old (needs >= {want}): {_INSTALL}"
+    try:
+        runtime = int(cudnn.backend_version())
+    except Exception as exc:
+        return f"the cuDNN library could not be loaded ({type(exc).__name__}: {exc}); install cuDNN 9 (nvidia-cudnn-cu12 or -cu13)"
+    if runtime < MIN_CUDNN:
+        return f"cuDNN {_dotted(runtime)} is too old: the cudnn backend needs cuDNN >= {_dotted(MIN_CUDNN)}"
+    if runtime in BROKEN_CUDNN:
+        return f"cuDNN {BROKEN_CUDNN[runtime]} has known SDPA bugs (its frontend refuses fp16/bf16 SDPA there); upgrade cuDNN"
+    return None
+
+
+def _dotted(v: int) -> str:
+    """90600 -> "9.6.0" (cuDNN 9 encodes major*10000 + minor*100 + patch)."""
+    return f"{v // 10000}.{v % 10000 // 100}.{v % 100}"
+
+
+def _device_index(req: Request) -> int:
+    import torch
+
+    dev = torch.device(req.device)
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
+def _dense(x: Any) -> Any:
+    """``x`` as the graphs take it: contiguous row-major (B, H, S, D), 16-byte aligned (a copy
+    otherwise; the caller's tensor is never written)."""
+    if x.is_contiguous() and x.data_ptr() % 16 == 0:
+        return x
+    return x.contiguous() if not x.is_contiguous() else x.clone()
+
+
+class Cudnn(Backend):
+    """Dense scaled-dot-product attention through cuDNN's SDPA graphs (fp16/bf16, torch CUDA)."""
+
+    name: ClassVar[str] = "cudnn"
+    priority: ClassVar[int] = 43  # just above sdpa-cudnn (42): the same kernels, with lse
+    vendor: ClassVar[bool] = True
+    frameworks: ClassVar[tuple[str, ...]] = ("torch",)
+    device_types: ClassVar[tuple[str, ...]] = ("cuda",)
+    dtypes: ClassVar[tuple[str, ...]] = ("float16", "bfloat16")
+    features: ClassVar[frozenset[str]] = frozenset({"1d", "full", "causal", "gqa", "lse", "backward"})
+    max_head_dim: ClassVar[int | None] = scope.MAX_HEAD_DIM
+    requires: ClassVar[tuple[str, ...]] = ("torch", "nvidia-cudnn-frontend")
+
+    def availability(self) -> str | None:
+        # find_spec first: neither torch nor cudnn is imported to say that one is missing.
+        if importlib.util.find_spec("torch") is None:
+            return f"needs torch with CUDA and the cuDNN frontend: {_INSTALL}"
+        if importlib.util.find_spec("cudnn") is None:
+            return f"needs NVIDIA's cuDNN frontend (import name cudnn): {_INSTALL}"
+        import torch
+
+        if not torch.cuda.is_available():
+            return "no CUDA GPU is visible to torch"
+        try:
+            import cudnn
+        except Exception as exc:
+            return (
+                f"the cudnn package failed to import ({type(exc).__name__}: {exc}); reinstall it: {_INSTALL}"
+            )
+        return runtime_reason(cudnn)
+
+    def version(self) -> str | None:
+        try:
+            import cudnn
+
+            return f"cudnn-frontend {cudnn.__version__}, cuDNN {graphs.version_string()}"
+        except Exception:  # pragma: no cover - shown by availability()
+            return None
+
+    def extra_reasons(self, req: Request) -> list[str]:
+        reasons = scope.reasons(req)
+        if reasons or req.device_type != "cuda" or req.dtype not in self.dtypes or self.availability():
+            return reasons
+        import torch
+
+        device = _device_index(req)
+        major, minor = torch.cuda.get_device_capability(device)
+        if major < 8:
+            return [
+                f"cuDNN's fp16/bf16 SDPA needs compute capability 8.0 or newer, {req.device} has {major}.{minor}"
+            ]
+        # cuDNN's own verdict for this exact graph (built now and cached for the call that follows).
+        for kind in ("fwd", "bwd") if req.needs_grad else ("fwd",):
+            got = graphs.get(graphs.key_for(req, kind, req.return_lse or req.needs_grad, device))
+            if isinstance(got, str):
+                return [f"{got}; {scope.ELSEWHERE}"]
+        return []
+
+    def note(self, req: Request) -> str | None:
+        align = scope.alignment(req)
+        parts = [
+            f"causal {align.replace('_', '-')}" if align else "",
+            "GQA" if req.heads_q != req.heads_kv else "",
+        ]
+        return ", ".join(p for p in parts if p) or None
+
+    def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
+        """(out, lse): lse (B, Hq, Nq) float32 when the request returns it or will differentiate
+        (the backward reads it), else None (the core never hands it out then)."""
+        import torch
+
+        stats = req.return_lse or req.needs_grad
+        device = _device_index(req)
+        built = _built(req, "fwd", stats, device)
+        qx = _dense(torch.neg(q) if req.scale < 0 else q)  # -q · k with -scale: the same logits
+        b, hq, nq = req.batch, req.heads_q, req.nq
+        out = torch.empty((b, hq, nq, req.dim_v), dtype=q.dtype, device=q.device)
+        bound = {"q": qx, "k": _dense(k), "v": _dense(v), "o": out}
+        lse = None
+        if stats:
+            lse = torch.empty((b, hq, nq, 1), dtype=torch.float32, device=q.device)
+            bound["stats"] = lse
+        graphs.execute(built, bound, device)
+        return out, (None if lse is None else lse.view(b, hq, nq))
+
+    def backward(
+        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
+    ) -> tuple[Any, Any, Any]:
+        """(dq, dk, dv) from cuDNN's SDPA backward graph, which reads the forward's O (in the input
+        dtype) and Stats; GQA's dk, dv come back summed over each kv head's query heads."""
+        import torch
+
+        if lse is None:
+            raise RuntimeError("cudnn backward needs the forward's lse (Stats), which was not kept")
+        device = _device_index(req)
+        built = _built(req, "bwd", True, device)
+        negate = req.scale < 0
+        qx = _dense(torch.neg(q) if negate else q)
+        o = out if out.dtype == q.dtype else out.to(q.dtype)  # a float32 copy from torch.compile's op
+        b, hq, nq = req.batch, req.heads_q, req.nq
+        stats = lse.reshape(b, hq, nq, 1)
+        dq = torch.empty(qx.shape, dtype=q.dtype, device=q.device)
+        dk = torch.empty(tuple(k.shape), dtype=k.dtype, device=k.device)
+        dv = torch.empty(tuple(v.shape), dtype=v.dtype, device=v.device)
+        bound = {
+            "q": qx, "k": _dense(k), "v": _dense(v), "o": _dense(o), "dO": _dense(dout),
+            "stats": _dense(stats.float()), "dQ": dq, "dK": dk, "dV": dv,
+        }  # fmt: skip
+        graphs.execute(built, bound, device)
+        return (dq.neg_() if negate else dq), dk, dv
+
+
+def _built(req: Request, kind: str, stats: bool, device: int) -> graphs.Built:
+    got = graphs.get(graphs.key_for(req, kind, stats, device))
+    if isinstance(got, str):  # check() would have declined; a direct call reaches here
+        raise RuntimeError(got)
+    return got

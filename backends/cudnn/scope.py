@@ -1,0 +1,100 @@
+"""What the ``cudnn`` backend serves, decided from the request alone (no torch, no ``cudnn``).
+
+The rules map SPEC §2-§3 onto cuDNN's SDPA masking arguments (``diagonal_alignment`` and
+``diagonal_band_right_bound``, cuDNN frontend docs/operations/Attention.md and the pybind
+docstring of ``pygraph.sdpa`` in python/pygraph/sdpa.cpp):
+
+- ``Full()``: no mask, whatever the sync mode (positions do not matter).
+- ``Causal()`` with Lq == Lk: every sync mode puts query i and key j at i and j; top-left.
+- ``Causal()``, ``none_front`` (P = i, R = j): attended iff j <= i, cuDNN's TOP_LEFT alignment with
+  right bound 0 (its reference masks ``triu(diagonal=1)``; test/python/sdpa/fp16_ref.py).
+- ``Causal()``, ``none_end`` with Lq < Lk (P = i + Lk - Lq, R = j): attended iff j <= i + Lk - Lq,
+  cuDNN's BOTTOM_RIGHT alignment with right bound 0 (reference: ``triu(diagonal=s_kv - s_q + 1)``).
+- ``Causal()``, ``none_end`` with Lq > Lk: declined. The first Lq - Lk rows attend no key (SPEC §4
+  wants out = 0, lse = -inf there) and cuDNN refuses the graph anyway ("Bottom right causal mask
+  does not support max_s_q > max_s_kv", include/cudnn_frontend/node/sdpa_support_surface.h).
+- ``Causal()`` with ``scale_front``/``scale_end`` and Lq != Lk: not a diagonal band; declined.
+
+No accepted request has a query row without keys (Lk >= 1 and every row above attends key 0 or
+more), so SPEC §4's empty-row contract never depends on what cuDNN writes for such rows.
+"""
+
+from __future__ import annotations
+
+from attnhub.request import Request
+from attnhub.rules import Causal, ExplicitMask, Full, Local
+
+#: Largest head dim (Dqk and Dv) served: the sm90 limit of cuDNN's fp16/bf16 SDPA backward
+#: ("Num hidden_dim should be less than or equal to 256 and hidden_dim should be multiple of 8",
+#: scaled_dot_product_flash_attention.h) and of its forward on Hopper. Newer releases serve more on
+#: some GPUs (a frontend python engine on sm90 goes to 512 in the forward); not taken here.
+MAX_HEAD_DIM = 256
+#: Head dims must be multiples of this ("hidden_dim should be multiple of 8").
+HEAD_DIM_ALIGN = 8
+
+#: Where to go instead, in the reasons.
+ELSEWHERE = "use backend='triton' or backend='cuda' (or backend='auto', which picks one that takes it)"
+
+
+def alignment(req: Request) -> str | None:
+    """``"top_left"`` or ``"bottom_right"`` for a causal request cuDNN serves, None for Full.
+
+    Only meaningful for requests :func:`reasons` accepts."""
+    if isinstance(req.rule, Full):
+        return None
+    lq, lk = req.seq_q[0], req.seq_k[0]
+    if lq == lk or req.sync == "none_front":
+        return "top_left"
+    return "bottom_right"
+
+
+def reasons(req: Request) -> list[str]:
+    """Why the cudnn backend cannot serve ``req``, beyond what its declared features already say
+    (the base class names a missing feature; these add what to use instead, and the limits that
+    depend on shapes, rule and sync)."""
+    out: list[str] = []
+    if req.symbolic:
+        out.append("needs concrete torch tensors (the inputs are traced)")
+    rule = req.rule
+    if isinstance(rule, Local):
+        out.append(f"sliding windows (Local) are not wired to cuDNN's diagonal band yet; {ELSEWHERE}")
+    elif isinstance(rule, ExplicitMask):
+        out.append(f"does not read mask arrays; express the mask as a rule (Causal) or {ELSEWHERE}")
+    uses = {
+        "softcap": req.softcap is not None,
+        "an additive bias (bias=, or a float mask)": req.bias is not None,
+        "attention sinks": req.sinks,
+        "q_lengths/k_lengths": req.q_lengths or req.k_lengths,
+        "packed sequences (attention_varlen)": req.varlen,
+        "paged KV caches": bool(req.paged),
+        "q_offset/k_offset": bool(req.q_offset or req.k_offset),
+    }
+    out.extend(f"does not take {what}; {ELSEWHERE}" for what, used in uses.items() if used)
+    if req.ndim != 1:
+        out.append(f"serves 1-d sequences only; {ELSEWHERE}")
+        return out
+    dqk, dv = req.dim_qk, req.dim_v
+    if dqk % HEAD_DIM_ALIGN or dv % HEAD_DIM_ALIGN:
+        out.append(
+            f"cuDNN needs head dims that are multiples of {HEAD_DIM_ALIGN}, got Dqk={dqk} Dv={dv}; "
+            f"pad them with zeros or {ELSEWHERE}"
+        )
+    if dv > dqk:
+        # cuDNN's own tests only draw Dqk >= Dv (test/python/sdpa/random_config.py); untested here.
+        out.append(f"serves Dv <= Dqk only (cuDNN's tested range), got Dqk={dqk} Dv={dv}; {ELSEWHERE}")
+    lq, lk = req.seq_q[0], req.seq_k[0]
+    if lq == 1 and lk == 1:
+        out.append(f'cuDNN does not take Lq = Lk = 1 ("s_q = s_kv = 1 is not supported"); {ELSEWHERE}')
+    if isinstance(rule, Causal) and lq != lk:
+        if req.sync == "none_end" and lq > lk:
+            out.append(
+                f"causal with sync='none_end' and Lq > Lk ({lq} > {lk}) leaves the first {lq - lk} query "
+                "rows without keys; cuDNN's bottom-right causal mask does not take Lq > Lk (nor promise "
+                f"out = 0, lse = -inf there); {ELSEWHERE}"
+            )
+        elif req.sync not in ("none_front", "none_end"):
+            out.append(
+                f"causal with sync={req.sync!r} and Lq != Lk is not a diagonal band cuDNN can express "
+                f"(it aligns top-left = 'none_front' or bottom-right = 'none_end'); {ELSEWHERE}"
+            )
+    return out
