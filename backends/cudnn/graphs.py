@@ -278,10 +278,12 @@ def execute(built: Built, tensors: dict[str, Any], device: int) -> None:
     import cudnn
     import torch
 
-    with torch.cuda.device(device):
+    pack = {built.tensors[name]: x for name, x in tensors.items()}
+    # Under the lock: the handle's stream is set per call and the handle is shared by threads.
+    # (Launches are asynchronous, so this serialises enqueueing only.)
+    with _LOCK, torch.cuda.device(device):
         stream = torch.cuda.current_stream()
         h = handle(device)
         cudnn.set_stream(h, stream.cuda_stream)
         ws = workspace(device, stream, built.workspace)
-        pack = {built.tensors[name]: x for name, x in tensors.items()}
         built.graph.execute(pack, ws, handle=h)
