@@ -330,6 +330,136 @@ def test_rounded_grads_are_the_exact_grads_in_float64():
 
 
 # ---------------------------------------------------------------------------------------------
+# CPU: every call into ``cudnn``, against a stand-in with frontend 1.32's signatures
+# (tests/fake_cudnn.py says where each one was read) that computes cuDNN's own reference
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_cudnn(monkeypatch):
+    """``sys.modules["cudnn"]`` is the stand-in, torch believes in one sm90 GPU (device 0, current
+    stream 0x5150), and CUDA allocations land on the CPU; the graph cache, handles and workspaces
+    start empty."""
+    from attnhub_backends.cudnn import graphs
+    from tests import fake_cudnn as fake
+
+    fake.reset()
+    monkeypatch.setitem(sys.modules, "cudnn", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(
+        torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0x5150)
+    )
+
+    class _Device:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "device", _Device)
+    real_empty = torch.empty
+
+    def empty(*args, device=None, **kw):
+        if device is not None and torch.device(device).type == "cuda":
+            device = "cpu"
+        return real_empty(*args, device=device, **kw)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(graphs, "_GRAPHS", type(graphs._GRAPHS)())
+    monkeypatch.setattr(graphs, "_HANDLES", {})
+    monkeypatch.setattr(graphs, "_WORKSPACES", {})
+    monkeypatch.setattr(graphs, "STATS", {"builds": 0, "hits": 0, "refused": 0})
+    yield fake
+
+
+FAKE_CASES = [
+    # (q, k, v shapes, rule, sync, scale, expected alignment)
+    ((2, 4, 7, 16), (2, 4, 7, 16), (2, 4, 7, 16), Full(), "none_front", 0.25, None),
+    ((1, 4, 5, 16), (1, 2, 9, 16), (1, 2, 9, 8), Causal(), "none_end", 0.3, "BOTTOM_RIGHT"),
+    ((1, 4, 9, 16), (1, 1, 5, 16), (1, 1, 5, 16), Causal(), "none_front", 0.3, "TOP_LEFT"),
+    ((1, 2, 6, 16), (1, 2, 6, 16), (1, 2, 6, 16), Causal(), "scale_end", -0.4, "TOP_LEFT"),
+]
+
+
+@pytest.mark.parametrize("case", FAKE_CASES, ids=lambda c: f"{c[3].describe()}-{c[4]}-{c[5]}")
+def test_fake_cudnn_forward_backward(fake_cudnn, case):
+    """forward and backward through the graphs module give SPEC's out, lse and gradients: the
+    stand-in computes what cuDNN's reference does with the arguments the backend passes, so a
+    wrong mask alignment, scale, Stats binding or the (-q, -scale) trick's dq shows here."""
+    qs, ks, vs, rule, sync, scale, align = case
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(s, generator=gen, dtype=torch.float64).to(torch.float16) for s in (qs, ks, vs))
+    req = _req(qs, ks, vs, mask=rule, sync=sync, scale=scale, needs_grad=True, return_lse=True)
+    be = Cudnn()
+    assert be.check(req) == []
+    assert {g.node["op"] for g in fake_cudnn.GRAPHS} == {"sdpa", "sdpa_backward"}
+    out, lse = be.forward(q, k, v, req)
+    want, want_lse, _ = reference(q, k, v, rule, sync, scale)
+    assert out.dtype == torch.float16 and lse.dtype == torch.float32 and lse.shape == want_lse.shape
+    assert torch.allclose(out.double(), want, atol=2e-3) and torch.allclose(lse.double(), want_lse, atol=1e-5)
+    dout = torch.randn(tuple(out.shape), generator=gen, dtype=torch.float64).to(torch.float16)
+    got = be.backward(q, k, v, out, lse, dout, req)
+    ref = [x.double().requires_grad_(True) for x in (q, k, v)]
+    want_g = torch.autograd.grad(reference(*ref, rule, sync, scale)[0], ref, dout.double())
+    for a, w, x in zip(got, want_g, (q, k, v)):
+        assert a.shape == x.shape and a.dtype == x.dtype
+        assert torch.allclose(a.double(), w, atol=1e-2, rtol=1e-2)
+    # The masking arguments are the preferred ones (no deprecated use_causal_mask*).
+    for g in fake_cudnn.GRAPHS:
+        p = g.node["params"]
+        assert p["attn_scale"] == abs(scale)
+        if align is None:
+            assert "diagonal_alignment" not in p and "diagonal_band_right_bound" not in p
+        else:
+            assert p["diagonal_alignment"].name == align and p["diagonal_band_right_bound"] == 0
+
+
+def test_fake_cudnn_calls_and_arguments(fake_cudnn):
+    """The build sequence, data types, handle, stream and variant pack, as the frontend takes them."""
+    qs, ks = (2, 8, 64, 64), (2, 2, 96, 64)
+    q, k, v = (torch.randn(s).to(torch.bfloat16) for s in (qs, ks, ks))
+    req = _req(qs, ks, ks, dtype="bfloat16", mask="causal", sync="none_end")
+    be = Cudnn()
+    assert be.check(req) == []
+    [g] = fake_cudnn.GRAPHS
+    dt = fake_cudnn.data_type
+    assert g.init["io_data_type"] is dt.BFLOAT16
+    assert g.init["intermediate_data_type"] is dt.FLOAT and g.init["compute_data_type"] is dt.FLOAT
+    assert isinstance(g.init["handle"], fake_cudnn.Handle)
+    assert g.steps == [
+        "validate", "build_operation_graph", "create_execution_plans", "check_support", "build_plans",
+        "get_workspace_size",
+    ]  # fmt: skip
+    assert g.heuristics == [fake_cudnn.heur_mode.A, fake_cudnn.heur_mode.FALLBACK]
+    assert g.node["params"]["generate_stats"] is False  # no lse asked, no backward: no Stats
+    assert g.node["outputs"]["Stats"] is None
+    out, lse = be.forward(q, k, v, req)
+    assert lse is None and out.shape == (2, 8, 64, 64)
+    stream_sets = [c for c in fake_cudnn.CALLS if c[0] == "set_stream"]
+    assert stream_sets and all(c[2] == 0x5150 for c in stream_sets)
+    [(_, graph, handle, stream)] = [c for c in fake_cudnn.CALLS if c[0] == "execute"]
+    assert graph is g and handle is g.init["handle"] and stream == 0x5150
+    # A second call with the same signature builds nothing.
+    be.forward(q, k, v, req)
+    assert len(fake_cudnn.GRAPHS) == 1
+
+
+def test_fake_cudnn_refusal_is_a_cached_reason(fake_cudnn):
+    fake_cudnn.REFUSE.append("no engine for this configuration")
+    req = _req((1, 2, 64, 64), (1, 2, 64, 64), (1, 2, 64, 64), mask="causal")
+    for _ in range(2):
+        why = Cudnn().check(req)
+        assert len(why) == 1 and "no engine for this configuration" in why[0] and "backend=" in why[0]
+    assert len(fake_cudnn.GRAPHS) == 1, "a refusal was built twice"
+
+
+# ---------------------------------------------------------------------------------------------
 # GPU: against the float64 reference (SPEC §6), graph cache, inputs intact
 # ---------------------------------------------------------------------------------------------
 
