@@ -459,6 +459,23 @@ def test_fake_cudnn_refusal_is_a_cached_reason(fake_cudnn):
     assert len(fake_cudnn.GRAPHS) == 1, "a refusal was built twice"
 
 
+@pytest.mark.parametrize(
+    ("shapes", "kw"),
+    [
+        (((0, 2, 8, 64), (0, 2, 8, 64), (0, 2, 8, 64)), {}),  # B = 0: empty, answered by the core
+        (((1, 2, 8, 64), (1, 2, 0, 64), (1, 2, 0, 64)), {}),  # Lk = 0: fully masked rows
+        (((1, 2, 8, 264), (1, 2, 8, 264), (1, 2, 8, 264)), {}),  # declined by max_head_dim
+        (((1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)), dict(mask=Local(2))),  # declined statically
+    ],
+    ids=["B=0", "Lk=0", "D=264", "Local"],
+)
+def test_check_builds_no_graph_it_does_not_need(fake_cudnn, shapes, kw):
+    """No cuDNN graph for an empty request (the core never calls the backend; its graph would have
+    zero extents) nor for one the declared or static rules decline already."""
+    Cudnn().check(_req(*shapes, **kw))
+    assert fake_cudnn.GRAPHS == []
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU: against the float64 reference (SPEC §6), graph cache, inputs intact
 # ---------------------------------------------------------------------------------------------

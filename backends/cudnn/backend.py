@@ -110,9 +110,23 @@ class Cudnn(Backend):
             return None
 
     def extra_reasons(self, req: Request) -> list[str]:
-        reasons = scope.reasons(req)
-        if reasons or req.device_type != "cuda" or req.dtype not in self.dtypes or self.availability():
+        return scope.reasons(req)
+
+    def check(self, req: Request) -> list[str]:
+        """The declared and static reasons (:meth:`Backend.check`, with :func:`scope.reasons`),
+        then, only for a request nothing else declines, cuDNN's own verdict on its graph(s).
+
+        The probe builds graphs, so it must not run for what the base check declines (from
+        ``extra_reasons`` it also ran for a head dim over 256 or another framework's arrays on a
+        CUDA device, building a graph for nothing or failing inside cuDNN), nor for an empty
+        request (B, H, Lq or Dv = 0, or Lk = 0), which the core answers without calling the
+        backend (SPEC §7) and whose graph would have zero extents."""
+        reasons = super().check(req)
+        if reasons or req.is_empty or self.availability():
             return reasons
+        return self._cudnn_reasons(req)
+
+    def _cudnn_reasons(self, req: Request) -> list[str]:
         import torch
 
         device = _device_index(req)
