@@ -476,6 +476,17 @@ def test_check_builds_no_graph_it_does_not_need(fake_cudnn, shapes, kw):
     assert fake_cudnn.GRAPHS == []
 
 
+def test_dense_declares_exact_row_major_strides():
+    """A size-1 dim may carry any stride in a torch tensor that is_contiguous(); the graphs declare
+    the row-major one, so such a view is copied (and a dense one passed as is)."""
+    x = torch.randn(2, 1, 4, 64).permute(0, 2, 1, 3)  # bshd with Lq = 1 seen as bhsd
+    assert x.is_contiguous() and x.stride() != (256, 64, 64, 1)
+    y = cb._dense(x)
+    assert y.stride() == (256, 64, 64, 1) and torch.equal(x, y)
+    z = torch.randn(2, 4, 3, 64)
+    assert cb._dense(z) is z
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU: against the float64 reference (SPEC §6), graph cache, inputs intact
 # ---------------------------------------------------------------------------------------------

@@ -63,11 +63,24 @@ def _device_index(req: Request) -> int:
 
 
 def _dense(x: Any) -> Any:
-    """``x`` as the graphs take it: contiguous row-major (B, H, S, D), 16-byte aligned (a copy
-    otherwise; the caller's tensor is never written)."""
-    if x.is_contiguous() and x.data_ptr() % 16 == 0:
+    """``x`` as the graphs declare it: exactly the row-major strides of (B, H, S, D), 16-byte
+    aligned (a copy otherwise; the caller's tensor is never written).
+
+    ``is_contiguous()`` is not enough: torch calls a tensor contiguous whatever the stride of a
+    size-1 dim (a bshd view with Lq = 1 or H = 1 is), while the graph declares the row-major one.
+    cuDNN's own engines read only the pointer, but frontend 1.32's variant pack describes a torch
+    tensor by its own strides (cudnn/_pygraph.py, ``_describe``: "A buffer with the declared extents
+    but its own strides ... keeps its own description; the engine decides"), so a frontend (python)
+    engine would see a layout the graph never declared."""
+    import torch
+
+    want, acc = [], 1
+    for d in reversed(tuple(x.shape)):
+        want.append(acc)
+        acc *= d
+    if tuple(x.stride()) == tuple(reversed(want)) and x.data_ptr() % 16 == 0:
         return x
-    return x.contiguous() if not x.is_contiguous() else x.clone()
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 class Cudnn(Backend):
