@@ -70,6 +70,9 @@ def reasons(req: Request) -> list[str]:
         "q_offset/k_offset": bool(req.q_offset or req.k_offset),
     }
     out.extend(f"does not take {what}; {ELSEWHERE}" for what, used in uses.items() if used)
+    if req.scale == 0:
+        # measured on cuDNN 9.19 (H200): attn_scale = 0 gives NaN where SPEC §4 wants uniform weights
+        out.append(f"cuDNN returns NaN for scale = 0 (uniform weights); {ELSEWHERE}")
     if req.ndim != 1:
         out.append(f"serves 1-d sequences only; {ELSEWHERE}")
         return out
