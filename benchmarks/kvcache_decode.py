@@ -61,6 +61,9 @@ def _case(b: int, lk: int, calls: int, rounds: int) -> None:
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
     fns = {"attnhub": attnhub_step, "sdpa-cudnn": sdpa}
+    if attnhub.explain(q, k, v, k_lengths=lens, mask="causal", sync="none_end", backend="cudnn").chosen:
+        fns["attnhub[cudnn]"] = lambda: attnhub.attention_kvcache(q, k, v, lens, backend="cudnn")
+        fns["attnhub[triton]"] = lambda: attnhub.attention_kvcache(q, k, v, lens, backend="triton")
     ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True)
     for name, fn in fns.items():
         err = (fn().double() - ref).abs().max().item()
@@ -80,6 +83,9 @@ def _case(b: int, lk: int, calls: int, rounds: int) -> None:
         f"({nbytes / gpu['sdpa-cudnn'] / 1e6:.2f} TB/s)   [{chosen}]",
         flush=True,
     )
+    for name in fns:
+        if name.startswith("attnhub["):
+            print(f"    {name}: loop {t[name]:7.1f} us, GPU {gpu[name]:7.1f} us")
 
 
 def main() -> None:

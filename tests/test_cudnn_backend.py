@@ -63,7 +63,7 @@ def test_registers_with_its_declared_contract():
     assert be.priority > SdpaCudnn.priority  # tried before torch's wrapper of the same kernels
     assert be.frameworks == ("torch",) and be.device_types == ("cuda",)
     assert set(be.dtypes) == {"float16", "bfloat16"}
-    assert be.features == frozenset({"1d", "full", "causal", "gqa", "lse", "backward"})
+    assert be.features == frozenset({"1d", "full", "causal", "local", "gqa", "lse", "backward", "lengths"})
 
 
 def test_registry_load_imports_neither_torch_nor_cudnn():
@@ -171,7 +171,8 @@ DECLINED = [
         {},
         "diagonal band",
     ),
-    ((1, 2, 32, 64), (1, 2, 32, 64), (1, 2, 32, 64), dict(mask=Local(4)), {}, "Local"),
+    ((1, 2, 32, 64), (1, 2, 32, 64), (1, 2, 32, 64), dict(mask=Local(4, 1)), {}, "strided windows"),
+    ((1, 2, 40, 64), (1, 2, 30, 64), (1, 2, 30, 64), dict(mask=Local(4)), {}, "without keys"),
     ((1, 2, 32, 60), (1, 2, 32, 60), (1, 2, 32, 64), {}, {}, "multiples of 8"),
     ((1, 2, 32, 64), (1, 2, 32, 64), (1, 2, 32, 128), {}, {}, "Dv <= Dqk"),
     ((1, 2, 32, 264), (1, 2, 32, 264), (1, 2, 32, 264), {}, {}, "head dims up to 256"),
@@ -187,7 +188,22 @@ DECLINED = [
     ),
     ((1, 2, 32, 64), (1, 2, 32, 64), (1, 2, 32, 64), {}, {"bias": (1, 1, 32, 32)}, "additive bias"),
     ((1, 2, 32, 64), (1, 2, 32, 64), (1, 2, 32, 64), {}, {"sinks": True}, "sinks"),
-    ((1, 2, 32, 64), (1, 2, 32, 64), (1, 2, 32, 64), {}, {"k_lengths": True}, "q_lengths/k_lengths"),
+    (
+        (1, 2, 32, 64),
+        (1, 2, 32, 64),
+        (1, 2, 32, 64),
+        {},
+        {"k_lengths": True, "padding_side": "left"},
+        "pad on the right",
+    ),
+    (
+        (1, 2, 32, 64),
+        (1, 2, 32, 64),
+        (1, 2, 32, 64),
+        dict(mask="causal", sync="scale_end"),
+        {"k_lengths": True},
+        "each entry's lengths",
+    ),
     ((1, 2, 32, 64), (1, 2, 32, 64), (1, 2, 32, 64), {}, {"q_offset": 5}, "q_offset/k_offset"),
     ((1, 2, 32, 64), (1, 2, 32, 64), (1, 2, 32, 64), dict(dtype="float32"), {}, "dtypes float16, bfloat16"),
     ((1, 2, 32, 64), (1, 2, 32, 64), (1, 2, 32, 64), {}, {"symbolic": True}, "concrete"),
@@ -465,7 +481,7 @@ def test_fake_cudnn_refusal_is_a_cached_reason(fake_cudnn):
         (((0, 2, 8, 64), (0, 2, 8, 64), (0, 2, 8, 64)), {}),  # B = 0: empty, answered by the core
         (((1, 2, 8, 64), (1, 2, 0, 64), (1, 2, 0, 64)), {}),  # Lk = 0: fully masked rows
         (((1, 2, 8, 264), (1, 2, 8, 264), (1, 2, 8, 264)), {}),  # declined by max_head_dim
-        (((1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)), dict(mask=Local(2))),  # declined statically
+        (((1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)), dict(mask=Local(2, 1))),  # declined statically
     ],
     ids=["B=0", "Lk=0", "D=264", "Local"],
 )
@@ -670,3 +686,25 @@ def test_gpu_auto_may_pick_it_and_explain_names_it():
     q, k, v = _inputs((1, 4, 128, 64), 4, 128, 64, "bfloat16", seed=7)
     names = [x.name for x in attnhub.explain(q, k, v, mask="causal").verdicts]
     assert "cudnn" in names
+
+
+@pytest.mark.gpu
+def test_gpu_new_lengths_reuse_the_graph_and_match_the_reference():
+    """Decode through attention_kvcache: cuDNN reads the lengths at run time, so a new step's
+    lengths (a new tensor or the same one changed in place) builds no graph, and each step matches
+    attnhub's float64 reference on the same cache."""
+    _gpu_ready()
+    from attnhub_backends.cudnn import graphs
+
+    q, k, v = _inputs((3, 8, 1, 128), 2, 300, 128, "bfloat16", seed=11)
+    lens = torch.tensor([300, 17, 150], dtype=torch.int32, device="cuda")
+    for step, new in enumerate(([300, 17, 150], [211, 18, 1], [5, 299, 151])):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        got = attnhub.attention_kvcache(q, k, v, lens, backend="cudnn")
+        if step == 0:
+            builds = graphs.STATS["builds"]
+        want = attnhub.attention_kvcache(
+            *(x.double().cpu() for x in (q, k, v)), lens.cpu(), backend="reference"
+        )
+        _close(f"out at step {step}", got, want, FWD_TOL["bfloat16"])
+    assert graphs.STATS["builds"] == builds, "new lengths rebuilt a graph"

@@ -12,8 +12,9 @@ generate_stats=, diagonal_alignment=, diagonal_band_right_bound=)`` -> ``[O, Sta
 handle=)``. NOT YET RUN ON A GPU (drafted 2026-11-28 without one): see docs/backends/cudnn.md.
 
 Every graph takes dense row-major (B, H, S, D) tensors (the backend copies other strides first),
-so its key is the request's shapes, dtype, device, mask alignment, scale and whether Stats is
-written. Graphs live in a bounded LRU dict; a request cuDNN refuses is cached as its reason, so a
+so its key is the request's shapes, dtype, device, band (alignment and bounds), whether per-batch
+lengths are bound (their values are read by the kernel at run time: new lengths reuse the graph),
+scale and whether Stats is written. Graphs live in a bounded LRU dict; a request cuDNN refuses is cached as its reason, so a
 second check does not rebuild it. One workspace buffer per (device, stream) is kept and grown to
 the largest size a graph has asked for, so steady-state calls allocate nothing.
 """
@@ -54,6 +55,9 @@ class GraphKey:
     dim_qk: int
     dim_v: int
     align: str | None  # None (Full), "top_left", "bottom_right"
+    left: int | None  # the band's left bound (None: unbounded), see scope.band
+    right: int | None  # its right bound (None: unbounded; Causal: 0)
+    padding: bool  # per-batch lengths (seq_len_q, seq_len_kv) read at run time
     scale: float  # >= 0: a negative scale runs as (-q, -scale), see backend.py
     stats: bool  # forward: whether Stats (lse) is written; backward: always True
 
@@ -69,10 +73,12 @@ class Built:
 
 
 def key_for(req: Request, kind: str, stats: bool, device: int) -> GraphKey:
+    left, right = scope.band(req)
     return GraphKey(
         kind=kind, device=device, dtype=req.dtype, batch=req.batch, heads_q=req.heads_q,
         heads_kv=req.heads_kv, seq_q=req.nq, seq_k=req.nk, dim_qk=req.dim_qk, dim_v=req.dim_v,
-        align=scope.alignment(req), scale=abs(float(req.scale)), stats=stats or kind == "bwd",
+        align=scope.alignment(req), left=left, right=right, padding=bool(req.q_lengths or req.k_lengths),
+        scale=abs(float(req.scale)), stats=stats or kind == "bwd",
     )  # fmt: skip
 
 
@@ -175,17 +181,24 @@ def _dense(dims: list[int]) -> list[int]:
     return strides[::-1]
 
 
-def _mask_kwargs(align: str | None) -> dict[str, Any]:
-    """cuDNN's "preferred masking args": causal is a diagonal band with right bound 0, aligned
-    top-left or bottom-right (pybind docstring of sdpa in python/pygraph/sdpa.cpp)."""
+def _mask_kwargs(key: GraphKey) -> dict[str, Any]:
+    """cuDNN's "preferred masking args": a diagonal band (Causal: right bound 0; Local(w): left
+    bound w, right bound w - 1 or 0) aligned top-left or bottom-right (pybind docstring of sdpa in
+    python/pygraph/sdpa.cpp), and the padding mask with its two length tensors."""
     import cudnn
 
-    if align is None:
-        return {}
-    where = (
-        cudnn.diagonal_alignment.TOP_LEFT if align == "top_left" else cudnn.diagonal_alignment.BOTTOM_RIGHT
-    )
-    return {"diagonal_alignment": where, "diagonal_band_right_bound": 0}
+    kw: dict[str, Any] = {}
+    if key.align is not None:
+        kw["diagonal_alignment"] = (
+            cudnn.diagonal_alignment.TOP_LEFT
+            if key.align == "top_left"
+            else cudnn.diagonal_alignment.BOTTOM_RIGHT
+        )
+        if key.left is not None:
+            kw["diagonal_band_left_bound"] = key.left
+        if key.right is not None:
+            kw["diagonal_band_right_bound"] = key.right
+    return kw
 
 
 def _graph(key: GraphKey) -> Any:
@@ -231,10 +244,16 @@ def _build(key: GraphKey) -> Built:
     with torch.cuda.device(key.device):
         g = _graph(key)
         t = {n: _io(g, n, s[n], io) for n in ("q", "k", "v")}
+        mask = _mask_kwargs(key)
+        if key.padding:
+            i32 = cudnn.data_type.INT32
+            t["seq_q"] = _io(g, "seq_q", [key.batch, 1, 1, 1], i32)
+            t["seq_kv"] = _io(g, "seq_kv", [key.batch, 1, 1, 1], i32)
+            mask.update(use_padding_mask=True, seq_len_q=t["seq_q"], seq_len_kv=t["seq_kv"])
         if key.kind == "fwd":
             o, stats = g.sdpa(
                 t["q"], t["k"], t["v"], name="sdpa", attn_scale=float(key.scale),
-                generate_stats=key.stats, **_mask_kwargs(key.align),
+                generate_stats=key.stats, **mask,
             )  # fmt: skip
             _output(o, "o", s["o"], io)
             t["o"] = o
@@ -247,7 +266,7 @@ def _build(key: GraphKey) -> Built:
             t["stats"] = _io(g, "stats", s["stats"], f32)
             dq, dk, dv = g.sdpa_backward(
                 t["q"], t["k"], t["v"], t["o"], t["dO"], t["stats"], name="sdpa_backward",
-                attn_scale=float(key.scale), **_mask_kwargs(key.align),
+                attn_scale=float(key.scale), **mask,
             )  # fmt: skip
             for name, out, like in (("dQ", dq, "q"), ("dK", dk, "k"), ("dV", dv, "v")):
                 _output(out, name, s[like], io)

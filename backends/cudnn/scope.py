@@ -14,6 +14,11 @@ docstring of ``pygraph.sdpa`` in python/pygraph/sdpa.cpp):
   wants out = 0, lse = -inf there) and cuDNN refuses the graph anyway ("Bottom right causal mask
   does not support max_s_q > max_s_kv", include/cudnn_frontend/node/sdpa_support_surface.h).
 - ``Causal()`` with ``scale_front``/``scale_end`` and Lq != Lk: not a diagonal band; declined.
+- ``Local(w)`` (stride 1): the band ``P - w < R < P + w`` (left bound w, right bound w - 1), with
+  ``causal=True`` right bound 0; aligned as Causal is. Strided windows are declined.
+- ``q_lengths``/``k_lengths`` (right padding only): cuDNN's padding mask with per-batch lengths
+  read on the device at run time (no rebuild for new lengths); with ``none_end`` the band is aligned
+  bottom-right on each entry's lengths (SPEC §10), with ``none_front`` top-left.
 
 No accepted request has a query row without keys (Lk >= 1 and every row above attends key 0 or
 more), so SPEC §4's empty-row contract never depends on what cuDNN writes for such rows.
@@ -37,15 +42,32 @@ ELSEWHERE = "use backend='triton' or backend='cuda' (or backend='auto', which pi
 
 
 def alignment(req: Request) -> str | None:
-    """``"top_left"`` or ``"bottom_right"`` for a causal request cuDNN serves, None for Full.
+    """``"top_left"`` or ``"bottom_right"`` for a banded request (Causal, Local) cuDNN serves, None
+    for Full.
 
-    Only meaningful for requests :func:`reasons` accepts."""
+    With ``q_lengths``/``k_lengths`` and ``none_end`` the band is bottom-right even when Lq == Lk:
+    SPEC §10 aligns each entry's last valid query with its last valid key, which is cuDNN's
+    bottom-right alignment on the per-batch lengths of its padding mask. Only meaningful for
+    requests :func:`reasons` accepts."""
     if isinstance(req.rule, Full):
         return None
     lq, lk = req.seq_q[0], req.seq_k[0]
-    if lq == lk or req.sync == "none_front":
+    if req.sync == "none_front" or (lq == lk and not (req.q_lengths or req.k_lengths)):
         return "top_left"
     return "bottom_right"
+
+
+def band(req: Request) -> tuple[int | None, int | None]:
+    """(left bound, right bound) of cuDNN's diagonal band for the request's rule: attended iff
+    ``P - left < R <= P + right`` (None: unbounded). Causal: (None, 0); ``Local(w)``: (w, w - 1),
+    ``Local(w, causal=True)``: (w, 0), since SPEC §3 attends ``|P - R| < w``."""
+    rule = req.rule
+    if isinstance(rule, Causal):
+        return None, 0
+    if isinstance(rule, Local):
+        w = rule.windows(1)[0]
+        return w, (0 if rule.causal else w - 1)
+    return None, None
 
 
 def reasons(req: Request) -> list[str]:
@@ -56,15 +78,16 @@ def reasons(req: Request) -> list[str]:
     if req.symbolic:
         out.append("needs concrete torch tensors (the inputs are traced)")
     rule = req.rule
-    if isinstance(rule, Local):
-        out.append(f"sliding windows (Local) are not wired to cuDNN's diagonal band yet; {ELSEWHERE}")
+    if isinstance(rule, Local) and rule.log2_stride:
+        out.append(f"strided windows (Local with log2_stride > 0) are no diagonal band; {ELSEWHERE}")
     elif isinstance(rule, ExplicitMask):
         out.append(f"does not read mask arrays; express the mask as a rule (Causal) or {ELSEWHERE}")
     uses = {
         "softcap": req.softcap is not None,
         "an additive bias (bias=, or a float mask)": req.bias is not None,
         "attention sinks": req.sinks,
-        "q_lengths/k_lengths": req.q_lengths or req.k_lengths,
+        "q_lengths/k_lengths with padding_side='left' (cuDNN's padding mask takes the valid tokens "
+        "first: pad on the right)": (req.q_lengths or req.k_lengths) and req.padding_side != "right",
         "packed sequences (attention_varlen)": req.varlen,
         "paged KV caches": bool(req.paged),
         "q_offset/k_offset": bool(req.q_offset or req.k_offset),
@@ -88,16 +111,29 @@ def reasons(req: Request) -> list[str]:
     lq, lk = req.seq_q[0], req.seq_k[0]
     if lq == 1 and lk == 1:
         out.append(f'cuDNN does not take Lq = Lk = 1 ("s_q = s_kv = 1 is not supported"); {ELSEWHERE}')
-    if isinstance(rule, Causal) and lq != lk:
+    lengths = req.q_lengths or req.k_lengths
+    banded = isinstance(rule, (Causal, Local))
+    if banded and lengths and req.sync not in ("none_front", "none_end"):
+        out.append(
+            f"{type(rule).__name__} with q_lengths/k_lengths and sync={req.sync!r} places positions by each "
+            f"entry's lengths, which cuDNN's band cannot follow (it aligns top-left = 'none_front' or "
+            f"bottom-right = 'none_end'); {ELSEWHERE}"
+        )
+    elif banded and lq != lk:
         if req.sync == "none_end" and lq > lk:
             out.append(
-                f"causal with sync='none_end' and Lq > Lk ({lq} > {lk}) leaves the first {lq - lk} query "
+                f"a band with sync='none_end' and Lq > Lk ({lq} > {lk}) leaves the first {lq - lk} query "
                 "rows without keys; cuDNN's bottom-right causal mask does not take Lq > Lk (nor promise "
                 f"out = 0, lse = -inf there); {ELSEWHERE}"
             )
         elif req.sync not in ("none_front", "none_end"):
             out.append(
-                f"causal with sync={req.sync!r} and Lq != Lk is not a diagonal band cuDNN can express "
+                f"{type(rule).__name__} with sync={req.sync!r} and Lq != Lk is not a diagonal band cuDNN can express "
                 f"(it aligns top-left = 'none_front' or bottom-right = 'none_end'); {ELSEWHERE}"
             )
+    if isinstance(rule, Local) and alignment(req) == "top_left" and lq >= lk + rule.windows(1)[0]:
+        out.append(
+            f"Local({rule.windows(1)[0]}) aligned top-left with Lq >= Lk + window leaves query rows "
+            f"without keys (SPEC §4: out = 0, lse = -inf), which cuDNN does not promise; {ELSEWHERE}"
+        )
     return out
