@@ -93,7 +93,7 @@ class Cudnn(Backend):
     device_types: ClassVar[tuple[str, ...]] = ("cuda",)
     dtypes: ClassVar[tuple[str, ...]] = ("float16", "bfloat16")
     features: ClassVar[frozenset[str]] = frozenset(
-        {"1d", "full", "causal", "local", "gqa", "lse", "backward", "lengths"}
+        {"1d", "full", "causal", "local", "gqa", "lse", "backward"}
     )
     max_head_dim: ClassVar[int | None] = scope.MAX_HEAD_DIM
     requires: ClassVar[tuple[str, ...]] = ("torch", "nvidia-cudnn-frontend")
@@ -162,14 +162,11 @@ class Cudnn(Backend):
         rule = type(req.rule).__name__.lower()
         parts = [
             f"{rule} {align.replace('_', '-')}" if align else "",
-            "padding mask" if req.q_lengths or req.k_lengths else "",
             "GQA" if req.heads_q != req.heads_kv else "",
         ]
         return ", ".join(p for p in parts if p) or None
 
-    def forward(
-        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
-    ) -> tuple[Any, Any]:
+    def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
         """(out, lse): lse (B, Hq, Nq) float32 when the request returns it or will differentiate
         (the backward reads it), else None (the core never hands it out then)."""
         import torch
@@ -180,19 +177,13 @@ class Cudnn(Backend):
         qx = _dense(torch.neg(q) if req.scale < 0 else q)  # -q · k with -scale: the same logits
         b, hq, nq = req.batch, req.heads_q, req.nq
         out = torch.empty((b, hq, nq, req.dim_v), dtype=q.dtype, device=q.device)
-        bound = {"q": qx, "k": _dense(k), "v": _dense(v), "o": out, **_lengths(req, operands, q.device)}
+        bound = {"q": qx, "k": _dense(k), "v": _dense(v), "o": out}
         lse = None
         if stats:
             lse = torch.empty((b, hq, nq, 1), dtype=torch.float32, device=q.device)
             bound["stats"] = lse
         graphs.execute(built, bound, device)
         return out, (None if lse is None else lse.view(b, hq, nq))
-
-    def forward_for_grad(
-        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
-    ) -> tuple[Any, Any, Any]:
-        out, lse = self.forward(q, k, v, req, mask, operands)
-        return out, lse, out
 
     def backward(
         self,
@@ -204,7 +195,6 @@ class Cudnn(Backend):
         dout: Any,
         req: Request,
         mask: Any = None,
-        operands: Any = None,
     ) -> tuple[Any, Any, Any]:
         """(dq, dk, dv) from cuDNN's SDPA backward graph, which reads the forward's O (in the input
         dtype) and Stats; GQA's dk, dv come back summed over each kv head's query heads."""
@@ -225,39 +215,9 @@ class Cudnn(Backend):
         bound = {
             "q": qx, "k": _dense(k), "v": _dense(v), "o": _dense(o), "dO": _dense(dout),
             "stats": _dense(stats.float()), "dQ": dq, "dK": dk, "dV": dv,
-            **_lengths(req, operands, q.device),
         }  # fmt: skip
         graphs.execute(built, bound, device)
         return (dq.neg_() if negate else dq), dk, dv
-
-
-#: Full-length tensors standing in for the side without lengths, by (device, B, L): cuDNN's padding
-#: mask needs both sides, and a constant tensor is allocated once, not per call.
-_FULL: dict[tuple[Any, int, int], Any] = {}
-
-
-def _lengths(req: Request, operands: Any, device: Any) -> dict[str, Any]:
-    """The padding mask's (B, 1, 1, 1) int32 length tensors, bound as seq_q / seq_kv; {} without
-    lengths. The side without lengths is its full extent."""
-    if not (req.q_lengths or req.k_lengths):
-        return {}
-    import torch
-
-    b = req.batch
-
-    def side(given: Any, full: int) -> Any:
-        if given is not None:
-            return _dense(given.to(torch.int32).reshape(b, 1, 1, 1))
-        key = (device, b, full)
-        t = _FULL.get(key)
-        if t is None:
-            t = _FULL[key] = torch.full((b, 1, 1, 1), full, dtype=torch.int32, device=device)
-        return t
-
-    return {
-        "seq_q": side(operands.q_lengths, req.nq),
-        "seq_kv": side(operands.k_lengths, req.nk),
-    }
 
 
 def _built(req: Request, kind: str, stats: bool, device: int) -> graphs.Built:

@@ -12,9 +12,8 @@ generate_stats=, diagonal_alignment=, diagonal_band_right_bound=)`` -> ``[O, Sta
 handle=)``. NOT YET RUN ON A GPU (drafted 2026-11-28 without one): see docs/backends/cudnn.md.
 
 Every graph takes dense row-major (B, H, S, D) tensors (the backend copies other strides first),
-so its key is the request's shapes, dtype, device, band (alignment and bounds), whether per-batch
-lengths are bound (their values are read by the kernel at run time: new lengths reuse the graph),
-scale and whether Stats is written. Graphs live in a bounded LRU dict; a request cuDNN refuses is cached as its reason, so a
+so its key is the request's shapes, dtype, device, band (alignment and bounds), scale and whether
+Stats is written. Graphs live in a bounded LRU dict; a request cuDNN refuses is cached as its reason, so a
 second check does not rebuild it. One workspace buffer per (device, stream) is kept and grown to
 the largest size a graph has asked for, so steady-state calls allocate nothing.
 """
@@ -57,7 +56,6 @@ class GraphKey:
     align: str | None  # None (Full), "top_left", "bottom_right"
     left: int | None  # the band's left bound (None: unbounded), see scope.band
     right: int | None  # its right bound (None: unbounded; Causal: 0)
-    padding: bool  # per-batch lengths (seq_len_q, seq_len_kv) read at run time
     scale: float  # >= 0: a negative scale runs as (-q, -scale), see backend.py
     stats: bool  # forward: whether Stats (lse) is written; backward: always True
 
@@ -77,7 +75,7 @@ def key_for(req: Request, kind: str, stats: bool, device: int) -> GraphKey:
     return GraphKey(
         kind=kind, device=device, dtype=req.dtype, batch=req.batch, heads_q=req.heads_q,
         heads_kv=req.heads_kv, seq_q=req.nq, seq_k=req.nk, dim_qk=req.dim_qk, dim_v=req.dim_v,
-        align=scope.alignment(req), left=left, right=right, padding=bool(req.q_lengths or req.k_lengths),
+        align=scope.alignment(req), left=left, right=right,
         scale=abs(float(req.scale)), stats=stats or kind == "bwd",
     )  # fmt: skip
 
@@ -184,7 +182,7 @@ def _dense(dims: list[int]) -> list[int]:
 def _mask_kwargs(key: GraphKey) -> dict[str, Any]:
     """cuDNN's "preferred masking args": a diagonal band (Causal: right bound 0; Local(w): left
     bound w, right bound w - 1 or 0) aligned top-left or bottom-right (pybind docstring of sdpa in
-    python/pygraph/sdpa.cpp), and the padding mask with its two length tensors."""
+    python/pygraph/sdpa.cpp)."""
     import cudnn
 
     kw: dict[str, Any] = {}
@@ -245,11 +243,6 @@ def _build(key: GraphKey) -> Built:
         g = _graph(key)
         t = {n: _io(g, n, s[n], io) for n in ("q", "k", "v")}
         mask = _mask_kwargs(key)
-        if key.padding:
-            i32 = cudnn.data_type.INT32
-            t["seq_q"] = _io(g, "seq_q", [key.batch, 1, 1, 1], i32)
-            t["seq_kv"] = _io(g, "seq_kv", [key.batch, 1, 1, 1], i32)
-            mask.update(use_padding_mask=True, seq_len_q=t["seq_q"], seq_len_kv=t["seq_kv"])
         if key.kind == "fwd":
             o, stats = g.sdpa(
                 t["q"], t["k"], t["v"], name="sdpa", attn_scale=float(key.scale),

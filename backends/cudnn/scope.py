@@ -16,9 +16,9 @@ docstring of ``pygraph.sdpa`` in python/pygraph/sdpa.cpp):
 - ``Causal()`` with ``scale_front``/``scale_end`` and Lq != Lk: not a diagonal band; declined.
 - ``Local(w)`` (stride 1): the band ``P - w < R < P + w`` (left bound w, right bound w - 1), with
   ``causal=True`` right bound 0; aligned as Causal is. Strided windows are declined.
-- ``q_lengths``/``k_lengths`` (right padding only): cuDNN's padding mask with per-batch lengths
-  read on the device at run time (no rebuild for new lengths); with ``none_end`` the band is aligned
-  bottom-right on each entry's lengths (SPEC §10), with ``none_front`` top-left.
+- ``q_lengths``/``k_lengths``: declined. cuDNN's padding mask (seq_len_q/seq_len_kv) was wired and
+  certified on the H200: it lets a NaN stored in padding reach valid rows (SPEC §10), see
+  docs/backends/cudnn.md.
 
 No accepted request has a query row without keys (Lk >= 1 and every row above attends key 0 or
 more), so SPEC §4's empty-row contract never depends on what cuDNN writes for such rows.
@@ -43,16 +43,11 @@ ELSEWHERE = "use backend='triton' or backend='cuda' (or backend='auto', which pi
 
 def alignment(req: Request) -> str | None:
     """``"top_left"`` or ``"bottom_right"`` for a banded request (Causal, Local) cuDNN serves, None
-    for Full.
-
-    With ``q_lengths``/``k_lengths`` and ``none_end`` the band is bottom-right even when Lq == Lk:
-    SPEC §10 aligns each entry's last valid query with its last valid key, which is cuDNN's
-    bottom-right alignment on the per-batch lengths of its padding mask. Only meaningful for
-    requests :func:`reasons` accepts."""
+    for Full. Only meaningful for requests :func:`reasons` accepts."""
     if isinstance(req.rule, Full):
         return None
     lq, lk = req.seq_q[0], req.seq_k[0]
-    if req.sync == "none_front" or (lq == lk and not (req.q_lengths or req.k_lengths)):
+    if req.sync == "none_front" or lq == lk:
         return "top_left"
     return "bottom_right"
 
@@ -86,8 +81,12 @@ def reasons(req: Request) -> list[str]:
         "softcap": req.softcap is not None,
         "an additive bias (bias=, or a float mask)": req.bias is not None,
         "attention sinks": req.sinks,
-        "q_lengths/k_lengths with padding_side='left' (cuDNN's padding mask takes the valid tokens "
-        "first: pad on the right)": (req.q_lengths or req.k_lengths) and req.padding_side != "right",
+        # Measured (cuDNN 9.19, H200, certify 2026-11-28): with its padding mask a NaN stored in a
+        # padded key or query row reaches valid rows (10 of 10 such cases failed), and an entry with
+        # no valid keys came back nonzero. SPEC §10 says padding never passes a NaN on, and
+        # uninitialised cache rows hold anything: declined until cuDNN masks before it multiplies.
+        "q_lengths/k_lengths (cuDNN's padding mask lets a NaN stored in padding reach valid rows, "
+        "SPEC §10)": req.q_lengths or req.k_lengths,
         "packed sequences (attention_varlen)": req.varlen,
         "paged KV caches": bool(req.paged),
         "q_offset/k_offset": bool(req.q_offset or req.k_offset),
@@ -111,15 +110,7 @@ def reasons(req: Request) -> list[str]:
     lq, lk = req.seq_q[0], req.seq_k[0]
     if lq == 1 and lk == 1:
         out.append(f'cuDNN does not take Lq = Lk = 1 ("s_q = s_kv = 1 is not supported"); {ELSEWHERE}')
-    lengths = req.q_lengths or req.k_lengths
-    banded = isinstance(rule, (Causal, Local))
-    if banded and lengths and req.sync not in ("none_front", "none_end"):
-        out.append(
-            f"{type(rule).__name__} with q_lengths/k_lengths and sync={req.sync!r} places positions by each "
-            f"entry's lengths, which cuDNN's band cannot follow (it aligns top-left = 'none_front' or "
-            f"bottom-right = 'none_end'); {ELSEWHERE}"
-        )
-    elif banded and lq != lk:
+    if isinstance(rule, (Causal, Local)) and lq != lk:
         if req.sync == "none_end" and lq > lk:
             out.append(
                 f"a band with sync='none_end' and Lq > Lk ({lq} > {lk}) leaves the first {lq - lk} query "
