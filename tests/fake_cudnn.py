@@ -21,7 +21,8 @@ sources; cp312 manylinux wheel, 2026-11-28):
   declared together (include/cudnn_frontend/node/scaled_dot_product_flash_attention.h).
 - ``create_execution_plans`` is one-shot (a RuntimeError on a second call), ``get_workspace_size``
   raises before the plans are built, ``execute(tensor_dict, workspace=None, handle=None, ...)``
-  is keyed by Tensor / name / uid and raises ValueError for a missing buffer (``_normalize``).
+  is keyed by Tensor / name / uid (or, with ``tensor_uids=``, takes a sequence of buffers, one uid
+  each) and raises ValueError for a missing buffer (``_normalize``).
 
 What it computes is cuDNN's reference (test/python/sdpa/fp16_ref.py in NVIDIA/cudnn-frontend):
 logits ``attn_scale * q k^T``; GQA by expanding each kv head over consecutive query heads; the
@@ -377,10 +378,15 @@ class pygraph:  # noqa: N801
                 override_strides=None, tensor_uids=None):  # fmt: skip
         if not self._built:
             raise RuntimeError("execute() before build_plans()")
-        by_uid = {}
-        for key, data in tensor_dict.items():
-            uid = key.uid if isinstance(key, Tensor) else key
-            by_uid[uid] = data
+        if tensor_uids is not None:  # the ordered form: buffers in a sequence, one uid each
+            if len(tensor_uids) != len(tensor_dict) or len(set(tensor_uids)) != len(tensor_uids):
+                raise ValueError("tensor_uids must name each buffer once, one uid per buffer")
+            by_uid = dict(zip(tensor_uids, tensor_dict))
+        else:
+            by_uid = {}
+            for key, data in tensor_dict.items():
+                uid = key.uid if isinstance(key, Tensor) else key
+                by_uid[uid] = data
         node = self.node
         bound = {}
         for port, t in list(node["inputs"].items()) + list(node["outputs"].items()):

@@ -57,7 +57,7 @@ def test_registers_with_its_declared_contract():
     be = REGISTRY.backends()["cudnn"]
     assert isinstance(be, Cudnn)
     assert be.vendor is True
-    assert be.priority == 43
+    assert be.priority == 39
     from attnhub_backends.sdpa.backend import SdpaCudnn
 
     assert be.priority > SdpaCudnn.priority  # tried before torch's wrapper of the same kernels

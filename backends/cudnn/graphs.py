@@ -62,12 +62,24 @@ class GraphKey:
 
 @dataclass
 class Built:
-    """A graph ready to execute, its tensors by name, and its workspace size in bytes."""
+    """A graph ready to execute, its tensors by name, and its workspace size in bytes.
+
+    ``names`` is the order :func:`execute` takes its buffers in and ``uids`` their cuDNN uids: the
+    frontend's ordered binding (``execute(buffers, tensor_uids=)``), whose per-call cost is the
+    lowest of the bindings timed (tools/dev/cudnn_execute_cost.py)."""
 
     graph: Any
     tensors: dict[str, Any]
     workspace: int
     plan: str = field(default="")
+    names: tuple[str, ...] = ()
+    uids: tuple[int, ...] = ()
+
+
+#: Buffer order of each graph kind (forward without and with Stats, backward).
+FWD_NAMES = ("q", "k", "v", "o")
+FWD_STATS_NAMES = (*FWD_NAMES, "stats")
+BWD_NAMES = ("q", "k", "v", "o", "dO", "stats", "dQ", "dK", "dV")
 
 
 def key_for(req: Request, kind: str, stats: bool, device: int) -> GraphKey:
@@ -80,6 +92,25 @@ def key_for(req: Request, kind: str, stats: bool, device: int) -> GraphKey:
     )  # fmt: skip
 
 
+#: Built graphs by (request, kind, stats, device): a repeated call's lookup skips building the
+#: GraphKey (the request is hashable and its fields decide the key). Forgotten with :func:`clear`
+#: and when it outgrows twice :data:`MAX_GRAPHS`.
+_BY_REQUEST: dict[tuple[Any, ...], Built | str] = {}
+
+
+def for_request(req: Request, kind: str, stats: bool, device: int) -> Built | str:
+    """:func:`get` for ``req``'s graph of ``kind``, through a per-request memo."""
+    memo = (req, kind, stats, device)
+    found = _BY_REQUEST.get(memo)
+    if found is None:
+        found = get(key_for(req, kind, stats, device))
+        with _LOCK:
+            if len(_BY_REQUEST) >= 2 * MAX_GRAPHS:
+                _BY_REQUEST.clear()
+            _BY_REQUEST[memo] = found
+    return found
+
+
 def cached_count() -> int:
     with _LOCK:
         return sum(1 for v in _GRAPHS.values() if not isinstance(v, str))
@@ -89,6 +120,7 @@ def clear() -> None:
     """Forget every graph (and refusal); handles and workspaces stay."""
     with _LOCK:
         _GRAPHS.clear()
+        _BY_REQUEST.clear()
 
 
 def get(key: GraphKey) -> Built | str:
@@ -270,7 +302,9 @@ def _build(key: GraphKey) -> Built:
         g.check_support()
         g.build_plans()
         size = int(g.get_workspace_size())
-    return Built(graph=g, tensors=t, workspace=size, plan=_plan_name(g))
+    names = BWD_NAMES if key.kind == "bwd" else FWD_STATS_NAMES if key.stats else FWD_NAMES
+    uids = tuple(int(t[n].get_uid()) for n in names)
+    return Built(graph=g, tensors=t, workspace=size, plan=_plan_name(g), names=names, uids=uids)
 
 
 def _plan_name(g: Any) -> str:
@@ -285,17 +319,24 @@ def _plan_name(g: Any) -> str:
         return ""
 
 
-def execute(built: Built, tensors: dict[str, Any], device: int) -> None:
-    """Run ``built`` on torch's current stream of ``device`` with ``tensors`` bound by name."""
+def execute(built: Built, buffers: tuple[Any, ...], device: int) -> None:
+    """Run ``built`` on torch's current stream of ``device``, ``buffers`` in ``built.names`` order.
+
+    Under the lock: the handle's stream is set per call and the handle is shared by threads
+    (launches are asynchronous, so this serialises enqueueing only). The device is made current
+    only when it is not already (a context switch costs microseconds per call)."""
     import cudnn
     import torch
 
-    pack = {built.tensors[name]: x for name, x in tensors.items()}
-    # Under the lock: the handle's stream is set per call and the handle is shared by threads.
-    # (Launches are asynchronous, so this serialises enqueueing only.)
-    with _LOCK, torch.cuda.device(device):
-        stream = torch.cuda.current_stream()
-        h = handle(device)
+    stream = torch.cuda.current_stream(device)
+    with _LOCK:
+        h = _HANDLES.get(device)
+        if h is None:
+            h = handle(device)
         cudnn.set_stream(h, stream.cuda_stream)
         ws = workspace(device, stream, built.workspace)
-        built.graph.execute(pack, ws, handle=h)
+        if torch.cuda.current_device() == device:
+            built.graph.execute(buffers, ws, handle=h, tensor_uids=built.uids)
+        else:
+            with torch.cuda.device(device):
+                built.graph.execute(buffers, ws, handle=h, tensor_uids=built.uids)

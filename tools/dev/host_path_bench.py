@@ -134,6 +134,7 @@ def reads_per_call(fn: Callable[[], object], calls: int = 32) -> float:
 
 
 def main() -> None:
+    global B
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -144,7 +145,6 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--only", default="", help="comma-separated case names")
     args = ap.parse_args()
-    global B
     B = args.batch
     if not CUDA:
         Relauncher.__call__ = _no_launch  # type: ignore[method-assign]
