@@ -57,7 +57,7 @@ def test_registers_with_its_declared_contract():
     be = REGISTRY.backends()["cudnn"]
     assert isinstance(be, Cudnn)
     assert be.vendor is True
-    assert be.priority == 39
+    assert be.priority == 43 and be.heavy_calls_from == 2e10
     from attnhub_backends.sdpa.backend import SdpaCudnn
 
     assert be.priority > SdpaCudnn.priority  # tried before torch's wrapper of the same kernels

@@ -25,6 +25,11 @@ MIN_CUDNN = 90600
 #: Runtimes the frontend itself refuses for fp16/bf16 SDPA ("known bugs").
 BROKEN_CUDNN = {91000: "9.10.0", 91001: "9.10.1"}
 
+#: Plain calls from this many FLOPs take longer on the GPU than this backend's call on the host
+#: (~37 us against SDPA's ~17 us, H200, tools/dev/cudnn_execute_cost.py): 2e10 FLOPs is ~40 us at
+#: 500 TFLOP/s.
+HEAVY_CALL_FLOPS = 2e10
+
 _INSTALL = "pip install 'attnhub[cudnn]' (the nvidia-cudnn-frontend package)"
 
 
@@ -90,11 +95,12 @@ class Cudnn(Backend):
     """Dense scaled-dot-product attention through cuDNN's SDPA graphs (fp16/bf16, torch CUDA)."""
 
     name: ClassVar[str] = "cudnn"
-    # Below the sdpa backends (40-42): torch's own call of the same cuDNN kernels costs less host
-    # time (the frontend's execute ~12 us against ~16 us for SDPA's whole call, H200), so for a
-    # plain request SDPA's path leads; this one serves what they decline (lse, bottom-right causal
-    # with Lq < Lk, windows) and wherever a measurement finds it faster.
-    priority: ClassVar[int] = 39
+    # Above sdpa-cudnn (42): the same library with its own engine choice, measured 1.0-1.09x
+    # torch's cuDNN path on the H200 bf16 grid (benchmarks/auto_dispatch.py, 2026-11-28). Its call
+    # costs ~20 us more host time (the frontend's execute), so below HEAVY_CALL_FLOPS the prior
+    # tries the sdpa backends first (Backend.heavy_calls_from).
+    priority: ClassVar[int] = 43
+    heavy_calls_from: ClassVar[float] = HEAVY_CALL_FLOPS
     vendor: ClassVar[bool] = True
     frameworks: ClassVar[tuple[str, ...]] = ("torch",)
     device_types: ClassVar[tuple[str, ...]] = ("cuda",)
