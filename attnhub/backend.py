@@ -110,6 +110,10 @@ class Backend:
     #: plain calls too small to time (below :data:`attnhub.dispatch.SMALL_CALL_FLOPS`), where a
     #: loop of calls runs at the host's pace.
     light_calls: ClassVar[bool] = False
+    #: A vendor kernel whose call costs more host time than the others' (cuDNN through its
+    #: frontend): the prior puts it after the other vendor kernels for plain calls below this many
+    #: FLOPs, where its host time would exceed the kernel's and a loop of calls waits on the host.
+    heavy_calls_from: ClassVar[float] = 0.0
 
     def availability(self) -> str | None:
         """None when the backend can run on this machine, else a reason a user can act on."""

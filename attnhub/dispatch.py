@@ -137,11 +137,14 @@ SMALL_CALL_FLOPS = 1e9
 def prior_rank(b: Backend, req: Request) -> int:
     """The prior's bucket of ``b`` for ``req`` (lower first; priority orders within a bucket):
     vendor kernels lead for :func:`plain` requests (the lightest-call one first for calls under
-    :data:`SMALL_CALL_FLOPS`), own kernels for everything else, where only they compute the
-    request natively (masks, biases, lengths and the rest)."""
+    :data:`SMALL_CALL_FLOPS`, one with heavier calls after the others below its
+    ``heavy_calls_from``), own kernels for everything else, where only they compute the request
+    natively (masks, biases, lengths and the rest)."""
     if not (b.vendor and plain(req)):
-        return 2
-    return 0 if b.light_calls and req.flops < SMALL_CALL_FLOPS else 1
+        return 3
+    if b.light_calls and req.flops < SMALL_CALL_FLOPS:
+        return 0
+    return 2 if req.flops < b.heavy_calls_from else 1
 
 
 def _mode(backend: str) -> tuple[str, str | None]:

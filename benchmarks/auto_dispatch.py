@@ -1,10 +1,12 @@
 """``backend="auto"`` against every candidate it could have picked, on the dense bench grid (issue 21).
 
 Run (GPU): python benchmarks/auto_dispatch.py [--dtype bfloat16,float16] [--rounds 3] [--json out.json]
+[--hide-shipped]
 
 For each dense grid case (D = 64 and 128, full and causal, L = 1k..16k, forward and backward) the
 runners are: ``auto``; each attnhub backend by name (``triton``, ``sdpa-cudnn``, ``sdpa-flash``,
-``sdpa-efficient``: the candidates auto chooses among; a backend that declines the request, such as
+``sdpa-efficient`` and, where nvidia-cudnn-frontend is installed, ``cudnn``: the candidates auto
+chooses among; a backend that declines the request, such as
 the SDPA backends for bfloat16 gradients, is no candidate); and torch's raw cuDNN SDPA for context
 (``peer:sdpa-cudnn``, not a candidate where attnhub declines it). The runners are timed in
 ``--rounds`` interleaved rounds (``attnhub.bench.timing.time_case``: triton's do_bench median), each
@@ -19,12 +21,27 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 from attnhub.bench.grid import default_grid
 from attnhub.bench.runners import attnhub_forward, runner
 from attnhub.bench.timing import time_case
 
-CANDIDATES = ("triton", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient")
+CANDIDATES = ("triton", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "cudnn")
+
+
+def _hide_shipped_profiles() -> None:
+    """Run as on a device attnhub has never seen: no shipped profile, an empty user cache (so
+    first-use measurements start from nothing and land in a temporary directory)."""
+    import os
+    import tempfile
+
+    from attnhub import profile
+
+    tmp = tempfile.mkdtemp(prefix="attnhub-unseen-")
+    os.environ["ATTNHUB_CACHE_DIR"] = os.path.join(tmp, "cache")
+    profile.SHIPPED_DIR = Path(tmp) / "shipped"
+    profile.reload()
 
 
 def make(name: str, case):  # noqa: ANN001, ANN201 - time_case's factory signature
@@ -47,8 +64,18 @@ def main() -> None:
     ap.add_argument(
         "--only", default="", help="keep cases whose label contains this, e.g. 'fwd D=128 L=8192 Full'"
     )
+    ap.add_argument(
+        "--hide-shipped",
+        action="store_true",
+        help="no shipped profile and an empty cache: a device never seen",
+    )
     args = ap.parse_args()
-    names = ("auto", *CANDIDATES, "peer:sdpa-cudnn")
+    if args.hide_shipped:
+        _hide_shipped_profiles()
+    import attnhub
+
+    present = {b.name for b in attnhub.backends() if b.available}
+    names = ("auto", *(c for c in CANDIDATES if c in present), "peer:sdpa-cudnn")
     rows = []
     for dtype in args.dtype.split(","):
         cases = [

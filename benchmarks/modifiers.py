@@ -7,7 +7,8 @@ JSON lines.
   figures of record in docs/benchmarks.md, to see that the modifiers' constexprs cost nothing.
 - mask: padded causal batch as a boolean mask (B=8, H=16, L=4096, D=128, lengths uniform in
   [L/4, L], seeded; padded queries attend nothing): triton vs FlexAttention (compiled,
-  ``create_block_mask`` with the same mask_mod) vs SDPA efficient / cuDNN with the bool mask.
+  ``create_block_mask`` with the same mask_mod) vs SDPA efficient / cuDNN with the bool mask, and
+  the same batch given as ``q_lengths``/``k_lengths`` to triton and (where installed) cudnn.
 - bias: B=4, H=16, L=4096, D=128, a (1, H, L, L) bias requiring grad: triton vs SDPA efficient /
   cuDNN (forward, and forward+backward with dbias).
 - softcap: causal, L = 4k, 8k, 16k, D = 128: triton vs FlexAttention's tanh score_mod.
@@ -184,6 +185,15 @@ def case_mask(out, quick: bool) -> None:
         "sdpa-efficient": _sdpa("efficient", q, k, v, mask),
         "sdpa-cudnn": _sdpa("cudnn", q, k, v, mask),
     }
+    # The same batch as per-entry lengths (SPEC §10): padded tiles are skipped, no L x L mask.
+    import attnhub
+
+    lens32 = lens.to(torch.int32)
+    for name in ("triton", "cudnn"):
+        if attnhub.explain(q, k, v, mask="causal", q_lengths=lens32, k_lengths=lens32, backend=name).chosen:
+            fns[f"{name}-lengths"] = lambda name=name: attnhub.attention(
+                q, k, v, mask="causal", q_lengths=lens32, k_lengths=lens32, backend=name
+            )
     work = float((lens.double() ** 2 / 2).sum()) * h * d * 4
     _row(f"bool padded causal B={b} H={h} L={n}", timings(fns, True, [q, k, v]), work, out)
 

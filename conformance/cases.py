@@ -540,6 +540,8 @@ def quick_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
     add(Case(m, (17,), (25,), Causal(), heads_q=4, heads_kv=2, dim_qk=16, dim_v=64, lse=True))
     add(Case(m, (17,), (17,), Full(), batch=1, heads_q=1, heads_kv=1, dim_qk=128, dim_v=128))
     add(Case(m, (23,), (23,), Causal(), scale=0.3, lse=True))
+    # scale 0 is a valid scale (uniform weights), not "the default": cuDNN's graph gave NaN for it
+    add(Case(m, (23,), (29,), Causal(), sync="none_end", scale=0.0, lse=True))
     if strided:
         add(Case(m, (23,), (23,), Causal(), noncontig="transposed"))
         add(Case(m, (19,), (31,), Full(), noncontig="sliced", heads_q=4, heads_kv=2))
@@ -667,7 +669,7 @@ def full_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
         c.append(
             Case(main, (29,), (23,), Causal(), batch=1, dim_qk=dq, dim_v=dv, large_logits=True, grad=True)
         )
-    for scale in (0.3, 2.0, -1.0):
+    for scale in (0.3, 2.0, -1.0, 0.0):
         for grad in (False, True):
             c.append(Case(main, (23,), (29,), Causal(), sync="none_end", scale=scale, grad=grad, lse=True))
     for rule in (Full(), Causal(), Local(2, 1)):

@@ -569,3 +569,24 @@ def test_prior_takes_the_lightest_vendor_call_for_small_requests(own_and_vendor)
         assert attnhub.explain(big, big, big).order == ["t_prior_vendor", "t_prior_light", "t_prior_own"]
     finally:
         REGISTRY.unregister_plugin(plugin)
+
+
+class HeavyVendor(_Counting):
+    """A vendor kernel whose call costs more host time (cuDNN's frontend): leads only large calls."""
+
+    name = "t_prior_heavy"
+    priority = 50
+    vendor = True
+    heavy_calls_from = 1e10
+
+
+def test_prior_puts_a_heavy_call_vendor_after_the_others_below_its_threshold(own_and_vendor):
+    plugin = Plugin(HeavyVendor())
+    REGISTRY.register_plugin(plugin)
+    try:
+        mid = np.zeros((1, 8, 1024, 64), dtype=np.float32)  # 2.1·10^9 FLOPs: under 10^10
+        assert attnhub.explain(mid, mid, mid).order == ["t_prior_vendor", "t_prior_heavy", "t_prior_own"]
+        big = np.zeros((1, 16, 2048, 64), dtype=np.float32)  # 1.7·10^10 FLOPs
+        assert attnhub.explain(big, big, big).order == ["t_prior_heavy", "t_prior_vendor", "t_prior_own"]
+    finally:
+        REGISTRY.unregister_plugin(plugin)

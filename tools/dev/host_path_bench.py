@@ -11,7 +11,7 @@ with the same arrays (a model's layers), synchronised once at the end, with the 
 and bfloat16; a host read per call would show as the kernel's time plus the host's.
 
     .venv/bin/python tools/dev/host_path_bench.py [--calls 2000] [--profile NAME] [--only a,b]
-    python tools/dev/host_path_bench.py --device cuda --lk 8192 --calls 500
+    python tools/dev/host_path_bench.py --device cuda --lk 8192 --calls 500 [--batch 1]
 """
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ def cases(LK: int = 256, device: str = "cpu") -> dict[str, Callable[[], object]]
 
     q = rnd(B, HQ, 1, D)
     kc, vc = rnd(B, HKV, LK, D), rnd(B, HKV, LK, D)
-    lens = torch.tensor([LK, LK - 3, LK // 2, 1], dtype=torch.int32, device=device)
+    lens = torch.tensor([LK, LK - 3, LK // 2, 1][:B], dtype=torch.int32, device=device)
     nblk = LK // BLOCK
     kp, vp = rnd(B * nblk, BLOCK, HKV, D), rnd(B * nblk, BLOCK, HKV, D)
     table = torch.randperm(B * nblk, generator=g).to(device, torch.int32).reshape(B, nblk)
     qd, kd, vd = rnd(B, HQ, 1, D), rnd(B, HKV, LK, D), rnd(B, HKV, LK, D)
-    seqs = [LK, LK - 3, LK // 2, 1]
+    seqs = [LK, LK - 3, LK // 2, 1][:B]
     cu = torch.tensor([0, *torch.tensor(seqs).cumsum(0).tolist()], dtype=torch.int32, device=device)
     tk = sum(seqs)
     cuq = torch.arange(B + 1, dtype=torch.int32, device=device)
@@ -134,15 +134,18 @@ def reads_per_call(fn: Callable[[], object], calls: int = 32) -> float:
 
 
 def main() -> None:
+    global B
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--lk", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=B, choices=(1, 2, 3, 4))
     ap.add_argument("--profile", default="", help="a case name: cProfile it (top 25 by tottime)")
     ap.add_argument("--sort", default="tottime")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--only", default="", help="comma-separated case names")
     args = ap.parse_args()
+    B = args.batch
     if not CUDA:
         Relauncher.__call__ = _no_launch  # type: ignore[method-assign]
         torch.set_num_threads(1)
