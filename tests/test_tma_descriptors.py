@@ -46,3 +46,16 @@ def test_template_cache_keeps_no_tensor_alive(monkeypatch) -> None:
     gc.collect()
     assert ref() is None
     assert all(t.base is None for t in launch._DESCRIPTORS.values())
+
+
+def test_a_small_decode_cache_loads_through_pointers() -> None:
+    """Decode over a cache under SMALL_DECODE_CACHE_BYTES skips TMA (its launch costs the host
+    ~10 us more; H200, B 1 at 8k), larger caches keep it (B 8 at 8k equal, B 64 at 4k faster)."""
+    from attnhub_backends.triton.ragged_launch import small_decode_cache
+
+    def cache(b: int, lk: int) -> torch.Tensor:  # (B, Hkv 8, Lk, D 128) bf16, no storage
+        return torch.empty((b, 8, lk, 128), dtype=torch.bfloat16, device="meta")
+
+    assert small_decode_cache(cache(1, 8192), cache(1, 8192))  # 33.5 MB
+    assert not small_decode_cache(cache(8, 8192), cache(8, 8192))  # 268 MB
+    assert not small_decode_cache(cache(64, 4096), cache(64, 4096))

@@ -294,6 +294,19 @@ def forward(
     return _run_forward(plan, q, k, v, req, ops)
 
 
+#: Decode over a K/V cache smaller than this reads K and V through pointers, not TMA: the step is
+#: host-bound, and Triton's launcher spends ~10 us more per call on a kernel with descriptor
+#: arguments. H200, bf16, GQA 32/8, D 128, ``benchmarks/kvcache_decode.py`` (2026-11-28): B 1 at
+#: Lk 8k (33.5 MB) 49.0 us a call with pointers against 55-66 us with TMA; B 8 at 8k (268 MB)
+#: equal (73.3 / 74.4 us); B 64 at 4k (1.07 GB) TMA faster (254.8 against 269.5 us).
+SMALL_DECODE_CACHE_BYTES = 64 * 2**20
+
+
+def small_decode_cache(k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether a decode step over this K/V cache is host-bound enough to load through pointers."""
+    return k.numel() * k.element_size() + v.numel() * v.element_size() < SMALL_DECODE_CACHE_BYTES
+
+
 def _plan_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -321,8 +334,10 @@ def _plan_forward(
         sbt = 0
     pack = tp.max_q * group <= 64
     # K/V through TMA on sm90 for 16-bit at head dims 64 and 128 (launch._tma_mode), packed
-    # (decode) programs included; not for paged caches (their rows are scattered over blocks).
-    tma = not req.paged and _tma_mode(q, k, v, dims=(64, 128)) == DESCRIPTORS
+    # (decode) programs included, except over a small cache (see SMALL_DECODE_CACHE_BYTES); not for
+    # paged caches (their rows are scattered over blocks).
+    small = pack and small_decode_cache(k, v)
+    tma = not req.paged and _tma_mode(q, k, v, packed=small, dims=(64, 128)) == DESCRIPTORS
     interp = interpret_mode() or not _on_gpu(q.device)
     if pack:
         bm = max(16, _pow2(tp.max_q * group))
