@@ -98,7 +98,9 @@ class _Plan:
             if passes_through(exc):
                 raise
             raise backend_error(self.backend.name, req, f"raised {type(exc).__name__}: {exc}") from exc
-        check_result(ad, self.backend.name, req, out, lse, self.out_shape, req.return_lse, q)
+        if req.return_lse or ad.result_problem(out, self.out_shape, None, q) is not None:
+            # what check_result asks first; without lse, nothing else
+            check_result(ad, self.backend.name, req, out, lse, self.out_shape, req.return_lse, q)
         if self.reshape_out:
             out = from_canonical(ad, out, req)
         if req.return_lse:

@@ -81,13 +81,17 @@ class Extras:
         )  # fmt: skip
 
     def key(self, ad: Adapter) -> tuple:
-        """A hashable key of everything the request depends on (never the lengths' values)."""
+        """A hashable key of everything the request depends on (never the lengths' values). Built
+        on every call with §9-§11 arguments, most of them absent: no call for a None."""
+        bias, sinks, ql, kl = self.bias, self.sinks, self.q_lengths, self.k_lengths
+        cuq, cuk, table = self.cu_seqlens_q, self.cu_seqlens_k, self.block_table
         return (
-            _array_key(self.bias), self.softcap, type(self.softcap), _array_key(self.sinks),
-            _lengths_key(self.q_lengths), _lengths_key(self.k_lengths), self.padding_side,
-            self.q_offset, type(self.q_offset), self.k_offset, type(self.k_offset),
-            _lengths_key(self.cu_seqlens_q), _lengths_key(self.cu_seqlens_k), self.paged,
-            _lengths_key(self.block_table),
+            None if bias is None else _array_key(bias), self.softcap, type(self.softcap),
+            None if sinks is None else _array_key(sinks), None if ql is None else _lengths_key(ql),
+            None if kl is None else _lengths_key(kl), self.padding_side, self.q_offset,
+            type(self.q_offset), self.k_offset, type(self.k_offset),
+            None if cuq is None else _lengths_key(cuq), None if cuk is None else _lengths_key(cuk),
+            self.paged, None if table is None else _lengths_key(table),
         )  # fmt: skip
 
 

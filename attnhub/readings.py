@@ -27,6 +27,10 @@ from attnhub.errors import SpecError
 #: Entries kept at most (dead tensors' entries leave at once through their weak references).
 KEPT = 64
 
+#: ATTNHUB_TRUST_LENGTHS as set (None or empty: unset, its default False), read on every call: the
+#: setting is parsed (and a bad value rejected) only where this says it is set.
+_trust_raw = settings.key_reader("ATTNHUB_TRUST_LENGTHS")
+
 
 class Reading:
     """The integer values of an array (int64 NumPy) and ``facts``: what callers derived from them
@@ -101,7 +105,7 @@ def reading(x: Any) -> Reading | None:
     tensor is read once per version."""
     if isinstance(x, (list, tuple)):
         return Reading(host_values(x))
-    if settings.value("ATTNHUB_TRUST_LENGTHS"):
+    if _trust_raw() and settings.value("ATTNHUB_TRUST_LENGTHS"):
         return None
     entry = kept(x)
     if entry is not None:
@@ -120,7 +124,8 @@ def host_values(x: Any) -> np.ndarray | None:
     set (then kernels clamp instead, docs/semantics.md)."""
     if isinstance(x, (list, tuple)):
         return np.asarray(x, dtype=np.int64)
-    if settings.value("ATTNHUB_TRUST_LENGTHS"):  # the caller vouches for them: no device sync
+    # the caller vouches for them: no device sync
+    if _trust_raw() and settings.value("ATTNHUB_TRUST_LENGTHS"):
         return None
     mod = type(x).__module__.split(".", 1)[0]
     if mod == "torch":
