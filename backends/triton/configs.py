@@ -68,7 +68,7 @@ _HOPPER: dict[tuple[str, int, int], list[Cfg]] = {
     ("dkdv", 128, 4): [Cfg(32, 64, 4, 1), Cfg(32, 32, 4, 2)],
     ("dkdv", 256, 4): [Cfg(16, 32, 4, 1), Cfg(32, 32, 8, 1)],
     # dq at D = 64: 64 x 64 x 4 warps, the tuner's pick on the H100 (2026-11-24: causal bwd 2.11 ms
-    # against 2.30 with 128 x 64 x 8 at L = 4k, full level; tools/dev/round2.sh).
+    # against 2.30 with 128 x 64 x 8 at L = 4k, full level; tools/dev/round2.sh at 0dabcb3).
     ("dq", 64, 2): [Cfg(64, 64, 4, 3), Cfg(128, 64, 8, 3), Cfg(128, 32, 4, 3)],
     ("dq", 128, 2): [Cfg(64, 64, 4, 2), Cfg(128, 64, 8, 2), Cfg(128, 32, 4, 3)],
     ("dq", 256, 2): [Cfg(64, 32, 4, 1), Cfg(64, 64, 8, 1), Cfg(32, 32, 4, 1)],
@@ -87,7 +87,7 @@ _SMALL_Q: dict[int, list[Cfg]] = {
 
 # Boolean masks at head dim 128 (16-bit): the index-list walk. On the H100 the padded causal mask
 # case (B 8, H 16, L 4k) ran 1.05 ms with 128 x 64 x 8 warps x 3 stages against 1.25 ms for the
-# band walk that dense causal calls prefer there (tools/dev/probe_s3.py, part maskcfg).
+# band walk that dense causal calls prefer there (tools/dev/probe_s3.py at 0dabcb3, part maskcfg).
 _MASK_128 = [Cfg(128, 64, 8, 3), Cfg(64, 64, 4, 3)]
 
 
@@ -112,7 +112,7 @@ def small_q_candidates(head_dim: int, elem_size: int) -> list[Cfg]:
 # (four operations per score, only each row's max capped); the band walk keeps the general path
 # (that helper under its runtime tile test broke Triton 3.6's pipeliner). H100, causal, B = 16k / L,
 # H 16, L 4k / 8k / 16k: 0.771 / 1.481 / 3.026 ms against 0.829 / 1.600 / 3.058 for the band walk
-# and 0.872 / 1.612 for 128 x 128 x 8 (tools/dev/s6_round7.sh, s6_round8.sh; 64 x 32, 64 x 128,
+# and 0.872 / 1.612 for 128 x 128 x 8 (tools/dev/s6_round7.sh at 0dabcb3, s6_round8.sh; 64 x 32, 64 x 128,
 # 2 or 4 stages and register caps slower); with the bound as row max (launch._cap_max) 0.732 / 1.363 /
 # 2.604 ms (s6_round12.sh). The backward keeps the dense pair (fastest there too).
 _SOFTCAP_128 = [Cfg(64, 64, 4, 3), _band(64, 64, 4, 3), _band(128, 128, 8, 3)]

@@ -43,7 +43,7 @@ PLAN_ARGS = ["plan_stride", "plan_b", "plan_h"]
 # per direction so that either can be specialised again by emptying its list (a length crossing a
 # multiple of 16 then compiles one more variant; tests/test_triton_compile.py follows the lists).
 # The backward keeps them specialised: unspecialised, it ran 3-33 % slower on the H100 (bf16,
-# D = 64/128, L = 4k/16k; tools/dev/tjit_ab.sh, 2026-11-24), while the forward was level. A
+# D = 64/128, L = 4k/16k; tools/dev/tjit_ab.sh at 0dabcb3, 2026-11-24), while the forward was level. A
 # training run's lengths rarely move, and at most two variants (multiple of 16 or not) exist.
 FWD_SEQ_ARGS = ["Nq", "Nk"]
 BWD_SEQ_ARGS: list[str] = []

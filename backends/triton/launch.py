@@ -129,7 +129,7 @@ def _tma_mode(
     were faster (docs/backends/triton.md), and forwards that read a ``bias`` tile per key tile: on
     the pointer path a key count that is a multiple of the key tile (EVEN_K, off under TMA) lets
     every bias load go unmasked and pipelined (H100, B 4, H 16, L 4k, D 128, (1, H, L, L) bias:
-    1.46 against 2.16 ms, tools/dev/probe_s5.py, part biascfg). The interpreter always uses
+    1.46 against 2.16 ms, tools/dev/probe_s5.py at 0dabcb3, part biascfg). The interpreter always uses
     pointers. ``ATTNHUB_TRITON_TMA=0`` or ``=3`` forces a path where it is allowed (packed and bias
     calls too).
     """

@@ -7,7 +7,7 @@ padding), is the attention of ``q_lengths``/``k_lengths``: SPEC §3 gives a row 
 and lse -inf, and §10 gives padded query rows the same. That is the mask SDPA users and Hugging
 Face's sdpa path build for padded batches. The ragged kernels skip padded tiles without reading a
 mask byte; on the H100 the padded causal case (B 8, H 16, L 4k, D 128) ran 0.70 ms as lengths
-against 1.05 ms with the mask (tools/dev/probe_s3.py).
+against 1.05 ms with the mask (tools/dev/probe_s3.py at 0dabcb3).
 
 The whole mask is compared once per mask identity (cached like mask_summary's plans: data pointer,
 version, shape, strides, device), so a mask passed to every layer is checked once; anything else

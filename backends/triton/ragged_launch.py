@@ -33,11 +33,11 @@ LOG2E = 1.4426950408889634
 #: One (BN, warps, stages) for every cache length: a decode kernel compiled once serves a cache as it
 #: grows (tests/test_triton_compile.py). (128, 4, 2) with fill 2 ran 57.0 against 61.2 µs at
 #: Lk 8k but 194 against 190 µs at 32k, and a per-length choice would compile a second variant
-#: mid-generation when a cache crosses the boundary (tools/dev/probe_s4.py, part decodecfg).
+#: mid-generation when a cache crosses the boundary (tools/dev/probe_s4.py at 0dabcb3, part decodecfg).
 #: With TMA descriptor loads (sm90, 16-bit, head dim 64 or 128, not paged) decode takes (64, 2, 3):
 #: kernels in CUDA graphs at B 4 (4 splits) Lk 8k / 32k 52.7 / 181.2 µs and B 1 Lk 8k 15.8 µs,
 #: against 54.7 / 183.6 / 16.9 with pointers and (128, 4, 3); SDPA 51.8 / 180.2 / 12.9
-#: (tools/dev/probe_s5.py, part decode, two rounds each, 17:50 UTC).
+#: (tools/dev/probe_s5.py at 0dabcb3, part decode, two rounds each, 17:50 UTC).
 TUNE: dict[str, Any] = {
     "fwd": None, "dkdv": None, "dq": None, "decode": (128, 4, 3), "decode_tma": (64, 2, 3), "fill": 4,
 }  # fmt: skip
@@ -226,8 +226,8 @@ def _fwd_cfg(x: torch.Tensor, d: int, tma: bool = False) -> tuple[int, int, int,
     """(BM, BN, warps, stages) of the query-tiled forward. (64, 64, 4, 3) with TMA loads and for
     16-bit inputs at head dim 64. H100: padded causal batch at D 128 0.873 -> 0.758 ms, packed
     varlen 0.531 -> 0.482 ms against the pointer path's best (128, 64, 8, 3)
-    (``tools/dev/probe_s3.py --part raggedcfg``); at D 64 (B 4, H 32, L 4k) 0.671 -> 0.579 ms
-    with pointers, 0.546 with TMA (``tools/dev/probe_s4.py --part d64``)."""
+    (``tools/dev/probe_s3.py --part raggedcfg`` at 0dabcb3); at D 64 (B 4, H 32, L 4k) 0.671 -> 0.579 ms
+    with pointers, 0.546 with TMA (``tools/dev/probe_s4.py --part d64`` at 0dabcb3)."""
     if interpret_mode() or not _on_gpu(x.device):
         return 16, 16, 1, 1
     if TUNE["fwd"] is not None:
@@ -262,7 +262,7 @@ MAX_SPLITS = 128
 
 
 #: Elements of one (splits, rows, head dim) block of the split merge (see _plan_forward). On the
-#: H100 512 to 8192 gave the same decode times within noise (tools/dev/probe_s3.py, part merge).
+#: H100 512 to 8192 gave the same decode times within noise (tools/dev/probe_s3.py at 0dabcb3, part merge).
 MERGE_BLOCK = 8192
 
 
@@ -285,7 +285,7 @@ def _splits(tiles: int, programs: int, device: torch.device) -> int:
     the least work each, counting WAVE_COST_TILES of overhead per wave: one wave of about one
     program per SM where it fits. H100, B 4, Hkv 8, D 128, bf16 (32 groups, CUDA graphs): 4 splits
     (one wave of 128) 54.6 / 97.9 / 183.3 µs at Lk 8k / 16k / 32k against 61.2 / 105.5 / 190.1 with
-    16 (four waves); SDPA 51.9 / 94.6 / 180.4 (tools/dev/probe_s5.py, part decode). More groups
+    16 (four waves); SDPA 51.9 / 94.6 / 180.4 (tools/dev/probe_s5.py at 0dabcb3, part decode). More groups
     than SMs (large or ragged batches, whose lengths the host does not know): enough programs for
     ``TUNE["fill"]`` per SM, so that short sequences' programs leave room for long ones'."""
     forced = settings.raw("ATTNHUB_TRITON_SPLITS")

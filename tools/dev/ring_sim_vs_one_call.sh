@@ -2,7 +2,7 @@
 # Issue 25 on one GPU: the simulated ring against one call on the whole sequence (causal, L = 32k,
 # D = 128, bf16, triton), where its time goes (kernel ms by kind: attention, merge, glue), then
 # whether fusing Full steps into longer calls would pay (tools/dev/ring_fusion_probe.py), then the
-# GPU tests of the ring. Logs under $OUT; at most about 235 s.   bash tools/dev/ring_round.sh
+# GPU tests of the ring. Logs under $OUT; at most about 235 s.   bash tools/dev/ring_sim_vs_one_call.sh
 set -u
 OUT="${OUT:-gpu-out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
