@@ -421,6 +421,28 @@ def test_fake_cudnn_forward_backward(fake_cudnn, case):
             assert p["diagonal_alignment"].name == align and p["diagonal_band_right_bound"] == 0
 
 
+def test_fake_cudnn_bound_call_binds_dense_tensors_and_copies_other_strides(fake_cudnn):
+    """The fast path's bound call (``Cudnn.bind``): dense inputs go to cuDNN as they are, a view
+    with other strides is copied to the declared row-major layout first (the stand-in rejects a
+    buffer whose strides differ from the graph's), and both give SPEC's out."""
+    qs, ks = (2, 4, 48, 64), (2, 2, 80, 64)
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(s, generator=gen, dtype=torch.float64).to(torch.float16) for s in (qs, ks, ks))
+    req = _req(qs, ks, ks, mask="causal", sync="none_end")
+    be = Cudnn()
+    assert be.check(req) == []
+    fn = be.bind(req)
+    assert fn is not None and fn.fixed_result
+    want, _, _ = reference(q, k, v, Causal(), "none_end", 1 / 8)
+    out, lse = fn(q, k, v, None)
+    assert lse is None and torch.allclose(out.double(), want, atol=2e-3)
+    strided = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v)]  # bhsd values, bshd memory
+    assert strided[0].stride() != q.stride()
+    out2, _ = fn(*strided, None)
+    assert torch.equal(out2, out)
+    assert be.bind(dataclasses.replace(req, needs_grad=True)) is None  # gradients take forward/backward
+
+
 def test_fake_cudnn_calls_and_arguments(fake_cudnn):
     """The build sequence, data types, handle, stream and variant pack, as the frontend takes them."""
     qs, ks = (2, 8, 64, 64), (2, 2, 96, 64)

@@ -82,13 +82,18 @@ def _dense(x: Any) -> Any:
     engine would see a layout the graph never declared."""
     import torch
 
-    want, acc = [], 1
-    for d in reversed(tuple(x.shape)):
-        want.append(acc)
-        acc *= d
-    if tuple(x.stride()) == tuple(reversed(want)) and x.data_ptr() % 16 == 0:
+    if x.stride() == _row_major(tuple(x.shape)) and x.data_ptr() % 16 == 0:
         return x
     return x.clone(memory_format=torch.contiguous_format)
+
+
+def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a dense row-major tensor of ``shape``."""
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
 
 
 class Cudnn(Backend):
@@ -189,14 +194,25 @@ class Cudnn(Backend):
 
         device = _device_index(req)
         built = _built(req, "fwd", False, device)
-        shape = (req.batch, req.heads_q, req.nq, req.dim_v)
+        b, hq, hkv, nq, nk = req.batch, req.heads_q, req.heads_kv, req.nq, req.nk
+        shape = (b, hq, nq, req.dim_v)
+        # The row-major strides the graph declares: a call whose tensors have them (and 16-byte
+        # aligned bases) is bound as it is, any other goes through _dense (a copy).
+        want = (_row_major((b, hq, nq, req.dim_qk)), _row_major((b, hkv, nk, req.dim_qk)),
+                _row_major((b, hkv, nk, req.dim_v)))  # fmt: skip
         execute, empty = graphs.execute, torch.empty
 
         def fn(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
+            if (q.stride(), k.stride(), v.stride()) != want or (
+                q.data_ptr() | k.data_ptr() | v.data_ptr()
+            ) % 16:
+                q, k, v = _dense(q), _dense(k), _dense(v)
             out = empty(shape, dtype=q.dtype, device=q.device)
-            execute(built, (_dense(q), _dense(k), _dense(v), out), device)
+            execute(built, (q, k, v, out), device)
             return out, None
 
+        # out is allocated here with the plan's shape, dtype and device: checked on the first call.
+        fn.fixed_result = True  # type: ignore[attr-defined]
         return fn
 
     def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
