@@ -26,7 +26,8 @@ sources; cp312 manylinux wheel, 2026-11-28):
 
 What it computes is cuDNN's reference (test/python/sdpa/fp16_ref.py in NVIDIA/cudnn-frontend):
 logits ``attn_scale * q k^T``; GQA by expanding each kv head over consecutive query heads; the
-diagonal band ``triu(1 + right)`` top-left or ``triu(s_kv - s_q + 1 + right)`` bottom-right;
+diagonal band ``triu(1 + right)`` top-left or ``triu(s_kv - s_q + 1 + right)`` bottom-right (and,
+with a left bound, ``tril(-left)`` or ``tril(s_kv - s_q - left)``);
 Stats = max + log(sum exp(s - max)) per row, natural log, (B, H, S_q, 1) float32. The backward
 recomputes from q, k, v and checks that the Stats it is handed are the forward's.
 """
@@ -409,14 +410,15 @@ class pygraph:  # noqa: N801
         scale = p.get("attn_scale", 1.0)
         align = p.get("diagonal_alignment", diagonal_alignment.TOP_LEFT)
         right = p.get("diagonal_band_right_bound")
+        left = p.get("diagonal_band_left_bound")
         if node["op"] == "sdpa":
-            o, stats = _reference(bound["q"], bound["k"], bound["v"], scale, align, right)
+            o, stats = _reference(bound["q"], bound["k"], bound["v"], scale, align, right, left)
             bound["O"].copy_(o)
             if "Stats" in bound:
                 bound["Stats"].copy_(stats)
             return
         q, k, v = (bound[n].double().requires_grad_(True) for n in ("q", "k", "v"))
-        o, stats = _reference(q, k, v, scale, align, right)
+        o, stats = _reference(q, k, v, scale, align, right, left)
         if not torch.allclose(bound["stats"].double(), stats, atol=1e-6, equal_nan=False):
             raise AssertionError("the backward's Stats are not the forward's natural-log logsumexp")
         grads = torch.autograd.grad(o, (q, k, v), bound["dO"].double())
@@ -432,17 +434,22 @@ def _row_major(dims):
     return strides[::-1]
 
 
-def _reference(q, k, v, scale, align, right):
-    """(O, Stats (B, H, S_q, 1)) in float64: cuDNN's fp16_ref.compute_ref without its options."""
+def _reference(q, k, v, scale, align, right, left=None):
+    """(O, Stats (B, H, S_q, 1)) in float64: cuDNN's fp16_ref.compute_ref without its options but
+    the diagonal band: key j is masked above the diagonal ``shift + right`` (``triu``) and, with a
+    left bound, on or below ``shift - left`` (``tril``), shift 0 top-left, s_kv - s_q bottom-right."""
     q, k, v = q.double(), k.double(), v.double()
     b, hq, sq, _ = q.shape
     hk, skv = k.shape[1], k.shape[2]
     k = k.unsqueeze(2).expand(-1, -1, hq // hk, -1, -1).reshape(b, hq, skv, -1)
     v = v.unsqueeze(2).expand(-1, -1, hq // v.shape[1], -1, -1).reshape(b, hq, skv, -1)
     s = scale * q @ k.transpose(-1, -2)
+    shift = 0 if align == diagonal_alignment.TOP_LEFT else skv - sq
     if right is not None:
-        shift = 0 if align == diagonal_alignment.TOP_LEFT else skv - sq
         masked = torch.ones(sq, skv, dtype=torch.bool).triu(shift + 1 + right)
+        s = s.masked_fill(masked, float("-inf"))
+    if left is not None:
+        masked = torch.ones(sq, skv, dtype=torch.bool).tril(shift - left)
         s = s.masked_fill(masked, float("-inf"))
     m = s.amax(-1, keepdim=True)
     e = torch.exp(s - m)

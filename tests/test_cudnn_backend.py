@@ -421,6 +421,39 @@ def test_fake_cudnn_forward_backward(fake_cudnn, case):
             assert p["diagonal_alignment"].name == align and p["diagonal_band_right_bound"] == 0
 
 
+@pytest.mark.parametrize(
+    ("lq", "lk", "rule", "sync"),
+    [
+        (40, 40, Local(5), "none_front"),
+        (40, 40, Local(5, causal=True), "none_front"),
+        (24, 56, Local(7), "none_end"),
+        (24, 56, Local(7, causal=True), "none_end"),
+        (36, 30, Local(9), "none_front"),  # Lq > Lk top-left, every row within 9 of a key
+        (24, 56, Local(3), "none_front"),
+    ],
+    ids=lambda x: str(x),
+)
+def test_fake_cudnn_windows_are_spec_bands(fake_cudnn, lq, lk, rule, sync):
+    """SPEC §3's Local(w) (|P - R| < w, and P >= R when causal) as cuDNN's diagonal band (left bound
+    w, right bound w - 1 or 0) on the alignment of the sync mode: out, lse and gradients against
+    SPEC's mask (attnhub's positions), the stand-in computing cuDNN's reference band."""
+    qs, ks = (1, 2, lq, 64), (1, 2, lk, 64)
+    gen = torch.Generator().manual_seed(lq + lk)
+    q, k, v = (torch.randn(s, generator=gen, dtype=torch.float64).to(torch.float16) for s in (qs, ks, ks))
+    req = _req(qs, ks, ks, mask=rule, sync=sync, needs_grad=True, return_lse=True)
+    be = Cudnn()
+    assert be.check(req) == []
+    out, lse = be.forward(q, k, v, req)
+    want, want_lse, _ = reference(q, k, v, rule, sync, 1 / 8)
+    assert torch.allclose(out.double(), want, atol=2e-3) and torch.allclose(lse.double(), want_lse, atol=1e-5)
+    dout = torch.randn(tuple(out.shape), generator=gen, dtype=torch.float64).to(torch.float16)
+    got = be.backward(q, k, v, out, lse, dout, req)
+    ref = [x.double().requires_grad_(True) for x in (q, k, v)]
+    want_g = torch.autograd.grad(reference(*ref, rule, sync, 1 / 8)[0], ref, dout.double())
+    for a, w in zip(got, want_g):
+        assert torch.allclose(a.double(), w, atol=1e-2, rtol=1e-2)
+
+
 def test_fake_cudnn_bound_call_binds_dense_tensors_and_copies_other_strides(fake_cudnn):
     """The fast path's bound call (``Cudnn.bind``): dense inputs go to cuDNN as they are, a view
     with other strides is copied to the declared row-major layout first (the stand-in rejects a
