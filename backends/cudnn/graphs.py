@@ -5,11 +5,12 @@ The API used is the cuDNN frontend's "classic" Python graph API, as its samples 
 ``cudnn.pygraph`` keeps it (cudnn/_pygraph.py: "classic pybind constructor, POSITIONALLY
 IDENTICAL"): ``pygraph(io_data_type=, intermediate_data_type=, compute_data_type=, handle=)``,
 ``graph.tensor(name=, dim=, stride=, data_type=)``, ``graph.sdpa(q, k, v, attn_scale=,
-generate_stats=, diagonal_alignment=, diagonal_band_right_bound=)`` -> ``[O, Stats]``,
+generate_stats=, diagonal_alignment=, diagonal_band_left_bound=, diagonal_band_right_bound=)``
+-> ``[O, Stats]``,
 ``graph.sdpa_backward(q, k, v, o, dO, stats, ...)`` -> ``[dQ, dK, dV]``, then ``validate``,
 ``build_operation_graph``, ``create_execution_plans([heur_mode.A, heur_mode.FALLBACK])``,
-``check_support``, ``build_plans``, ``get_workspace_size`` and ``execute(variant_pack, workspace,
-handle=)``. NOT YET RUN ON A GPU (drafted 2026-11-28 without one): see docs/backends/cudnn.md.
+``check_support``, ``build_plans``, ``get_workspace_size`` and ``execute(buffers, workspace,
+handle=, tensor_uids=)`` (the ordered binding). Run and certified on the H200: docs/backends/cudnn.md.
 
 Every graph takes dense row-major (B, H, S, D) tensors (the backend copies other strides first),
 so its key is the request's shapes, dtype, device, band (alignment and bounds), scale and whether
