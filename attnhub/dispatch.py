@@ -118,7 +118,10 @@ class Explanation:
 
 
 #: The prior, in words (explain's output and docs/dispatch.md).
-PRIOR_TEXT = "vendor kernels first for plain dense requests (the lightest-call one for small calls), then declared priority"
+PRIOR_TEXT = (
+    "vendor kernels first for plain dense requests (the lightest-call one for small calls, one with "
+    "heavier calls only for large ones), then declared priority"
+)
 
 
 def plain(req: Request) -> bool:

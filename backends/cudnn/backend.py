@@ -82,18 +82,9 @@ def _dense(x: Any) -> Any:
     engine would see a layout the graph never declared."""
     import torch
 
-    if x.stride() == _row_major(tuple(x.shape)) and x.data_ptr() % 16 == 0:
+    if x.stride() == graphs.row_major(tuple(x.shape)) and x.data_ptr() % 16 == 0:
         return x
     return x.clone(memory_format=torch.contiguous_format)
-
-
-def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The strides of a dense row-major tensor of ``shape``."""
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
 
 
 class Cudnn(Backend):
@@ -170,7 +161,7 @@ class Cudnn(Backend):
             ]
         # cuDNN's own verdict for this exact graph (built now and cached for the call that follows).
         for kind in ("fwd", "bwd") if req.needs_grad else ("fwd",):
-            got = graphs.get(graphs.key_for(req, kind, req.return_lse or req.needs_grad, device))
+            got = graphs.for_request(req, kind, req.return_lse or req.needs_grad, device)
             if isinstance(got, str):
                 return [f"{got}; {scope.ELSEWHERE}"]
         return []
@@ -198,8 +189,8 @@ class Cudnn(Backend):
         shape = (b, hq, nq, req.dim_v)
         # The row-major strides the graph declares: a call whose tensors have them (and 16-byte
         # aligned bases) is bound as it is, any other goes through _dense (a copy).
-        want = (_row_major((b, hq, nq, req.dim_qk)), _row_major((b, hkv, nk, req.dim_qk)),
-                _row_major((b, hkv, nk, req.dim_v)))  # fmt: skip
+        want = (graphs.row_major((b, hq, nq, req.dim_qk)), graphs.row_major((b, hkv, nk, req.dim_qk)),
+                graphs.row_major((b, hkv, nk, req.dim_v)))  # fmt: skip
         execute, empty = graphs.execute, torch.empty
 
         def fn(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:

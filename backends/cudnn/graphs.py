@@ -204,12 +204,13 @@ def _dtypes() -> dict[str, Any]:
     return {"float16": cudnn.data_type.HALF, "bfloat16": cudnn.data_type.BFLOAT16}
 
 
-def _dense(dims: list[int]) -> list[int]:
+def row_major(dims: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """The strides of a dense row-major tensor of extents ``dims`` (what every graph declares)."""
     strides, acc = [], 1
     for d in reversed(dims):
         strides.append(acc)
         acc *= d
-    return strides[::-1]
+    return tuple(reversed(strides))
 
 
 def _mask_kwargs(key: GraphKey) -> dict[str, Any]:
@@ -245,11 +246,11 @@ def _graph(key: GraphKey) -> Any:
 
 
 def _io(g: Any, name: str, dims: list[int], dtype: Any) -> Any:
-    return g.tensor(name=name, dim=dims, stride=_dense(dims), data_type=dtype)
+    return g.tensor(name=name, dim=dims, stride=list(row_major(dims)), data_type=dtype)
 
 
 def _output(t: Any, name: str, dims: list[int], dtype: Any) -> None:
-    t.set_output(True).set_name(name).set_dim(dims).set_stride(_dense(dims)).set_data_type(dtype)
+    t.set_output(True).set_name(name).set_dim(dims).set_stride(list(row_major(dims))).set_data_type(dtype)
 
 
 def _shapes(key: GraphKey) -> dict[str, list[int]]:
