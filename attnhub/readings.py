@@ -32,6 +32,11 @@ KEPT = 64
 _trust_raw = settings.key_reader("ATTNHUB_TRUST_LENGTHS")
 
 
+def _trusted() -> bool:
+    """``ATTNHUB_TRUST_LENGTHS``: the caller vouches for the lengths (no device read; kernels clamp)."""
+    return bool(_trust_raw()) and settings.value("ATTNHUB_TRUST_LENGTHS")
+
+
 class Reading:
     """The integer values of an array (int64 NumPy) and ``facts``: what callers derived from them
     (checks passed, the longest sequence, the array as int32 on a device), keyed by the caller."""
@@ -105,7 +110,7 @@ def reading(x: Any) -> Reading | None:
     tensor is read once per version."""
     if isinstance(x, (list, tuple)):
         return Reading(host_values(x))
-    if _trust_raw() and settings.value("ATTNHUB_TRUST_LENGTHS"):
+    if _trusted():
         return None
     entry = kept(x)
     if entry is not None:
@@ -124,8 +129,7 @@ def host_values(x: Any) -> np.ndarray | None:
     set (then kernels clamp instead, docs/semantics.md)."""
     if isinstance(x, (list, tuple)):
         return np.asarray(x, dtype=np.int64)
-    # the caller vouches for them: no device sync
-    if _trust_raw() and settings.value("ATTNHUB_TRUST_LENGTHS"):
+    if _trusted():  # the caller vouches for them: no device sync
         return None
     mod = type(x).__module__.split(".", 1)[0]
     if mod == "torch":
