@@ -30,7 +30,7 @@ from attnhub.bench.timing import time_case
 CANDIDATES = ("triton", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "cudnn")
 
 
-def _hide_shipped_profiles() -> None:
+def hide_shipped_profiles() -> None:
     """Run as on a device attnhub has never seen: no shipped profile, an empty user cache (so
     first-use measurements start from nothing and land in a temporary directory)."""
     import os
@@ -71,7 +71,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     if args.hide_shipped:
-        _hide_shipped_profiles()
+        hide_shipped_profiles()
     import attnhub
 
     present = {b.name for b in attnhub.backends() if b.available}

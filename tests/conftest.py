@@ -81,6 +81,7 @@ def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNHUB_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("ATTNHUB_BACKEND", raising=False)
     monkeypatch.delenv("ATTNHUB_DISABLE", raising=False)
+    monkeypatch.delenv("ATTNHUB_AUTOTUNE", raising=False)
     monkeypatch.setattr(profile, "SHIPPED_DIR", tmp_path / "shipped")
     profile.reload()
     yield tmp_path / "cache"

@@ -12,23 +12,13 @@ from attnhub import profile, tuner
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture
-def no_profiles(tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTNHUB_CACHE_DIR", str(tmp_path / "cache"))
-    for name in ("ATTNHUB_BACKEND", "ATTNHUB_DISABLE", "ATTNHUB_AUTOTUNE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(profile, "SHIPPED_DIR", tmp_path / "shipped")  # a device never measured
-    monkeypatch.setattr(tuner, "_tried", set())
-    profile.reload()
-    yield
-    monkeypatch.undo()
-    profile.reload()
-
-
-def test_first_use_measures_once_per_class_and_reuses_it(no_profiles, monkeypatch):
+def test_first_use_measures_once_per_class_and_reuses_it(cache_dir, monkeypatch):
+    """``cache_dir`` (tests/conftest.py): no shipped profile, an empty user cache: a device never
+    measured."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs an NVIDIA GPU: run `make gpu-test` on the device machine")
+    monkeypatch.setattr(tuner, "_tried", set())  # no class tried before in this process
     timed = []
     real = tuner.time_class
 
