@@ -301,7 +301,7 @@ def explain(
         raise SpecError("explain", "the keyword arguments of attnhub.attention", str(exc)) from None
     req, _, _ = build_request_ex(q, k, v, mask, sync, scale, layout, return_lse, ex)
     check_backend_arg(backend)
-    return explain_request(req, backend)
+    return explain_request(req, backend, probe_all=True)
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,20 @@ class Backend:
         reasons.extend(self.extra_reasons(req))
         return reasons
 
+    def late_reasons(self, req: Request) -> list[str]:
+        """Reasons only a costly probe finds, asked after :meth:`check` found none (override as
+        needed). cudnn builds the request's cuDNN graph here: a new sequence length is a new graph,
+        milliseconds of host time, so ``auto`` asks this only of the candidate it is about to
+        choose (a decode loop whose cache grows every step must not build graphs for a backend it
+        never runs); a named backend, ``explain`` and ``certify`` ask it always."""
+        return []
+
+    def light_call(self, req: Request) -> bool:
+        """Whether the call for ``req`` is as light as :attr:`light_calls` declares; override where
+        some requests cost more (torch's efficient kernel serves GQA by repeating K and V per query
+        head: a copy of the cache and two more launches a call, no light call)."""
+        return self.light_calls
+
     def device_reason(self, req: Request) -> str:
         """Why a request on another device type is declined (from ``device_types`` alone)."""
         return f"runs on {', '.join(self.device_types)} devices, the inputs are on {req.device}"

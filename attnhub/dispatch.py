@@ -140,12 +140,12 @@ SMALL_CALL_FLOPS = 1e9
 def prior_rank(b: Backend, req: Request) -> int:
     """The prior's bucket of ``b`` for ``req`` (lower first; priority orders within a bucket):
     vendor kernels lead for :func:`plain` requests (the lightest-call one first for calls under
-    :data:`SMALL_CALL_FLOPS`, one with heavier calls after the others below its
+    :data:`SMALL_CALL_FLOPS`, where its call for the request is light (``Backend.light_call``), one with heavier calls after the others below its
     ``heavy_calls_from``), own kernels for everything else, where only they compute the request
     natively (masks, biases, lengths and the rest)."""
     if not (b.vendor and plain(req)):
         return 3
-    if b.light_calls and req.flops < SMALL_CALL_FLOPS:
+    if b.light_calls and req.flops < SMALL_CALL_FLOPS and getattr(b, "light_call", lambda r: True)(req):
         return 0
     return 2 if req.flops < b.heavy_calls_from else 1
 
@@ -167,8 +167,11 @@ def _mode(backend: str) -> tuple[str, str | None]:
 DBIAS_REASON = "cannot compute the gradient of a float mask/bias (SPEC §9)"
 
 
-def backend_reasons(b: Backend, req: Request, disabled: frozenset[str], named: bool = True) -> list[str]:
-    """Every reason ``b`` cannot serve ``req`` (empty: it can).
+def backend_reasons(
+    b: Backend, req: Request, disabled: frozenset[str], named: bool = True, late: bool = True
+) -> list[str]:
+    """Every reason ``b`` cannot serve ``req`` (empty: it can); with ``late=False`` all but the
+    costly probe's (:meth:`Backend.late_reasons`, see :func:`late_reasons`).
 
     ``named=False`` (a backend auto weighs but the caller did not name) declines one for another
     device type from its declaration, without probing its availability (a driver lookup, finding
@@ -197,27 +200,46 @@ def backend_reasons(b: Backend, req: Request, disabled: frozenset[str], named: b
     # Checked here, not in Backend.check, so that a backend overriding check() cannot forget it.
     if (req.mask_needs_grad or req.bias_grad) and not req.is_empty and "dbias" not in b.features:
         reasons.append(DBIAS_REASON + "; the mask requires grad")
+    if late and not reasons:
+        return late_reasons(b, req)
     return reasons
+
+
+def late_reasons(b: Backend, req: Request) -> list[str]:
+    """``b.late_reasons(req)`` (none for a plugin without the method); one that raises makes the
+    backend unavailable for the request, with the error as the reason."""
+    probe = getattr(b, "late_reasons", None)
+    if probe is None:
+        return []
+    try:
+        return list(probe(req))
+    except Exception as exc:
+        return [f"late_reasons() raised {type(exc).__name__}: {exc}"]
 
 
 def certify_reason(path: str) -> str:
     return f"failed certification on this device (report {path}); auto never picks it"
 
 
-def explain_request(req: Request, backend: str = "auto") -> Explanation:
+def explain_request(req: Request, backend: str = "auto", probe_all: bool = False) -> Explanation:
     """Evaluate every registered backend for ``req`` and say which one runs it.
 
     In auto mode a backend whose stored certification report for this device has a failing case
     is declined; the others that can run the request are tried fastest first when this device's
     profile has a class near the request's (:func:`attnhub.profile.lookup`), a measured backend
     before every unmeasured one, else (and among the unmeasured) in the prior's order
-    (:func:`prior_rank`, then declared priority).
+    (:func:`prior_rank`, then declared priority). The costly probes (:func:`late_reasons`) run
+    down that order only until one candidate passes, unless ``probe_all`` (``explain``).
     """
     mode, name = _mode(backend)
     disabled = _disabled()
     table = REGISTRY.backends()
     verdicts = [
-        Verdict(b.name, b.priority, backend_reasons(b, req, disabled, named=b.name == name))
+        Verdict(
+            b.name,
+            b.priority,
+            backend_reasons(b, req, disabled, named=b.name == name, late=probe_all or b.name == name),
+        )  # fmt: skip
         for b in table.values()
     ]
     runnable = [v for v in verdicts if not v.reasons]
@@ -243,6 +265,9 @@ def explain_request(req: Request, backend: str = "auto") -> Explanation:
             # measured first, fastest first; then the prior's buckets; stable: priority within them
             key=lambda v: (v.measured_ms is None, v.measured_ms or 0.0, ranks[v.name]),
         )
+        if not probe_all:  # the first candidate whose costly probe passes; later ones unprobed
+            while order and (late := late_reasons(table[order[0].name], req)):
+                order.pop(0).reasons.extend(late)
         chosen = order[0].name if order else None
         # A measured class that lacks a vendor kernel the prior puts first (one that could not run
         # the request when the class was measured, e.g. bfloat16 gradients before 2026-11-28).

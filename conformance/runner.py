@@ -18,6 +18,7 @@ import numpy as np
 
 import attnhub
 from attnhub.backend import Backend
+from attnhub.dispatch import late_reasons
 from attnhub.errors import BackendUnsupported
 from attnhub.frameworks import adapter_for, numpy_dtype
 from attnhub.positions import dense_rule_mask
@@ -419,13 +420,13 @@ class Certifier:
         req, _ = build_request(xs[0], xs[1], xs[2], mask, case.sync, case.scale, case.layout, case.lse)
         res.request = req.describe()
 
-        reasons = b.check(req)
+        reasons = _reasons(b, req)
         if reasons:
             self._honest_decline(xs, kw, reasons)
             res.status, res.reasons = "declined", reasons
             return
         greq = dataclasses.replace(req, needs_grad=True)
-        if case.grad and (why := b.check(greq)):
+        if case.grad and (why := _reasons(b, greq)):
             res.status, res.reasons = "declined", why
             return
         if case.repeat and "deterministic" not in b.features:
@@ -662,6 +663,12 @@ def default_device(backend: Backend) -> str:
     if "cuda" in types:
         return "cuda"
     return "cpu"
+
+
+def _reasons(b: Any, req: Any) -> list[str]:
+    """``check()``, then the costly probe (``late_reasons``) where it found nothing: everything
+    ``backend=NAME`` would decline the request for."""
+    return b.check(req) or late_reasons(b, req)
 
 
 def _crash_check(exc: Exception) -> str:

@@ -24,6 +24,7 @@ torch = pytest.importorskip("torch")
 
 import attnhub  # noqa: E402
 from attnhub import REGISTRY, BackendUnsupported  # noqa: E402
+from attnhub.dispatch import backend_reasons  # noqa: E402
 from attnhub.positions import dense_rule_mask  # noqa: E402
 from attnhub.rules import Causal, Full, Local  # noqa: E402
 from attnhub.shapes import request_from_shapes  # noqa: E402
@@ -228,8 +229,8 @@ ACCEPTED = [
 
 @pytest.mark.parametrize("case", ACCEPTED, ids=str)
 def test_accepts_its_scope(case):
-    """No static reason for requests in scope. (On a GPU with the package, check() also builds
-    the graph and reports cuDNN's own refusal: this then also asks cuDNN.)"""
+    """No static reason for requests in scope. (cuDNN's own verdict on the graph is
+    ``late_reasons``, asked by dispatch only when about to choose cudnn.)"""
     q, k, v, kw = case
     assert Cudnn().check(_req(q, k, v, **kw)) == []
 
@@ -398,7 +399,7 @@ def test_fake_cudnn_forward_backward(fake_cudnn, case):
     q, k, v = (torch.randn(s, generator=gen, dtype=torch.float64).to(torch.float16) for s in (qs, ks, vs))
     req = _req(qs, ks, vs, mask=rule, sync=sync, scale=scale, needs_grad=True, return_lse=True)
     be = Cudnn()
-    assert be.check(req) == []
+    assert be.check(req) == [] and be.late_reasons(req) == []
     assert {g.node["op"] for g in fake_cudnn.GRAPHS} == {"sdpa", "sdpa_backward"}
     out, lse = be.forward(q, k, v, req)
     want, want_lse, _ = reference(q, k, v, rule, sync, scale)
@@ -442,7 +443,7 @@ def test_fake_cudnn_windows_are_spec_bands(fake_cudnn, lq, lk, rule, sync):
     q, k, v = (torch.randn(s, generator=gen, dtype=torch.float64).to(torch.float16) for s in (qs, ks, ks))
     req = _req(qs, ks, ks, mask=rule, sync=sync, needs_grad=True, return_lse=True)
     be = Cudnn()
-    assert be.check(req) == []
+    assert be.check(req) == [] and be.late_reasons(req) == []
     out, lse = be.forward(q, k, v, req)
     want, want_lse, _ = reference(q, k, v, rule, sync, 1 / 8)
     assert torch.allclose(out.double(), want, atol=2e-3) and torch.allclose(lse.double(), want_lse, atol=1e-5)
@@ -463,7 +464,7 @@ def test_fake_cudnn_bound_call_binds_dense_tensors_and_copies_other_strides(fake
     q, k, v = (torch.randn(s, generator=gen, dtype=torch.float64).to(torch.float16) for s in (qs, ks, ks))
     req = _req(qs, ks, ks, mask="causal", sync="none_end")
     be = Cudnn()
-    assert be.check(req) == []
+    assert be.check(req) == [] and be.late_reasons(req) == []
     fn = be.bind(req)
     assert fn is not None and fn.fixed_result
     want, _, _ = reference(q, k, v, Causal(), "none_end", 1 / 8)
@@ -482,7 +483,7 @@ def test_fake_cudnn_calls_and_arguments(fake_cudnn):
     q, k, v = (torch.randn(s).to(torch.bfloat16) for s in (qs, ks, ks))
     req = _req(qs, ks, ks, dtype="bfloat16", mask="causal", sync="none_end")
     be = Cudnn()
-    assert be.check(req) == []
+    assert be.check(req) == [] and be.late_reasons(req) == []
     [g] = fake_cudnn.GRAPHS
     dt = fake_cudnn.data_type
     assert g.init["io_data_type"] is dt.BFLOAT16
@@ -509,8 +510,10 @@ def test_fake_cudnn_calls_and_arguments(fake_cudnn):
 def test_fake_cudnn_refusal_is_a_cached_reason(fake_cudnn):
     fake_cudnn.REFUSE.append("no engine for this configuration")
     req = _req((1, 2, 64, 64), (1, 2, 64, 64), (1, 2, 64, 64), mask="causal")
+    assert Cudnn().check(req) == [], "check() asked cuDNN: a graph per new shape on every dispatch"
+    assert fake_cudnn.GRAPHS == []
     for _ in range(2):
-        why = Cudnn().check(req)
+        why = Cudnn().late_reasons(req)
         assert len(why) == 1 and "no engine for this configuration" in why[0] and "backend=" in why[0]
     assert len(fake_cudnn.GRAPHS) == 1, "a refusal was built twice"
 
@@ -528,7 +531,7 @@ def test_fake_cudnn_refusal_is_a_cached_reason(fake_cudnn):
 def test_check_builds_no_graph_it_does_not_need(fake_cudnn, shapes, kw):
     """No cuDNN graph for an empty request (the core never calls the backend; its graph would have
     zero extents) nor for one the declared or static rules decline already."""
-    Cudnn().check(_req(*shapes, **kw))
+    backend_reasons(Cudnn(), _req(*shapes, **kw), frozenset())  # check(), then late_reasons()
     assert fake_cudnn.GRAPHS == []
 
 

@@ -149,9 +149,9 @@ def test_a_named_backend_is_chosen_from_its_own_verdict_alone(monkeypatch):
     seen: list[str] = []
     real = dispatch_mod.backend_reasons
 
-    def spy(b, req, disabled, named=True):  # noqa: ANN001, ANN202
+    def spy(b, req, disabled, named=True, late=True):  # noqa: ANN001, ANN202
         seen.append(b.name)
-        return real(b, req, disabled, named)
+        return real(b, req, disabled, named, late)
 
     monkeypatch.setattr(dispatch_mod, "backend_reasons", spy)
     DISPATCHER.clear()

@@ -571,6 +571,28 @@ def test_prior_takes_the_lightest_vendor_call_for_small_requests(own_and_vendor)
         REGISTRY.unregister_plugin(plugin)
 
 
+class RepeatingLightVendor(LightVendor):
+    """Light calls, except for GQA, which it serves by repeating K and V (torch's efficient kernel)."""
+
+    name = "t_prior_light_repeat"
+
+    def light_call(self, req):
+        return req.heads_q == req.heads_kv
+
+
+def test_prior_takes_no_light_call_that_must_repeat_kv(own_and_vendor):
+    """A decode step (GQA, one query) must not lead with a kernel that copies the cache per call."""
+    plugin = Plugin(RepeatingLightVendor())
+    REGISTRY.register_plugin(plugin)
+    try:
+        assert attnhub.explain(*qkv(), mask="causal").order[0] == "t_prior_light_repeat"
+        q = np.zeros((2, 8, 1, 16), dtype=np.float32)
+        kv = np.zeros((2, 2, 40, 16), dtype=np.float32)
+        assert attnhub.explain(q, kv, kv).order == ["t_prior_vendor", "t_prior_light_repeat", "t_prior_own"]
+    finally:
+        REGISTRY.unregister_plugin(plugin)
+
+
 class HeavyVendor(_Counting):
     """A vendor kernel whose call costs more host time (cuDNN's frontend): leads only large calls."""
 

@@ -304,3 +304,39 @@ def test_sdpa_cuda_gradients_of_transposed_views(name, hkv, dtype):
     if reasons := _try(name, q, k, v, mask="causal"):
         pytest.skip("; ".join(reasons))
     _check(name, q, k, v, dtype, mask="causal")
+
+
+def test_probe_reasons_are_captured_not_printed(capfd):
+    """torch's can_use_*(debug=True) prints its reasons from C++ to file descriptor 2 (past Python's
+    warnings): the probe captures them for explain instead of printing one per new shape."""
+    import os
+    import warnings
+
+    from attnhub_backends.sdpa.backend import _reasons_printed
+
+    def ask():
+        os.write(2, b"[W1128 sdp_utils_cpp.h:418] Warning: both fused kernels need equal heads "
+                    b"(function check_batch_size_and_num_heads_dense)\n")  # fmt: skip
+        warnings.warn("head dim 72 is not supported", UserWarning, stacklevel=1)
+        return False
+
+    said = _reasons_printed(ask)
+    assert said == "head dim 72 is not supported; both fused kernels need equal heads"
+    assert "fused kernels" not in capfd.readouterr().err
+
+
+@pytest.mark.gpu
+def test_gqa_decode_probe_prints_nothing_and_serves_a_light_kernel(capfd):
+    """A GQA decode step (one query, growing cache): sdpa-efficient repeats K/V there, so it is no
+    light call, and probing a new shape prints nothing to the terminal."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU: run `make gpu-test` on the device machine")
+    from attnhub.request import request_from_shapes
+
+    eff = REGISTRY.backends()["sdpa-efficient"]
+    for nk in (513, 514):
+        req = request_from_shapes((8, 32, 1, 64), (8, 8, nk, 64), (8, 8, nk, 64), dtype="bfloat16",
+                                  framework="torch", device="cuda", mask="causal", sync="none_end")  # fmt: skip
+        eff.check(req)
+        assert not eff.light_call(req)
+    assert "Warning" not in capfd.readouterr().err

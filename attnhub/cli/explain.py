@@ -100,7 +100,7 @@ def explain_cmd(
         )
     except AttnhubError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(str(explain_request(req, backend)))
+    click.echo(str(explain_request(req, backend, probe_all=True)))
 
 
 def with_modifiers(

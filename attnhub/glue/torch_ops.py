@@ -121,7 +121,7 @@ def _graph_safe_backend(req: Any, backend: Any, chosen: Any) -> Any:
     if backend != "auto":
         raise BackendUnsupported(chosen.name, [reason])
     table = REGISTRY.backends()
-    for verdict in explain_request(req, backend).verdicts:
+    for verdict in explain_request(req, backend, probe_all=True).verdicts:
         candidate = table.get(verdict.name)
         if (
             not verdict.reasons

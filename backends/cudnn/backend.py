@@ -136,18 +136,17 @@ class Cudnn(Backend):
     def extra_reasons(self, req: Request) -> list[str]:
         return scope.reasons(req)
 
-    def check(self, req: Request) -> list[str]:
-        """The declared and static reasons (:meth:`Backend.check`, with :func:`scope.reasons`),
-        then, only for a request nothing else declines, cuDNN's own verdict on its graph(s).
+    def late_reasons(self, req: Request) -> list[str]:
+        """cuDNN's own verdict on the request's graph(s), built now and cached for the call that
+        follows: milliseconds for each new shape, so dispatch asks it only when about to choose
+        cudnn (:meth:`Backend.late_reasons`).
 
-        The probe builds graphs, so it must not run for what the base check declines (from
-        ``extra_reasons`` it also ran for a head dim over 256 or another framework's arrays on a
-        CUDA device, building a graph for nothing or failing inside cuDNN), nor for an empty
-        request (B, H, Lq or Dv = 0, or Lk = 0), which the core answers without calling the
-        backend (SPEC §7) and whose graph would have zero extents."""
-        reasons = super().check(req)
-        if reasons or req.is_empty or self.availability():
-            return reasons
+        Never for an empty request (B, H, Lq or Dv = 0, or Lk = 0), which the core answers without
+        calling the backend (SPEC §7) and whose graph would have zero extents; the static reasons
+        (:meth:`Backend.check`, with :func:`scope.reasons`) come first, so no graph is built for a
+        head dim over 256 or another framework's arrays."""
+        if req.is_empty or self.availability():
+            return []
         return self._cudnn_reasons(req)
 
     def _cudnn_reasons(self, req: Request) -> list[str]:

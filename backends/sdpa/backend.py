@@ -572,6 +572,10 @@ class _SdpaCuda(_SdpaBase):
         gqa = {"gqa": " enable_gqa", "repeat": " k/v repeated per query head"}.get(mode, "")  # type: ignore[call-overload]
         return (how + gqa).strip() or None
 
+    def light_call(self, req: Request) -> bool:
+        """No light call where GQA is served by repeating K and V (a copy and two launches more)."""
+        return self.light_calls and self._gqa_mode(req) != "repeat"
+
     def _gqa_mode(self, req: Request) -> str | list[str]:
         """ "none" / "gqa" (``enable_gqa=True``) / "repeat" (k and v repeated to Hq heads, exact), or
         torch's reasons why the kernel takes neither."""
@@ -718,13 +722,37 @@ def _probe(backend: _SdpaCuda, req: Request, gqa: bool, repeat: bool) -> list[st
     params = torch.backends.cuda.SDPAParams(q, k, v, mask, 0.0, plan.causal, gqa)
     check = getattr(torch.backends.cuda, backend.probe)
     kernel = sdpa_kernel(getattr(SDPBackend, backend.kernel))
-    with _PROBE_LOCK, kernel, warnings.catch_warnings(record=True) as caught:
+    with _PROBE_LOCK, kernel:
+        if check(params, debug=False):  # quiet: debug=True prints torch's reasons to stderr
+            return []
+        said = _reasons_printed(lambda: check(params, debug=True))
+    return [f"torch's {backend.kernel} kernel does not take this request: {said or 'no reason given'}"]
+
+
+def _reasons_printed(ask: Callable[[], Any]) -> str:
+    """What torch says while ``ask()`` runs: its C++ warnings (written to file descriptor 2, past
+    Python's ``warnings``, which get the rest), captured instead of reaching the user's terminal.
+    Asked only for a kernel that declines; another thread's stderr in that moment is captured too."""
+    import os
+    import re
+    import sys
+    import tempfile
+
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as tmp, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ok = check(params, debug=True)
-    if ok:
-        return []
-    said = "; ".join(dict.fromkeys(str(w.message).strip() for w in caught)) or "no reason given"
-    return [f"torch's {backend.kernel} kernel does not take this request: {said}"]
+        saved = os.dup(2)
+        try:
+            os.dup2(tmp.fileno(), 2)
+            ask()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode(errors="replace")
+    said = [str(w.message).strip() for w in caught]
+    said += [m.strip() for m in re.findall(r"Warning: (.*?)(?: \(function \w+\))?$", text, re.MULTILINE)]
+    return "; ".join(dict.fromkeys(s for s in said if s))
 
 
 class SdpaFlash(_SdpaCuda):

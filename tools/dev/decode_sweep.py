@@ -1,56 +1,73 @@
-"""Split-KV decode tiles and fill factor of the triton ragged kernels (issue 23), on the bench's own
-decode cases: for each (BN, warps, stages) and fill factor in ``ragged_launch.TUNE``, the median
-time of ``attention_kvcache`` through the public API (as `attnhub bench` times it), against SDPA
-cuDNN in the same process.
+"""Decode tiles, split counts and load path of the triton ragged kernels against SDPA cuDNN, on
+benchmarks/kvcache_decode.py's cases (GQA 32/8, D 128, bf16, every sequence full): for each
+(BN, warps, stages) in ``ragged_launch.TUNE`` (``decode`` and ``decode_tma`` alike), each split
+count (``ATTNHUB_TRITON_SPLITS``; 0 = the launcher's choice) and both load paths
+(``ATTNHUB_TRITON_TMA`` 0 and 3), the kernels' median time through ``attention_kvcache`` (do_bench, CUDA
+events) and the K/V bytes per second.
 
-    python tools/dev/decode_sweep.py
+    python tools/dev/decode_sweep.py [--cases 8x8192,64x4096] [--splits 0,4,8,16]
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import os
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
-from attnhub.bench import workloads
+import attnhub
 from attnhub_backends.triton import ragged_launch
 
-CFGS = [(128, 4, 3), (64, 4, 4), (128, 8, 3), (64, 2, 4), (256, 8, 2)]
-FILLS = [2, 4, 8]
+HQ, HKV, D = 32, 8, 128
+CFGS = [(128, 4, 3), (64, 2, 3), (64, 4, 4), (128, 8, 3), (64, 4, 3), (256, 8, 2), (128, 4, 4), (32, 2, 4)]
 
 
 def main() -> None:
-    cases = [c for c in workloads.model_grid() if c.family in ("kvcache", "ragged-decode")]
-    for case in cases:
-        q, k, v, _ = workloads.make_inputs(case, "cuda")
-        peer = workloads.peer_runner("sdpa-cudnn", case)
-        mine = workloads.attnhub_runner("triton", case)
-        gb = workloads.work(case)[1] / 1e9
-        try:
-            t_peer = do_bench(lambda: peer(q, k, v), warmup=25, rep=100, return_mode="median")  # noqa: B023
-        except Exception as exc:  # noqa: BLE001
-            t_peer = float("nan")
-            print("peer failed:", exc)
-        print(f"== {case.family} B={case.batch} Lk={case.len_k}: cuDNN {t_peer * 1e3:.1f} us")
-        best = None
-        for cfg, fill in itertools.product(CFGS, FILLS):
-            ragged_launch.TUNE.update(decode=cfg, decode_tma=cfg, fill=fill)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="1x8192,8x8192,64x4096")
+    ap.add_argument("--splits", default="0,4,8,16,32")
+    ap.add_argument("--tma", default="0,3")
+    args = ap.parse_args()
+    default = dict(ragged_launch.TUNE)
+    for case in args.cases.split(","):
+        b, lk = (int(x) for x in case.split("x"))
+        g = torch.Generator(device="cuda").manual_seed(b * 100003 + lk)
+        q, k, v = (torch.randn(b, h, n, D, generator=g, device="cuda", dtype=torch.bfloat16)
+                   for h, n in ((HQ, 1), (HKV, lk), (HKV, lk)))  # fmt: skip
+        lens = torch.full((b,), lk, dtype=torch.int32, device="cuda")
+        nbytes = 2 * b * HKV * lk * D * 2
+
+        def peer():  # noqa: ANN202
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: B023
+
+        t_peer = do_bench(peer, warmup=25, rep=100, return_mode="median")
+        print(f"== B {b} Lk {lk}: cuDNN {t_peer * 1e3:.1f} us ({nbytes / t_peer / 1e9:.2f} TB/s)", flush=True)
+        rows = []
+        for tma, splits, cfg in itertools.product(args.tma.split(","), args.splits.split(","), CFGS):
+            os.environ["ATTNHUB_TRITON_TMA"] = tma
+            os.environ["ATTNHUB_TRITON_SPLITS"] = "" if splits == "0" else splits
+            ragged_launch.TUNE.update(decode=cfg, decode_tma=cfg)
             ragged_launch._PLANS.clear()
             try:
-                t = do_bench(lambda: mine(q, k, v), warmup=25, rep=100, return_mode="median")  # noqa: B023
-            except Exception as exc:  # noqa: BLE001
-                print(f"  {cfg} fill {fill}: failed {type(exc).__name__}")
+                t = do_bench(lambda: attnhub.attention_kvcache(q, k, v, lens), warmup=25, rep=100,  # noqa: B023
+                             return_mode="median")  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - a config that does not fit is reported
+                print(f"  tma {tma} splits {splits} {cfg}: {type(exc).__name__}: {str(exc)[:100]}")
                 continue
-            print(
-                f"  {cfg} fill {fill}: {t * 1e3:7.1f} us  {gb / t * 1e3:.2f} TB/s  cuDNN/this {t_peer / t:.3f}"
-            )
-            if best is None or t < best[0]:
-                best = (t, cfg, fill)
-        print(f"  best {best}")
-        ragged_launch.TUNE.update(decode=(128, 4, 3), decode_tma=(64, 2, 3), fill=4)
+            rows.append((t, tma, splits, cfg))
+            print(f"  tma {tma} splits {splits:>2} {cfg}: {t * 1e3:6.1f} us {nbytes / t / 1e9:.2f} TB/s "
+                  f"cuDNN/this {t_peer / t:.3f}", flush=True)  # fmt: skip
+        for t, tma, splits, cfg in sorted(rows)[:5]:
+            print(f"  best: tma {tma} splits {splits} {cfg} {t * 1e3:.1f} us cuDNN/this {t_peer / t:.3f}")
+        os.environ.pop("ATTNHUB_TRITON_SPLITS", None)
+        os.environ.pop("ATTNHUB_TRITON_TMA", None)
+        ragged_launch.TUNE.update(default)
         ragged_launch._PLANS.clear()
-        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
