@@ -331,7 +331,7 @@ def test_gqa_decode_probe_prints_nothing_and_serves_a_light_kernel(capfd):
     light call, and probing a new shape prints nothing to the terminal."""
     if not torch.cuda.is_available():
         pytest.skip("needs an NVIDIA GPU: run `make gpu-test` on the device machine")
-    from attnhub.request import request_from_shapes
+    from attnhub.shapes import request_from_shapes
 
     eff = REGISTRY.backends()["sdpa-efficient"]
     for nk in (513, 514):

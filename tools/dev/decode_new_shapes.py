@@ -1,5 +1,6 @@
 """Host time of decode steps as transformers' generate() makes them (GQA 32/8, D 64, bf16, one new
-query, the cache one key longer every step, so every step is a new request shape): auto and each
+query, the cache one key longer every step and contiguous, as DynamicCache's torch.cat makes it,
+so every step is a new request shape): auto and each
 candidate by name against torch's SDPA, microseconds per call over ``--steps`` steps of
 ``--layers`` calls; and what auto chose, with explain's reasons, at one step.
 
@@ -48,7 +49,7 @@ def main() -> None:
             t0 = time.perf_counter()
             for s in range(args.steps):
                 n = args.start + (i + 1) * args.steps + s  # shapes no earlier run cached
-                k, v = kc[:, :, :n], vc[:, :, :n]
+                k, v = kc[:, :, :n].contiguous(), vc[:, :, :n].contiguous()  # a new cache, as torch.cat
                 for _ in range(args.layers):
                     call(k, v)
             torch.cuda.synchronize()
