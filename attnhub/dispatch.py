@@ -260,11 +260,7 @@ def explain_request(req: Request, backend: str = "auto", probe_all: bool = False
             if failed is not None:
                 v.reasons.append(certify_reason(failed))
         ranks = {v.name: prior_rank(table[v.name], req) for v in runnable}
-        order = sorted(
-            (v for v in runnable if not v.reasons),
-            # measured first, fastest first; then the prior's buckets; stable: priority within them
-            key=lambda v: (v.measured_ms is None, v.measured_ms or 0.0, ranks[v.name]),
-        )
+        order = measured_order([v for v in runnable if not v.reasons], ranks)
         if not probe_all:  # the first candidate whose costly probe passes; later ones unprobed
             while order and (late := late_reasons(table[order[0].name], req)):
                 order.pop(0).reasons.extend(late)
@@ -274,6 +270,28 @@ def explain_request(req: Request, backend: str = "auto", probe_all: bool = False
         incomplete = measured is not None and any(v.measured_ms is None and ranks[v.name] < 2 for v in order)
         return _finish(req, mode, chosen, verdicts, measured, table, [v.name for v in order], incomplete)
     return _finish(req, mode, chosen, verdicts, measured, table, [chosen] if chosen else [], False)
+
+
+#: Measured times within this fraction of the fastest are a tie, which the prior orders: the same
+#: kernel timed twice (cudnn and sdpa-cudnn) differs by more than that from one run to the next.
+MEASURED_TIE = 0.03
+
+
+def measured_order(candidates: list[Verdict], ranks: dict[str, int]) -> list[Verdict]:
+    """Measured candidates first: those within :data:`MEASURED_TIE` of the fastest in the prior's
+    order (bucket, then priority), the others fastest first; then the unmeasured in the prior's
+    order. The sort is stable, so declared priority orders what compares equal."""
+    times = [v.measured_ms for v in candidates if v.measured_ms is not None]
+    tie = min(times) * (1 + MEASURED_TIE) if times else 0.0
+
+    def key(v: Verdict) -> tuple:
+        if v.measured_ms is None:
+            return (2, ranks[v.name], 0.0)
+        if v.measured_ms <= tie:
+            return (0, ranks[v.name], 0.0)
+        return (1, 0, v.measured_ms)
+
+    return sorted(candidates, key=key)
 
 
 def _finish(req, mode, chosen, verdicts, measured, table, order, incomplete) -> Explanation:

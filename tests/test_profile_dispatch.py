@@ -453,6 +453,14 @@ def test_measured_times_overrule_the_prior(own_and_vendor):
     assert exp.chosen == "t_prior_own" and exp.basis == "user profile" and not exp.incomplete
 
 
+@pytest.mark.parametrize(("vendor_ms", "chosen"), [(1.02, "t_prior_vendor"), (1.05, "t_prior_own")])
+def test_measured_times_within_the_tie_leave_the_choice_to_the_prior(own_and_vendor, vendor_ms, chosen):
+    """Two times within MEASURED_TIE (3%) of each other are one kernel's run-to-run noise (cudnn
+    and sdpa-cudnn run the same kernels): the prior orders them; a larger gap overrules it."""
+    measure({"t_prior_own": 1.0, "t_prior_vendor": vendor_ms})
+    assert attnhub.explain(*qkv()).chosen == chosen
+
+
 def test_a_class_lacking_the_priors_vendor_kernel_is_incomplete(own_and_vendor, monkeypatch):
     """A class measured before the vendor kernel could run the request (the SDPA kernels and bf16
     gradients until 2026-11-28): the measured backend still leads, but the class is incomplete,

@@ -340,3 +340,20 @@ def test_gqa_decode_probe_prints_nothing_and_serves_a_light_kernel(capfd):
         eff.check(req)
         assert not eff.light_call(req)
     assert "Warning" not in capfd.readouterr().err
+
+
+def test_sdpa_cudnn_leads_only_large_calls():
+    """torch plans a cuDNN graph per new shape (2.5 ms a call in a decode loop whose cache grows,
+    tools/dev/decode_new_shapes.py): like the cudnn backend, sdpa-cudnn is a heavy-call vendor
+    kernel, after the other SDPA kernels below 2·10^10 FLOPs."""
+    from attnhub.dispatch import prior_rank
+    from attnhub.shapes import request_from_shapes
+
+    be = REGISTRY.backends()["sdpa-cudnn"]
+    small = request_from_shapes((8, 32, 1, 64), (8, 8, 700, 64), (8, 8, 700, 64), dtype="bfloat16",
+                                framework="torch", device="cuda", mask="causal", sync="none_end")  # fmt: skip
+    big = request_from_shapes((4, 16, 4096, 128), (4, 16, 4096, 128), (4, 16, 4096, 128), dtype="bfloat16",
+                              framework="torch", device="cuda", mask="causal")  # fmt: skip
+    flash = REGISTRY.backends()["sdpa-flash"]
+    assert prior_rank(be, small) > prior_rank(flash, small)
+    assert prior_rank(be, big) == prior_rank(flash, big)
