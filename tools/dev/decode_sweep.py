@@ -31,8 +31,10 @@ def main() -> None:
     ap.add_argument("--cases", default="1x8192,8x8192,64x4096")
     ap.add_argument("--splits", default="0,4,8,16,32")
     ap.add_argument("--tma", default="0,3")
+    ap.add_argument("--cfgs", default="", help="BN:warps:stages,... (default: the CFGS list)")
     args = ap.parse_args()
     default = dict(ragged_launch.TUNE)
+    cfgs = [tuple(int(x) for x in c.split(":")) for c in args.cfgs.split(",")] if args.cfgs else CFGS
     for case in args.cases.split(","):
         b, lk = (int(x) for x in case.split("x"))
         g = torch.Generator(device="cuda").manual_seed(b * 100003 + lk)
@@ -48,7 +50,7 @@ def main() -> None:
         t_peer = do_bench(peer, warmup=25, rep=100, return_mode="median")
         print(f"== B {b} Lk {lk}: cuDNN {t_peer * 1e3:.1f} us ({nbytes / t_peer / 1e9:.2f} TB/s)", flush=True)
         rows = []
-        for tma, splits, cfg in itertools.product(args.tma.split(","), args.splits.split(","), CFGS):
+        for tma, splits, cfg in itertools.product(args.tma.split(","), args.splits.split(","), cfgs):
             os.environ["ATTNHUB_TRITON_TMA"] = tma
             os.environ["ATTNHUB_TRITON_SPLITS"] = "" if splits == "0" else splits
             ragged_launch.TUNE.update(decode=cfg, decode_tma=cfg)
