@@ -272,6 +272,14 @@ def _split_strides(seqs: int, hq: int, max_q: int, dv: int) -> tuple[int, int]:
     return -(-seqs * hq * max_q * dv // 16) * 16, -(-seqs * hq * max_q // 16) * 16
 
 
+#: Split-KV decode programs resident on one SM at once (2 warps, ~64 KiB of shared memory each).
+#: H200, GQA 32/8, D 128, bf16, (64, 2, 3) tiles, TMA (``tools/dev/decode_sweep.py --cases
+#: 4x8192,8x8192,16x8192,8x32768,4x32768 --tma 3 --cfgs 64:2:3``, 2026-11-28): the fastest split
+#: count gave about 256 programs at every batch (B 4: 8 splits, 49.3 / 139.2 us at Lk 8k / 32k
+#: against 50.8 / 143.9 with the 4 of one program per SM; B 8: 4 splits, 80.2 / 256.5 against
+#: 82.0 / 268.1; B 16: 2 splits, 139.2 against 140.6; SDPA cuDNN 49.6 / 138.9, 79.8 / 256.6, 135.4).
+DECODE_PROGRAMS_PER_SM = 2
+
 #: The per-program overhead of a split-KV decode program (its start, its partial result, the merge)
 #: in key tiles of the decode config: what one more wave of programs costs (see _splits).
 WAVE_COST_TILES = 4
@@ -282,8 +290,8 @@ def _splits(tiles: int, programs: int, device: torch.device) -> int:
     the interpreter).
 
     Fewer (kv head, sequence) groups than SMs: the factor whose programs run in the fewest waves of
-    the least work each, counting WAVE_COST_TILES of overhead per wave: one wave of about one
-    program per SM where it fits. H100, B 4, Hkv 8, D 128, bf16 (32 groups, CUDA graphs): 4 splits
+    the least work each, counting WAVE_COST_TILES of overhead per wave: one wave of about
+    DECODE_PROGRAMS_PER_SM programs per SM where it fits. H100 (one program per SM then), B 4, Hkv 8, D 128, bf16 (32 groups, CUDA graphs): 4 splits
     (one wave of 128) 54.6 / 97.9 / 183.3 µs at Lk 8k / 16k / 32k against 61.2 / 105.5 / 190.1 with
     16 (four waves); SDPA 51.9 / 94.6 / 180.4 (tools/dev/probe_s5.py at 0dabcb3, part decode). More groups
     than SMs (large or ragged batches, whose lengths the host does not know): enough programs for
@@ -296,7 +304,10 @@ def _splits(tiles: int, programs: int, device: torch.device) -> int:
     sms = _sm_count(device)
     most = max(1, min(tiles // 4, MAX_SPLITS))
     if 0 < programs <= sms:
-        return min(range(1, most + 1), key=lambda s: -(-programs * s // sms) * (tiles / s + WAVE_COST_TILES))
+        slots = DECODE_PROGRAMS_PER_SM * sms
+        return min(
+            range(1, most + 1), key=lambda s: -(-programs * s // slots) * (tiles / s + WAVE_COST_TILES)
+        )
     want = -(-TUNE["fill"] * sms // max(programs, 1))
     return max(1, min(want, most))
 
