@@ -115,6 +115,11 @@ class Backend:
     #: FLOPs, where its host time would exceed the kernel's and a loop of calls waits on the host.
     heavy_calls_from: ClassVar[float] = 0.0
 
+    #: Its first call of each new request shape builds a plan (cuDNN's graphs: milliseconds). A
+    #: decode step (few query rows) comes with a new cache length every step, so ``auto`` puts such
+    #: a backend after the others there, over a profile too (which times one shape repeatedly).
+    builds_per_shape: ClassVar[bool] = False
+
     def availability(self) -> str | None:
         """None when the backend can run on this machine, else a reason a user can act on."""
         return None

@@ -261,6 +261,8 @@ def explain_request(req: Request, backend: str = "auto", probe_all: bool = False
                 v.reasons.append(certify_reason(failed))
         ranks = {v.name: prior_rank(table[v.name], req) for v in runnable}
         order = measured_order([v for v in runnable if not v.reasons], ranks)
+        if req.nq <= DECODE_ROWS:  # a decode step: a new shape every step (Backend.builds_per_shape)
+            order.sort(key=lambda v: bool(getattr(table[v.name], "builds_per_shape", False)))
         if not probe_all:  # the first candidate whose costly probe passes; later ones unprobed
             while order and (late := late_reasons(table[order[0].name], req)):
                 order.pop(0).reasons.extend(late)
@@ -271,6 +273,12 @@ def explain_request(req: Request, backend: str = "auto", probe_all: bool = False
         return _finish(req, mode, chosen, verdicts, measured, table, [v.name for v in order], incomplete)
     return _finish(req, mode, chosen, verdicts, measured, table, [chosen] if chosen else [], False)
 
+
+#: Requests with at most this many query rows are decode steps, whose key count grows every step:
+#: backends that build a plan per shape (``Backend.builds_per_shape``) go last for them. H200, GQA
+#: 32/8, D 64, a cache one key longer each step: torch's cuDNN SDPA 2.4-3.8 ms a call, sdpa-flash
+#: 47-76 us (tools/dev/decode_new_shapes.py, docs/benchmarks.md).
+DECODE_ROWS = 16
 
 #: Measured times within this fraction of the fastest are a tie, which the prior orders: the same
 #: kernel timed twice (cudnn and sdpa-cudnn) differs by more than that from one run to the next.

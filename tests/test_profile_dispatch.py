@@ -601,6 +601,35 @@ def test_prior_takes_no_light_call_that_must_repeat_kv(own_and_vendor):
         REGISTRY.unregister_plugin(plugin)
 
 
+class BuildingVendor(_Counting):
+    """A vendor kernel that builds a plan per request shape (cuDNN's graphs)."""
+
+    name = "t_prior_builder"
+    priority = 60
+    vendor = True
+    builds_per_shape = True
+
+
+@pytest.mark.parametrize(
+    ("nq", "chosen"), [(1, "t_prior_vendor"), (16, "t_prior_vendor"), (17, "t_prior_builder")]
+)
+def test_decode_steps_avoid_a_backend_that_builds_per_shape(own_and_vendor, nq, chosen):
+    """A decode step brings a new cache length every step: a backend that builds a plan per shape
+    goes last there, even where a profile (one shape timed repeatedly) measured it fastest."""
+    plugin = Plugin(BuildingVendor())
+    REGISTRY.register_plugin(plugin)
+    try:
+        req = request_from_shapes((1, 2, nq, 16), (1, 2, 64, 16), (1, 2, 64, 16))
+        times = {"t_prior_builder": 1.0, "t_prior_vendor": 1.5, "t_prior_own": 2.0}
+        profile.record(cpu_key(), [(profile.request_class(req), times, "test")], {})
+        rng = np.random.default_rng(3)
+        q = rng.standard_normal((1, 2, nq, 16)).astype(np.float32)
+        k, v = (rng.standard_normal((1, 2, 64, 16)).astype(np.float32) for _ in range(2))
+        assert attnhub.explain(q, k, v).chosen == chosen
+    finally:
+        REGISTRY.unregister_plugin(plugin)
+
+
 class HeavyVendor(_Counting):
     """A vendor kernel whose call costs more host time (cuDNN's frontend): leads only large calls."""
 

@@ -106,6 +106,7 @@ class Cudnn(Backend):
     )
     max_head_dim: ClassVar[int | None] = scope.MAX_HEAD_DIM
     requires: ClassVar[tuple[str, ...]] = ("torch", "nvidia-cudnn-frontend")
+    builds_per_shape: ClassVar[bool] = True  # one cuDNN graph per request signature (graphs.py)
 
     def availability(self) -> str | None:
         # find_spec first: neither torch nor cudnn is imported to say that one is missing.

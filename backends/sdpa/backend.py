@@ -809,6 +809,7 @@ class SdpaCudnn(_SdpaCuda):
     #: one key a step ran 2.5 ms a call against sdpa-flash's 47 us (tools/dev/decode_new_shapes.py),
     #: so small calls lead with the other SDPA kernels, as for the cudnn backend.
     heavy_calls_from: ClassVar[float] = 2e10
+    builds_per_shape: ClassVar[bool] = True
     direct_name: ClassVar[str] = "_scaled_dot_product_cudnn_attention"
     #: torch 2.11's cuDNN backward returns wrong dq for transposed (bshd/bhds views) inputs with
     #: GQA (certify on an H200, cuDNN 9.19: dq relative error 1.38); copies make them contiguous.
