@@ -269,3 +269,11 @@ def _paged_plan(
 
 
 __all__ = ["attention_varlen", "attention_kvcache"]
+
+
+# As attnhub.api's entry points: TensorFlow's AutoGraph would otherwise rewrite these and
+# everything they call (dispatch included) inside tf.function; plain trace-time Python runs
+# unconverted (tests/test_tf_autograph_entry.py).
+for _entry in (attention_varlen, attention_kvcache):
+    _entry.autograph_info__ = frozenset()  # type: ignore[attr-defined]
+del _entry
