@@ -140,9 +140,9 @@ SMALL_CALL_FLOPS = 1e9
 def prior_rank(b: Backend, req: Request) -> int:
     """The prior's bucket of ``b`` for ``req`` (lower first; priority orders within a bucket):
     vendor kernels lead for :func:`plain` requests (the lightest-call one first for calls under
-    :data:`SMALL_CALL_FLOPS`, where its call for the request is light (``Backend.light_call``), one with heavier calls after the others below its
-    ``heavy_calls_from``), own kernels for everything else, where only they compute the request
-    natively (masks, biases, lengths and the rest)."""
+    :data:`SMALL_CALL_FLOPS` where its call for the request is light, ``Backend.light_call``; one
+    with heavier calls after the others below its ``heavy_calls_from``), own kernels for everything
+    else, where only they compute the request natively (masks, biases, lengths and the rest)."""
     if not (b.vendor and plain(req)):
         return 3
     if b.light_calls and req.flops < SMALL_CALL_FLOPS and getattr(b, "light_call", lambda r: True)(req):

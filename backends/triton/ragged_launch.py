@@ -291,10 +291,10 @@ def _splits(tiles: int, programs: int, device: torch.device) -> int:
 
     Fewer (kv head, sequence) groups than SMs: the factor whose programs run in the fewest waves of
     the least work each, counting WAVE_COST_TILES of overhead per wave: one wave of about
-    DECODE_PROGRAMS_PER_SM programs per SM where it fits. H100 (one program per SM then), B 4, Hkv 8, D 128, bf16 (32 groups, CUDA graphs): 4 splits
-    (one wave of 128) 54.6 / 97.9 / 183.3 µs at Lk 8k / 16k / 32k against 61.2 / 105.5 / 190.1 with
-    16 (four waves); SDPA 51.9 / 94.6 / 180.4 (tools/dev/probe_s5.py at 0dabcb3, part decode). More groups
-    than SMs (large or ragged batches, whose lengths the host does not know): enough programs for
+    DECODE_PROGRAMS_PER_SM programs per SM where it fits. H100 (one program per SM then), B 4,
+    Hkv 8, D 128, bf16 (32 groups, CUDA graphs): 4 splits (one wave of 128) 54.6 / 97.9 / 183.3 µs
+    at Lk 8k / 16k / 32k against 61.2 / 105.5 / 190.1 with 16 (four waves); SDPA 51.9 / 94.6 / 180.4
+    (tools/dev/probe_s5.py at 0dabcb3, part decode). More groups than SMs (large or ragged batches, whose lengths the host does not know): enough programs for
     ``TUNE["fill"]`` per SM, so that short sequences' programs leave room for long ones'."""
     forced = settings.raw("ATTNHUB_TRITON_SPLITS")
     if forced:
