@@ -1,6 +1,6 @@
 """``backend="auto"`` against every candidate it could have picked, on the dense bench grid (issue 21).
 
-Run (GPU): python benchmarks/auto_dispatch.py [--dtype bfloat16,float16] [--rounds 3] [--json out.json]
+Run (GPU): python benchmarks/auto_dispatch.py [--dtype bfloat16,float16] [--reps 30] [--json out.json]
 [--hide-shipped]
 
 For each dense grid case (D = 64 and 128, full and causal, L = 1k..16k, forward and backward) the
@@ -8,10 +8,12 @@ runners are: ``auto``; each attnhub backend by name (``triton``, ``sdpa-cudnn``,
 ``sdpa-efficient`` and, where nvidia-cudnn-frontend is installed, ``cudnn``: the candidates auto
 chooses among; a backend that declines the request, such as
 the SDPA backends for bfloat16 gradients, is no candidate); and torch's raw cuDNN SDPA for context
-(``peer:sdpa-cudnn``, not a candidate where attnhub declines it). The runners are timed in
-``--rounds`` interleaved rounds (``attnhub.bench.timing.time_case``: triton's do_bench median), each
-round starting with the next runner (no runner always goes first), and each keeps its fastest
-round, so that clock drift between two timings of the same kernel does not read as a dispatch loss.
+(``peer:sdpa-cudnn``, not a candidate where attnhub declines it). Each runner is set up and called
+once (compiling, first-use measurement), then the runners are called in turn, one call each per
+round for ``--reps`` rounds (``attnhub.bench.timing.interleaved_cuda_ms``: CUDA events around each
+call, the L2 cache flushed before it), and each keeps its median: clock and thermal drift hit them
+alike (timing each for 100 ms in a row, as the earlier rounds of do_bench did, read the same cuDNN
+kernel 5-10% apart between two runners on the H200).
 Printed per case: auto's time, the fastest candidate, and their ratio (fastest candidate time /
 auto time; the target is >= 0.97).
 """
@@ -23,9 +25,11 @@ import json
 import math
 from pathlib import Path
 
+import torch
+
 from attnhub.bench.grid import default_grid
 from attnhub.bench.runners import attnhub_forward, runner
-from attnhub.bench.timing import time_case
+from attnhub.bench.timing import interleaved_cuda_ms, prepare_step
 
 CANDIDATES = ("triton", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "cudnn")
 
@@ -57,9 +61,7 @@ def _label(case) -> str:  # noqa: ANN001
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dtype", default="bfloat16,float16")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--rep", type=int, default=40)
+    ap.add_argument("--reps", type=int, default=30, help="timed calls of each runner per case")
     ap.add_argument("--json", default="")
     ap.add_argument(
         "--only", default="", help="keep cases whose label contains this, e.g. 'fwd D=128 L=8192 Full'"
@@ -84,17 +86,15 @@ def main() -> None:
         cases = [c for c in cases if args.only in _label(c)]
         worst = math.inf
         for n, case in enumerate(cases, 1):
-            best: dict[str, float] = {}
-            errors: dict[str, str] = {}
-            for r in range(args.rounds):
-                for name in names[r % len(names) :] + names[: r % len(names)]:  # each round starts elsewhere
-                    if name in errors:
-                        continue
-                    res = time_case(name, case, make, args.warmup, args.rep)
-                    if res.error:
-                        errors[name] = res.error
-                    else:
-                        best[name] = min(best.get(name, math.inf), res.ms)
+            steps, errors = {}, {}
+            for name in names:
+                try:
+                    steps[name] = prepare_step(name, case, make)
+                except Exception as exc:  # noqa: BLE001 - a declining backend is no candidate
+                    errors[name] = f"{type(exc).__name__}: {str(exc).strip()[:160]}"
+            best = interleaved_cuda_ms(steps, args.reps)
+            del steps
+            torch.cuda.empty_cache()
             cands = {k: v for k, v in best.items() if k in CANDIDATES}
             top = min(cands, key=cands.get)
             ratio = cands[top] / best["auto"]

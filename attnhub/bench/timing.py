@@ -100,36 +100,12 @@ def time_case(
     import torch
 
     from attnhub.bench import workloads
-    from attnhub.bench.runners import Unsupported, make_inputs
+    from attnhub.bench.runners import Unsupported
 
     bench = _timer(device, warmup, rep)
     try:
-        fn = make(name, case)
-        inputs = workloads.make_inputs if case.family in workloads.FAMILIES else make_inputs
-        q, k, v, do = inputs(case, device)
-        if case.direction == "fwdbwd":
-            fn(q, k, v).backward(do)  # compile / tune outside the timed region
-
-            def step() -> Any:
-                return fn(q, k, v).backward(do)
-
-            ms, how = bench(step, [q, k, v])
-        elif case.direction == "fwd":
-            with torch.no_grad():
-                fn(q, k, v)  # compile / tune outside the timed region
-
-                def step() -> Any:
-                    return fn(q, k, v)
-
-                ms, how = bench(step)
-        else:
-            out = fn(q, k, v)
-            out.backward(do, retain_graph=True)
-
-            def step() -> Any:
-                return out.backward(do, retain_graph=True)
-
-            ms, how = bench(step, [q, k, v])
+        step, grads = prepare_step(name, case, make, device)
+        ms, how = bench(step, grads)
     except Unsupported as exc:
         return Result(name, case, error=str(exc))
     except Exception as exc:  # noqa: BLE001 - reported per cell, the run goes on
@@ -143,6 +119,82 @@ def time_case(
         name, case, ms=float(ms), tflops=flops(case) / (ms * 1e-3) / 1e12,
         tbps=nbytes / (ms * 1e-3) / 1e12 if nbytes else None, how=how,
     )  # fmt: skip
+
+
+def prepare_step(
+    name: str, case: Case, make: Callable[[str, Case], Callable], device: str = "cuda"
+) -> tuple[Callable[[], Any], list]:
+    """``(step, grads)``: one call of ``make(name, case)`` as :func:`time_case` times it (forward
+    under no_grad, forward and backward, or backward alone through a retained graph) on fresh
+    random inputs, called once already (compiling, tuning, first-use measurement happen here), and
+    the arrays whose ``.grad`` to clear before each call. Raises what the runner raises."""
+    import torch
+
+    from attnhub.bench import workloads
+    from attnhub.bench.runners import make_inputs
+
+    fn = make(name, case)
+    inputs = workloads.make_inputs if case.family in workloads.FAMILIES else make_inputs
+    q, k, v, do = inputs(case, device)
+    if case.direction == "fwdbwd":
+
+        def step() -> Any:
+            return fn(q, k, v).backward(do)
+
+        grads = [q, k, v]
+    elif case.direction == "fwd":
+
+        @torch.no_grad()
+        def step() -> Any:
+            return fn(q, k, v)
+
+        grads = []
+    else:
+        out = fn(q, k, v)
+
+        def step() -> Any:
+            return out.backward(do, retain_graph=True)
+
+        grads = [q, k, v]
+    step()
+    return step, grads
+
+
+def interleaved_cuda_ms(steps: dict[str, tuple[Callable[[], Any], list]], reps: int) -> dict[str, float]:
+    """Median GPU milliseconds per call of each ``(step, grads)``, the steps called in turn, one
+    call each per round (the round's first step rotating), for ``reps`` rounds: clock and thermal
+    drift hit every step alike, where timing each for 100 ms in a row (do_bench) lets two timings of
+    one kernel differ by up to 10% on an H200. The L2 cache is flushed before each call, as
+    do_bench does; CUDA events bracket the call alone."""
+    import torch
+
+    flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    names = list(steps)
+    events: dict[str, list] = {n: [] for n in names}
+    for _ in range(2):  # warm-up rounds, untimed
+        for step, _grads in steps.values():
+            step()
+    for r in range(reps):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            step, grads = steps[name]
+            for x in grads:
+                x.grad = None
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            events[name].append((start, end))
+    torch.cuda.synchronize()
+    out = {}
+    for name, pairs in events.items():
+        times = sorted(s.elapsed_time(e) for s, e in pairs)
+        out[name] = times[len(times) // 2]
+    return out
+
+
+#: Bytes zeroed before each timed call to flush the L2 cache (do_bench's 256 MB).
+FLUSH_BYTES = 256 * 1024 * 1024
 
 
 def _timer(device: str, warmup: float, rep: float) -> Callable[..., tuple[float, str]]:

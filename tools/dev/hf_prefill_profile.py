@@ -23,7 +23,7 @@ import attnhub.integrations.transformers as ah_hf  # noqa: E402
 @torch.no_grad()
 def main() -> None:
     ah_hf.register()
-    model = hf_llama.build(False, "cuda")
+    model = hf_llama.build("full", "cuda")  # bfloat16, as benchmarks/hf_llama.py runs it
     ids, mask = hf_llama.prefill_batch(4, 4096, model.config.vocab_size, "cuda")
     for impl in ("attnhub", "sdpa"):
         model.set_attn_implementation(impl)
