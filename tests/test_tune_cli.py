@@ -143,6 +143,9 @@ def test_a_candidates_cost_is_the_slower_of_gpu_and_host_time(monkeypatch):
         return 0.05
 
     monkeypatch.setattr(tuner, "host_ms", host)
+    monkeypatch.setattr(
+        tuner, "host_loops", lambda names, case, device: {n: host(n, case, device) for n in names}
+    )
     case = host_grid("float16")[0]
     times, _ = tuner.time_candidates(case, list(gpu), "cuda:0")
     assert times == {"fast-gpu": 0.05, "slow-gpu": 2.0, "broken": None}
@@ -162,6 +165,7 @@ def test_host_bound_cases_are_timed_by_their_loop_alone(monkeypatch):
 
     monkeypatch.setattr(timing, "time_case", lambda name, case, *a, **kw: timing.Result(name, case, ms=0.04))
     monkeypatch.setattr(tuner, "host_ms", lambda name, case, device: 0.025)
+    monkeypatch.setattr(tuner, "host_loops", lambda names, case, device: dict.fromkeys(names, 0.025))
     case = host_grid("float16")[0]
     assert case.family == "host"
     assert tuner.time_candidates(case, ["k"], "cuda")[0] == {"k": 0.025}

@@ -140,3 +140,28 @@ def test_tune_help_describes_each_devices_grid():
     assert "cuda:" in text and "cpu:" in text
     assert "L=64" in text  # the CPU quick grid
     assert "L in 1k/4k" in text  # the CUDA quick grid
+
+
+def test_host_loops_take_turns_so_a_slow_stretch_weighs_on_every_backend(monkeypatch):
+    """The host family's loops run backend by backend in rounds, not one backend's loops and then
+    the next one's: a process whose calls slow down partway (seen in `attnhub tune` on an H200,
+    22 us then 36 for the same loop) would otherwise rank the backends by when they ran."""
+    order: list[str] = []
+
+    def runner(name, case):
+        def fn(q, k, v):
+            order.append(name)
+            return q
+
+        return fn
+
+    monkeypatch.setattr(tuner, "_runner", runner)
+    case = Case("host", 1, 1, 1, 4, 4, 8, Causal(), "none_front", "float32", "fwd")
+    best = tuner.host_loops(["a", "b", "c"], case, "cpu", calls=3, rounds=4)
+    assert set(best) == {"a", "b", "c"} and all(0 < t < float("inf") for t in best.values())
+    # Per loop, `calls` consecutive calls of one backend; the loops themselves alternate.
+    loops = order[::3]
+    assert len(loops) == 3 * 5  # a warm-up round and 4 timed rounds of three loops
+    for r in range(5):
+        assert sorted(loops[3 * r : 3 * r + 3]) == ["a", "b", "c"]
+    assert loops[:3] != loops[3:6]  # each round starts with the next backend

@@ -60,7 +60,31 @@ def main() -> None:
     )
     for b, h, lq, lk in SHAPES:
         one_shape(b, h, lq, lk, dtype, args)
+    after_cudnn(dtype, args)
     after_time_case(args.dtype)
+
+
+def after_cudnn(dtype: torch.dtype, args: argparse.Namespace) -> None:
+    """Host loops of sdpa-cudnn and sdpa-efficient before and after the cudnn backend (the
+    frontend's own graphs) has run in the process: ``attnhub tune`` with cudnn among the backends
+    read sdpa-cudnn's loop at 33-36 us a call where a process without it read 22 (2026-11-28)."""
+    q = torch.randn(8, 12, 512, 64, device="cuda", dtype=dtype)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    fns = {
+        n: (lambda n=n: attnhub.attention(q, k, v, mask="causal", backend=n))
+        for n in ("sdpa-cudnn", "sdpa-efficient")
+    }
+    fns["torch SDPA"] = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    before = timed(fns, args.calls, args.rounds)
+    for _ in range(3):
+        attnhub.attention(q, k, v, mask="causal", backend="cudnn")
+    torch.cuda.synchronize()
+    after = timed(fns, args.calls, args.rounds)
+    print("\nloops (us a call, enqueue / loop) before and after the cudnn backend ran, (8, 12, 512, 512):")
+    for name in fns:
+        print(
+            f"  {name:<16} {before[name][0]:6.2f} / {before[name][1]:6.2f}  ->  {after[name][0]:6.2f} / {after[name][1]:6.2f}"
+        )
 
 
 def after_time_case(dtype: str) -> None:
@@ -87,6 +111,27 @@ def after_time_case(dtype: str) -> None:
         print(
             f"  {name:<16} {(b, h, lq, lk)}: {alone:6.2f} / {after:6.2f} / {collected:6.2f} / {emptied:6.2f}"
         )
+        timed = tuner.time_class(case, [name], "cuda:0")
+        print(f"  {name:<16} tuner.time_class on cuda:0: {timed.ms[name] * 1e3:6.2f}")
+        torch.cuda.set_device("cuda:0")
+        print(f"  {name:<16} host_ms after set_device: {tuner.host_ms(name, case, 'cuda:0') * 1e3:6.2f}")
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for cmd in (
+            [sys.executable, "-c", "from attnhub import tuner; tuner.tune('cuda', families=('host',), "
+             f"dtypes=('{dtype}',), backends=['sdpa-efficient', 'sdpa-cudnn'], out='{tmp}/a.json', "
+             "progress=print)"],
+            ["attnhub", "tune", "--family", "host", "--dtype", dtype, "--backends", "sdpa-efficient,sdpa-cudnn",
+             "--out", f"{tmp}/b.json"],
+        ):  # fmt: skip
+            print("  $", " ".join(cmd[-4:]))
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            print(
+                "\n".join("    " + line for line in (res.stdout + res.stderr).splitlines() if "host" in line)
+            )
 
 
 def one_shape(b: int, h: int, lq: int, lk: int, dtype: torch.dtype, args: argparse.Namespace) -> None:
