@@ -9,9 +9,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from attnhub import first_use
 from attnhub.api import BackendRecord, attention, backends, explain
 from attnhub.backend import FEATURES, Backend
-from attnhub.dispatch import Explanation, use_backend
+from attnhub.dispatch import DISPATCHER, Explanation, use_backend
 from attnhub.errors import AttnhubError, BackendError, BackendUnsupported, NoBackendError, SpecError
 from attnhub.hookspecs import hookimpl
 from attnhub.operands import Operands
@@ -21,6 +22,11 @@ from attnhub.request import Request
 from attnhub.rules import Causal, ExplicitMask, Full, Local
 
 __version__ = "0.1.0"
+
+# auto's first-use measurement (ATTNHUB_AUTOTUNE) times candidates through the tuner, which runs
+# attnhub's public API; the dispatcher, which times nothing itself, asks it about a request class
+# the device's profile lacks. Wired here, above both, so that no import runs in a circle.
+DISPATCHER.measure = first_use.measure
 
 #: Submodules that import a framework, reachable as ``attnhub.<name>`` but imported on first access
 #: (PEP 562), so that ``import attnhub; attnhub.torch.patch_sdpa()`` works and ``import attnhub``

@@ -8,6 +8,7 @@ out (B, Hq, Nq, Dv) in the input dtype and lse (B, Hq, Nq) in float32 (float64 f
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from functools import cache
 from typing import Any, ClassVar
@@ -186,6 +187,12 @@ class Backend:
         """Backend-specific reasons beyond the declared attributes (override as needed)."""
         return []
 
+    def tuning(self) -> contextlib.AbstractContextManager:
+        """Entered while ``attnhub tune`` times the backends: inside, a backend that picks among
+        kernel configs may time them for a shape class met for the first time and record its pick
+        (the triton backend does). Default: nothing."""
+        return contextlib.nullcontext()
+
     def note(self, req: Request) -> str | None:
         """How the backend would run ``req`` (e.g. which kernel path), shown by ``explain``; optional."""
         return None
@@ -224,23 +231,6 @@ class Backend:
         carries none (torch's glue marks lse non-differentiable).
         """
         raise NotImplementedError(f"backend {self.name!r} has no backward")
-
-    def run(
-        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
-    ) -> tuple[Any, Any]:
-        """Forward, wrapped in the framework's autograd when gradients may be asked for."""
-        if "backward" in self.features:
-            if req.framework == "torch" and (req.needs_grad or req.bias_grad or req.sinks_grad):
-                from attnhub.glue.torch_autograd import run_with_autograd
-
-                return run_with_autograd(self, q, k, v, req, mask, operands)
-            if req.framework == "tensorflow":
-                from attnhub.glue.tf_gradient import run_with_gradient
-
-                return run_with_gradient(self, q, k, v, req, mask, operands)
-        if operands is None:
-            return self.forward(q, k, v, req, mask)
-        return self.forward(q, k, v, req, mask, operands=operands)
 
     def __repr__(self) -> str:
         return f"<attnhub backend {self.name!r} priority={self.priority}>"

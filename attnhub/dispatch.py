@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -371,11 +371,19 @@ REGISTRY.on_reset.append(CACHE.clear)
 profile.on_reload.append(CACHE.clear)
 
 
-class Dispatcher:
-    """Chooses the backend for a request, through :data:`CACHE`; safe to share across threads."""
+#: ``measure(req, exp) -> exp``: first-use measurement of a class the profile lacks, which may
+#: time the candidates and record them, then explain again. The dispatcher times nothing itself:
+#: attnhub/first_use.py is wired in by the API layer (attnhub/api.py).
+Measure = Callable[[Request, Explanation], Explanation]
 
-    def __init__(self, cache: DispatchCache = CACHE) -> None:
+
+class Dispatcher:
+    """Chooses the backend for a request, through :data:`CACHE`; safe to share across threads.
+    ``measure`` (None: never) is asked about an auto choice the profile cannot make."""
+
+    def __init__(self, cache: DispatchCache = CACHE, measure: Measure | None = None) -> None:
         self.cache = cache
+        self.measure = measure
 
     def clear(self) -> None:
         """Drop every cached decision (the whole dispatch cache, plans included)."""
@@ -397,8 +405,8 @@ class Dispatcher:
             self.cache.put(key, table[name])
             return table[name]
         exp = explain_request(req, backend)
-        if exp.mode == "auto" and (exp.measured is None or exp.incomplete):
-            exp = _autotune(req, exp)
+        if self.measure is not None and exp.mode == "auto" and (exp.measured is None or exp.incomplete):
+            exp = self.measure(req, exp)
         if exp.chosen is None:
             if name is not None:
                 reasons = next(v.reasons for v in exp.verdicts if v.name == name)
@@ -407,23 +415,6 @@ class Dispatcher:
         chosen = REGISTRY.backends()[exp.chosen]
         self.cache.put(key, chosen)
         return chosen
-
-
-def _autotune(req: Request, exp: Explanation) -> Explanation:
-    """First-use measurement (``ATTNHUB_AUTOTUNE``; by default CUDA requests long enough to time):
-    time the candidates of a class the profile lacks (or lacks the prior's first pick for), in
-    the prior's order, on random inputs of the request's shapes (the caller's arrays are never
-    touched), then choose again. A timing the tuner does not trust is not kept: the prior decides."""
-    if len(exp.order) < 2:
-        return exp
-    from attnhub import tuner
-
-    mode = settings.value("ATTNHUB_AUTOTUNE")
-    if not tuner.worth_measuring(req, mode) or not tuner.can_measure(req):
-        return exp
-    if tuner.measure_request(req, tuner.candidates(req)) is None:
-        return exp
-    return explain_request(req, "auto")
 
 
 DISPATCHER = Dispatcher()

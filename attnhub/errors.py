@@ -114,3 +114,15 @@ class BackendError(AttnhubError, RuntimeError):
 
     def __str__(self) -> str:
         return self._message
+
+
+def passes_through(exc: BaseException) -> bool:
+    """Exceptions from a backend that reach the caller unchanged: attnhub's own (a SpecError a
+    backend raises is still about the request) and running out of memory, which callers catch
+    by type (``MemoryError``, ``torch.OutOfMemoryError``) to retry smaller."""
+    return isinstance(exc, (AttnhubError, MemoryError)) or type(exc).__name__.endswith("OutOfMemoryError")
+
+
+def backend_error(name: str, req: Any, problem: str) -> BackendError:
+    """The :class:`BackendError` of backend ``name`` on request ``req`` (a Request, or None)."""
+    return BackendError(name, req.describe() if req is not None else "a request", problem)

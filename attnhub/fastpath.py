@@ -2,7 +2,7 @@
 one dict lookup (issue 21: at host-bound sizes a vendor kernel must cost at most its own host time
 plus a few microseconds).
 
-A plan (:class:`attnhub.api._Plan`) is made once per call signature: the arrays' types, shapes,
+A plan (:class:`attnhub.plan.Plan`) is made once per call signature: the arrays' types, shapes,
 dtypes, devices, ``requires_grad`` and layouts, torch's grad mode, every keyword and the dispatch
 overrides (``use_backend``, ``ATTNHUB_BACKEND``, ``ATTNHUB_DISABLE``) are its cache key, so the
 validation outcome and the backend choice are functions of the key. What a call with that key
@@ -14,12 +14,12 @@ runs is decided here once:
   bind time; anything that depends on the arrays' values or strides is still checked per call
   inside it;
 - any other backend is called through the plan's ``run`` (the backend's ``forward``, or its
-  ``run`` with the framework's autograd glue when gradients are needed), as :meth:`_Plan.execute`
+  ``run`` with the framework's autograd glue when gradients are needed), as :meth:`Plan.execute`
   calls it.
 
 Only plain requests are bound: canonical 1-d ``bhsd`` arrays (no layout move), a rule (no mask
 array), no SPEC §9-§11 argument, no lse, not empty. Every other request runs
-:meth:`_Plan.execute`. The result is checked like every call's (:func:`attnhub.api.check_result`),
+:meth:`Plan.execute`. The result is checked like every call's (:func:`attnhub.results.check_result`),
 and a backend's exception is named as in ``execute``. A bound callable marked ``fixed_result =
 True`` (a framework op whose result type, shape, dtype and device follow from the inputs' ones,
 which the plan's key fixes) has its result checked on the plan's first call only.
@@ -33,7 +33,8 @@ from typing import Any
 
 def bind(plan: Any) -> Callable[..., Any]:
     """``call(q, k, v, mask, extras)`` for a plain request's plan: its result as ``plan.execute``'s."""
-    from attnhub.api import backend_error, check_result, passes_through
+    from attnhub.errors import backend_error, passes_through
+    from attnhub.results import check_result
 
     req, ad, backend = plan.req, plan.ad, plan.backend
     name, shape = backend.name, plan.out_shape
@@ -68,7 +69,10 @@ def _backend_call(plan: Any) -> Callable[[Any, Any, Any, Any], Any]:
     """``fn(q, k, v, mask) -> (out, lse)``: the backend's bound call, or its plan's ``run``."""
     req, backend, run = plan.req, plan.backend, plan.run
     binder = getattr(backend, "bind", None)
-    if binder is not None and run == backend.run:
+    # Bound only where the plan calls the backend's own run (a framework that differentiates the
+    # forward itself), as since issue 21; a backend without one (cudnn, whose bind is therefore not
+    # used here) runs its forward or attnhub's glue through the plan's run.
+    if binder is not None and run == getattr(backend, "run", None):
         bound = binder(req)
         if bound is not None:
             return bound

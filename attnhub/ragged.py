@@ -10,17 +10,17 @@ per torch tensor version (:mod:`attnhub.readings`).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import sys
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from attnhub.api import attention
 from attnhub.dispatch import CACHE, DISPATCHER, override_state
 from attnhub.errors import SpecError
 from attnhub.extras import Extras, check_int_array, int_arg
 from attnhub.frameworks import Adapter, adapter_for, adapter_like
+from attnhub.plan import Plan, mask_key, plan_for
 from attnhub.readings import check_readable, reading
 from attnhub.request import build_request_ex, check_backend_arg
 
@@ -64,11 +64,6 @@ def _check_cu_seqlens(name: str, cu: Any, total: int, ad: Adapter) -> int:
     if last != total:
         raise SpecError(name, f"ending at the total length {total}", last)
     return longest
-
-
-def _api() -> ModuleType:
-    """attnhub.api (which imports this module's callers: imported on first use)."""
-    return sys.modules.get("attnhub.api") or importlib.import_module("attnhub.api")
 
 
 def attention_varlen(
@@ -125,7 +120,7 @@ def attention_varlen(
         ad.reshape(ad.permute(x, (1, 0, 2)), (1, int(x.shape[1]), int(x.shape[0]), int(x.shape[2])))
         for x in (q, k, v)
     )
-    plan = _api()._plan(q4, k4, v4, mask, sync, scale, "bhsd", return_lse, backend, extras)
+    plan = plan_for(q4, k4, v4, mask, sync, scale, "bhsd", return_lse, backend, extras)
     result = plan.execute(q4, k4, v4, mask, extras)
     out, lse = result if return_lse else (result, None)
     out = ad.permute(ad.reshape(out, (out.shape[1], out.shape[2], out.shape[3])), (1, 0, 2))
@@ -158,7 +153,7 @@ def attention_kvcache(
     if k_lengths is None:
         raise SpecError("k_lengths", "the number of valid keys per batch entry, (B,) ints", None)
     if block_table is None:
-        return _api().attention(
+        return attention(
             q, k_cache, v_cache, mask=mask, sync="none_end", scale=scale, softcap=softcap, sinks=sinks,
             k_lengths=k_lengths, backend=backend, return_lse=return_lse,
         )  # fmt: skip
@@ -209,7 +204,6 @@ def _paged(q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, si
     """Validated and dispatched once per call signature (the key holds every shape and dtype the
     checks look at); the values of the lengths and the block table are checked on every call (once
     per torch tensor version, attnhub.readings)."""
-    api = _api()
     ad = adapter_for(q, "q")
     try:
         extras = Extras(
@@ -220,7 +214,7 @@ def _paged(q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, si
             paged=int(k_cache.shape[1]),
         )
         key = (
-            "paged", ad.call_key(q, k_cache, v_cache), api._mask_key(mask), scale, type(scale), return_lse,
+            "paged", ad.call_key(q, k_cache, v_cache), mask_key(mask), scale, type(scale), return_lse,
             type(return_lse), backend, override_state(), extras.key(ad),
         )  # fmt: skip
         plan = CACHE.recent.get(key) or CACHE.get(key)
@@ -265,7 +259,7 @@ def _paged_plan(
         req, needs_grad=req.needs_grad or any(ad.requires_grad(x) for x in (k_cache, v_cache))
     )
     check_backend_arg(backend)
-    return _api()._Plan(req, ad, DISPATCHER.choose(req, backend)), extras
+    return Plan(req, ad, DISPATCHER.choose(req, backend)), extras
 
 
 __all__ = ["attention_varlen", "attention_kvcache"]

@@ -20,7 +20,7 @@ and calls made while attnhub is already running (a backend that itself calls SDP
 function. ``sdpa_stats()`` counts routed and fallen-back calls and names the backends that ran.
 
 Under ``torch.compile`` the wrapper is traced: a call attnhub serves becomes its custom op
-(``torch.ops.attnhub.attention``, attnhub/glue/torch_ops.py), one it declines torch's own
+(``torch.ops.attnhub.attention``, attnhub/torch_ops.py), one it declines torch's own
 function, decided once per trace; ``sdpa_stats()`` then counts traces, not runs.
 
 A query row whose keys are all masked gives 0 (SPEC §4), as torch 2.13's SDPA does (older torch
@@ -38,9 +38,9 @@ from typing import Any
 
 import torch
 
+from attnhub import torch_ops
 from attnhub.errors import BackendUnsupported, NoBackendError, SpecError
-from attnhub.glue import torch_ops
-from attnhub.glue.torch_ops import INSIDE
+from attnhub.torch_ops import INSIDE
 
 __all__ = ["is_patched", "patch_sdpa", "reset_sdpa_stats", "sdpa_stats", "unpatch_sdpa"]
 
@@ -213,11 +213,11 @@ def _fold(q, k, v, attn_mask, is_causal) -> tuple[Any, Any, Any, Any]:
 def _route(q, k, v, attn_mask, is_causal, scale) -> tuple[torch.Tensor, str]:
     """attnhub's result for an SDPA call (bhsd with the leading dims folded into the batch), and
     the name of the backend that ran it."""
-    from attnhub.api import _plan
+    from attnhub.plan import plan_for
 
     qc, kc, vc, mask = _fold(q, k, v, attn_mask, is_causal)
     # What attnhub.attention does, keeping the plan to name its backend.
-    plan = _plan(qc, kc, vc, mask, "none_front", scale, "bhsd", False, _backend)
+    plan = plan_for(qc, kc, vc, mask, "none_front", scale, "bhsd", False, _backend)
     out = plan.call(qc, kc, vc, mask)
     return out.reshape(*q.shape[:-1], v.shape[-1]), plan.backend.name
 

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 import attnhub
-from attnhub.api import _plan
+from attnhub.plan import plan_for
 from attnhub.request import to_canonical
 
 
@@ -76,7 +76,7 @@ def main() -> None:
         plugin = NullPlugin()
         attnhub.REGISTRY.register_plugin(plugin)
         plugin.backend.result = (q, q[..., 0])
-    plan = _plan(q, k, v, "causal", "none_front", None, "bhsd", False, "auto")
+    plan = plan_for(q, k, v, "causal", "none_front", None, "bhsd", False, "auto")
     req, ad = plan.req, plan.ad
     backend = attnhub.REGISTRY.backends()[attnhub.explain(q, k, v, mask="causal").chosen]
     qc, kc, vc = (to_canonical(ad, x, "bhsd") for x in (q, k, v))

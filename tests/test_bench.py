@@ -101,13 +101,13 @@ def test_flex_peer_may_recompile_per_case() -> None:
     """Every bench case compiles FlexAttention anew; past dynamo's default limit of 8 recompiles torch
     would run it eagerly (~100x slower) and the peer's figures would be meaningless."""
     torch = pytest.importorskip("torch")
-    from attnhub.bench.runners import _allow_recompiles
+    from attnhub.bench.support import allow_recompiles
 
     cfg = torch._dynamo.config
     old = {n: getattr(cfg, n) for n in ("recompile_limit", "fail_on_recompile_limit_hit")}
     try:
         cfg.recompile_limit = 8
-        _allow_recompiles()
+        allow_recompiles()
         assert cfg.recompile_limit >= 64 * 8  # far above the number of cases in the default grid
         assert cfg.fail_on_recompile_limit_hit is True
     finally:

@@ -99,8 +99,9 @@ def test_registry_reset_clears_the_cache(counting):
 
 def test_no_module_keeps_a_second_cache():
     import attnhub.api as api
+    import attnhub.plan as plan
 
-    assert not hasattr(api, "_PLANS")
+    assert not hasattr(api, "_PLANS") and not hasattr(plan, "_PLANS")
     assert not hasattr(DISPATCHER, "_cache")
     assert dispatch_mod.CACHE is CACHE
 

@@ -10,9 +10,9 @@ torch = pytest.importorskip("torch")
 
 import attnhub  # noqa: E402
 from attnhub import REGISTRY, Backend, BackendError, hookimpl  # noqa: E402
-from attnhub.api import _plan  # noqa: E402
 from attnhub.dispatch import CACHE  # noqa: E402
 from attnhub.extras import NONE, Extras  # noqa: E402
+from attnhub.plan import plan_for  # noqa: E402
 from attnhub_backends.sdpa import backend as sdpa_backend  # noqa: E402
 
 TOL = {"float64": 1e-10, "float32": 2e-5, "bfloat16": 1.6e-2, "float16": 2e-3}
@@ -66,7 +66,7 @@ def _check(q, k, v, dtype, grad=False, **kw):
 
 
 def _bound(q, k, v, mask="causal", backend="sdpa-cpu", **kw):
-    plan = _plan(q, k, v, mask, kw.get("sync", "none_front"), kw.get("scale"), "bhsd", False, backend)
+    plan = plan_for(q, k, v, mask, kw.get("sync", "none_front"), kw.get("scale"), "bhsd", False, backend)
     return plan
 
 
@@ -76,7 +76,7 @@ def _bound(q, k, v, mask="causal", backend="sdpa-cpu", **kw):
 def test_fast_path_matches_the_reference(dtype, mask, grad):
     q, k, v = _inputs((2, 3, 17, 16), dtype, seed=1, grad=grad, lk=23)
     _check(q, k, v, dtype, grad=grad, mask=mask, backend="sdpa-cpu", scale=0.41)
-    plan = _plan(q, k, v, mask, "none_front", 0.41, "bhsd", False, "sdpa-cpu")
+    plan = plan_for(q, k, v, mask, "none_front", 0.41, "bhsd", False, "sdpa-cpu")
     assert plan.call is not plan.execute
     # Bound to the kernel itself, but for half gradients (run in float32 by the general path).
     fast = sdpa_backend.SdpaCpu()._bind_fast(plan.req)
@@ -104,11 +104,11 @@ def test_what_is_not_plain_takes_the_general_path():
     for kw in ({"return_lse": True}, {"layout": "bshd"}, {"softcap": 5.0}):
         layout, lse = kw.get("layout", "bhsd"), kw.get("return_lse", False)
         extras = Extras(softcap=kw["softcap"]) if "softcap" in kw else NONE
-        plan = _plan(q, k, v, "causal", "none_front", None, layout, lse, "auto", extras)
+        plan = plan_for(q, k, v, "causal", "none_front", None, layout, lse, "auto", extras)
         assert plan.call == plan.execute, kw
     mask = torch.rand(1, 1, 8, 8) > 0.3
     mask[..., 0] = True
-    plan = _plan(q, k, v, mask, "none_front", None, "bhsd", False, "auto")
+    plan = plan_for(q, k, v, mask, "none_front", None, "bhsd", False, "auto")
     assert plan.call == plan.execute
 
 

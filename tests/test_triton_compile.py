@@ -533,7 +533,8 @@ def test_tuning_records_its_pick(monkeypatch, tmp_path) -> None:
 
 
 def test_attnhub_tune_times_inside_triton_tuning(monkeypatch) -> None:
-    """``attnhub tune`` (the dispatch profile) runs its timings inside configs.tuning(), so the
+    """``attnhub tune`` (the dispatch profile) runs its timings inside configs.tuning() (through
+    ``TritonBackend.tuning``, the backends' generic hook), so the
     triton classes it meets are tuned and recorded as under ``attnhub warmup --tune``."""
     from click.testing import CliRunner
 

@@ -202,3 +202,40 @@ def test_tune_cuda_host_classes_apply_to_small_requests_only(cache_dir):
     big = torch.randn(64, 32, 512, 64, device="cuda", dtype=torch.float16)
     exp = attnhub.explain(big, big, big, mask="causal")
     assert exp.measured is None or len(exp.measured.cls) == 3, str(exp)
+
+
+def test_tune_enters_every_backends_tuning_context(monkeypatch):
+    """`attnhub tune` runs its timings inside each backend's ``tuning()`` (Backend's hook; the
+    triton backend tunes its kernel configs there): the CLI names no backend."""
+    import contextlib
+
+    from attnhub import Backend, tuner
+    from tests.plugged import plugged_in
+
+    events = []
+
+    class Tuned(Backend):
+        name = "t_tune_hook"
+        priority = -90
+        frameworks = ("numpy",)
+        device_types = ("cpu",)
+        dtypes = ("float64",)
+        features = frozenset({"1d", "full"})
+
+        @contextlib.contextmanager
+        def tuning(self):
+            events.append("enter")
+            try:
+                yield
+            finally:
+                events.append("exit")
+
+    def fake_tune(device, **kwargs):
+        events.append("timing")
+        raise RuntimeError("stopped here")
+
+    monkeypatch.setattr(tuner, "tune", fake_tune)
+    with plugged_in(Tuned()):
+        result = CliRunner().invoke(main, ["tune", "--device", "cpu"])
+    assert "stopped here" in result.output
+    assert events == ["enter", "timing", "exit"]

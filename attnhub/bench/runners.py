@@ -5,16 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from attnhub.bench.grid import Case
+from attnhub.bench.case import Case
+from attnhub.bench.support import Unsupported, allow_recompiles
 from attnhub.rules import Causal, Full, Local
 
 PEERS = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex", "varlen_attn")
 #: Peers run only when named: torch's unfused SDPA (the float32 baseline; it holds L x L scores).
 EXTRA_PEERS = ("sdpa-math",)
-
-
-class Unsupported(Exception):
-    """The runner cannot express this case (reported as n/a with the reason)."""
 
 
 def make_inputs(case: Case, device: str = "cuda") -> tuple[Any, Any, Any, Any]:
@@ -34,10 +31,10 @@ def make_inputs(case: Case, device: str = "cuda") -> tuple[Any, Any, Any, Any]:
 
 
 def attnhub_forward(name: str, case: Case) -> Callable[[Any, Any, Any], Any]:
-    import attnhub
+    from attnhub.api import attention
 
     def fn(q: Any, k: Any, v: Any) -> Any:
-        return attnhub.attention(q, k, v, mask=case.rule, sync=case.sync, backend=name)
+        return attention(q, k, v, mask=case.rule, sync=case.sync, backend=name)
 
     return fn
 
@@ -67,27 +64,6 @@ def _sdpa(which: str, case: Case) -> Callable[[Any, Any, Any], Any]:
     return fn
 
 
-def _allow_recompiles() -> None:
-    """Let every bench case compile its own FlexAttention kernel.
-
-    Each case (shape, mask) recompiles ``flex_attention``; past dynamo's recompile limit (8 by
-    default) torch silently runs it eagerly, unfused and about 100x slower, which once made the
-    peer look absurdly slow at D = 128 after eight D = 64 cases in the same process."""
-    import torch._dynamo
-
-    cfg = torch._dynamo.config
-    for name in (
-        "recompile_limit",
-        "cache_size_limit",
-        "accumulated_recompile_limit",
-        "accumulated_cache_size_limit",
-    ):
-        if hasattr(cfg, name):
-            setattr(cfg, name, max(int(getattr(cfg, name)), 4096))
-    if hasattr(cfg, "fail_on_recompile_limit_hit"):  # never time the eager fallback by accident
-        cfg.fail_on_recompile_limit_hit = True
-
-
 def _flex(case: Case) -> Callable[[Any, Any, Any], Any]:
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -98,7 +74,7 @@ def _flex(case: Case) -> Callable[[Any, Any, Any], Any]:
     if case.sync not in ("none_front", "none_end"):
         raise Unsupported("bench's FlexAttention masks cover none_front/none_end only")
     rule = case.rule
-    _allow_recompiles()
+    allow_recompiles()
     compiled = torch.compile(flex_attention, dynamic=False)
     gqa = case.heads_q != case.heads_kv
     if isinstance(rule, Full):

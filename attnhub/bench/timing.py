@@ -100,7 +100,7 @@ def time_case(
     import torch
 
     from attnhub.bench import workloads
-    from attnhub.bench.runners import Unsupported
+    from attnhub.bench.support import Unsupported
 
     bench = _timer(device, warmup, rep)
     try:

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from attnhub.bench.grid import Case
+from attnhub.bench.case import Case
+from attnhub.bench.support import Unsupported, allow_recompiles
 from attnhub.rules import Causal, Full
 
 #: Families of :func:`model_grid`, and the peers each can be compared with.
@@ -135,23 +136,24 @@ def attnhub_runner(name: str, case: Case, device: str = "cuda") -> Callable:
     """attnhub (backend ``name``) on the case, with the family's arguments."""
     import torch
 
-    import attnhub
+    from attnhub.api import attention
+    from attnhub.ragged import attention_kvcache, attention_varlen
 
     fam = case.family
     if fam == "padding":
         mask = _padding_mask(case, device)
-        return lambda q, k, v: attnhub.attention(q, k, v, mask=mask, backend=name)
+        return lambda q, k, v: attention(q, k, v, mask=mask, backend=name)
     if fam == "bias":
         bias = _bias(case, device)
-        return lambda q, k, v: attnhub.attention(q, k, v, bias=bias, backend=name)
+        return lambda q, k, v: attention(q, k, v, bias=bias, backend=name)
     if fam == "softcap":
-        return lambda q, k, v: attnhub.attention(q, k, v, mask="causal", softcap=30.0, backend=name)
+        return lambda q, k, v: attention(q, k, v, mask="causal", softcap=30.0, backend=name)
     if fam == "sinks":
         sinks = torch.linspace(-1.0, 2.0, case.heads_q, device=device)
-        return lambda q, k, v: attnhub.attention(q, k, v, mask="causal", sinks=sinks, backend=name)
+        return lambda q, k, v: attention(q, k, v, mask="causal", sinks=sinks, backend=name)
     if fam == "varlen":
         cu, longest = _cu(case, device), max(lengths(case))
-        return lambda q, k, v: attnhub.attention_varlen(
+        return lambda q, k, v: attention_varlen(
             q, k, v, cu, cu, max_seqlen_q=longest, max_seqlen_k=longest, mask="causal", backend=name
         )
     kl = torch.tensor(lengths(case), dtype=torch.int32, device=device)
@@ -165,13 +167,13 @@ def attnhub_runner(name: str, case: Case, device: str = "cuda") -> Callable:
                 pages[id(k)] = _paginate(k, v, block)
             kp, vp, table = pages[id(k)]
             step(kl, table)
-            return attnhub.attention_kvcache(q, kp, vp, kl, block_table=table, mask=None, backend=name)
+            return attention_kvcache(q, kp, vp, kl, block_table=table, mask=None, backend=name)
 
         return paged
 
     def kvcache(q: Any, k: Any, v: Any) -> Any:
         step(kl)
-        return attnhub.attention_kvcache(q, k, v, kl, mask=None, backend=name)
+        return attention_kvcache(q, k, v, kl, mask=None, backend=name)
 
     return kvcache
 
@@ -225,7 +227,6 @@ def _paginate(k: Any, v: Any, block: int) -> tuple[Any, Any, Any]:
 def peer_runner(name: str, case: Case, device: str = "cuda") -> Callable:
     """A torch peer on the case: SDPA pinned to one kernel with the family's mask or bias,
     FlexAttention (compiled) with the same mask_mod/score_mod, torch's varlen_attn."""
-    from attnhub.bench.runners import Unsupported
 
     fam = case.family
     if name == "flex":
@@ -273,9 +274,7 @@ def _flex(case: Case, device: str) -> Callable:
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from attnhub.bench.runners import Unsupported, _allow_recompiles
-
-    _allow_recompiles()
+    allow_recompiles()
     compiled = torch.compile(flex_attention, dynamic=False)
     fam = case.family
     gqa = case.heads_q != case.heads_kv
@@ -334,7 +333,6 @@ def _flex(case: Case, device: str) -> Callable:
 
 
 def _varlen_attn(case: Case, device: str) -> Callable:
-    from attnhub.bench.runners import Unsupported
 
     try:
         from torch.nn.attention.varlen import varlen_attn

@@ -10,14 +10,18 @@ from attnhub.bench.timing import CPU_MIN_CALLS, CPU_WARMUP_CALLS
 from attnhub.tuner import DTYPES, FAMILIES, TIMING, grid_summary
 
 
-def _triton_tuning() -> contextlib.AbstractContextManager:
-    """The triton backend's config tuning, on while its timings run: a shape class met for the
-    first time times its candidate configs and records the pick (calls outside never tune)."""
-    try:
-        from attnhub_backends.triton import configs
-    except ImportError:  # triton not installed: nothing to tune
-        return contextlib.nullcontext()
-    return configs.tuning()
+def _backend_tuning() -> contextlib.ExitStack:
+    """Every backend's tuning context (``Backend.tuning``): a backend that picks among kernel
+    configs (triton) times them for a shape class met for the first time and records its pick,
+    while the tuner's timings run; calls outside never tune. A backend whose tuning cannot be
+    imported (its package missing) has none."""
+    from attnhub.registry import REGISTRY
+
+    stack = contextlib.ExitStack()
+    for b in REGISTRY.backends().values():
+        with contextlib.suppress(ImportError):
+            stack.enter_context(b.tuning())
+    return stack
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -93,7 +97,7 @@ def tune(
     from attnhub.tuner import tune as run_tune
 
     try:
-        with _triton_tuning():
+        with _backend_tuning():
             result = run_tune(
                 device,
                 quick=quick,

@@ -69,14 +69,14 @@ def _route(be: Any) -> str | None:
 
 
 def _grad_plan(q, k, v, call: Call, scale: float, softcap: float | None, backend: str):
-    from attnhub.api import _plan
+    from attnhub.plan import plan_for
 
     sync, ex = extras_for(call, softcap)
     names = (backend,) if backend != "auto" else ("auto", *GRAD_FALLBACKS)
     reasons = []
     for name in names:
         try:
-            plan = _plan(q, k, v, call.rule, sync, scale, "bhsd", True, name, ex)
+            plan = plan_for(q, k, v, call.rule, sync, scale, "bhsd", True, name, ex)
         except BackendUnsupported as exc:
             reasons.append(str(exc))
             continue

@@ -75,12 +75,12 @@ def needs_offsets(calls: list) -> bool:
 
 def offsets_supported(q: Any, k: Any, v: Any, backend: str, softcap: float | None) -> bool:
     """Whether ``backend`` (or auto) runs a call with offsets on tensors like these."""
-    from attnhub.api import _plan
     from attnhub.errors import AttnhubError
     from attnhub.extras import Extras
+    from attnhub.plan import plan_for
 
     try:
-        _plan(q[:, :, :1], k[:, :, :1], v[:, :, :1], "causal", "none_front", None, "bhsd", True,
+        plan_for(q[:, :, :1], k[:, :, :1], v[:, :, :1], "causal", "none_front", None, "bhsd", True,
               backend, Extras(softcap=softcap, q_offset=1))  # fmt: skip
     except AttnhubError:
         return False

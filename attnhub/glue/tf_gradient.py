@@ -22,7 +22,7 @@ def run_with_gradient(
 ) -> tuple[Any, Any]:
     """Run ``backend.forward_for_grad`` so that a GradientTape calls ``backend.backward``; a bias
     and sinks (SPEC §9) are inputs of the gradient too and get the backward's dbias/dsinks."""
-    from attnhub.api import backend_error, passes_through
+    from attnhub.errors import backend_error, passes_through
 
     with_dlse = takes_dlse(backend)
     extra = {}

@@ -5,7 +5,7 @@ naming the backend and the request (the original is its ``__cause__``). A float 
 grad is only ever given to a backend declaring ``dbias`` (the dispatcher declines it otherwise);
 its backward then returns ``(dq, dk, dv, dmask)``, and a missing ``dmask`` is an error, never a
 dropped gradient (SPEC §9). :func:`call_backward` is that contract, shared with the custom ops
-that ``torch.compile`` traces (attnhub/glue/torch_ops.py).
+that ``torch.compile`` traces (attnhub/torch_ops.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def call_backward(
     """``backend.backward`` as the glue calls it: (dq, dk, dv, dmask or dbias or None, dsinks or
     None), errors named; a gradient the request asks for and the backend does not give is an
     error, never a dropped gradient (SPEC §9)."""
-    from attnhub.api import backend_error, passes_through
+    from attnhub.errors import backend_error, passes_through
 
     name = getattr(backend, "name", type(backend).__name__)
     try:

@@ -49,6 +49,12 @@ class TritonBackend(Backend):
         """CUDA devices; also the CPU while ``TRITON_INTERPRET=1`` (Triton's interpreter, for CI)."""
         return ("cuda", "cpu") if interpret_mode() else ("cuda",)
 
+    def tuning(self) -> Any:
+        """Config tuning (:func:`attnhub_backends.triton.configs.tuning`) while ``attnhub tune`` runs."""
+        from attnhub_backends.triton import configs
+
+        return configs.tuning()
+
     def availability(self) -> str | None:
         for mod in ("torch", "triton"):
             if importlib.util.find_spec(mod) is None:

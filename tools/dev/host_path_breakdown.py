@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 
 import attnhub
-from attnhub import api
 from attnhub.bench.grid import Case
 from attnhub.dispatch import CACHE
 from attnhub.frameworks import adapter_for
+from attnhub.plan import call_key
 from attnhub.rules import Causal
 
 SHAPES = [(1, 8, 1, 512), (1, 8, 128, 128), (8, 12, 512, 512)]
@@ -171,9 +171,9 @@ def one_shape(b: int, h: int, lq: int, lk: int, dtype: torch.dtype, args: argpar
     for fn in fns.values():
         for _ in range(3):
             fn()
-    key = api._call_key(ad, q, k, v, "causal", "none_front", None, "bhsd", False, "auto", None)
+    key = call_key(ad, q, k, v, "causal", "none_front", None, "bhsd", False, "auto", None)
     plan = CACHE.recent.get(key)
-    fns["piece: adapter + call key"] = lambda: api._call_key(
+    fns["piece: adapter + call key"] = lambda: call_key(
         adapter_for(q),
         q,
         k,
@@ -187,7 +187,7 @@ def one_shape(b: int, h: int, lq: int, lk: int, dtype: torch.dtype, args: argpar
         None,
     )
     fns["piece: key + lookup"] = lambda: CACHE.recent.get(
-        api._call_key(adapter_for(q), q, k, v, "causal", "none_front", None, "bhsd", False, "auto", None)
+        call_key(adapter_for(q), q, k, v, "causal", "none_front", None, "bhsd", False, "auto", None)
     )
     if plan is not None:
         fns["piece: plan.call (bound)"] = lambda: plan.call(q, k, v, None, None)

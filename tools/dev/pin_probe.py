@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from attnhub import REGISTRY
-from attnhub.api import _plan
+from attnhub.plan import plan_for
 from attnhub_backends import sdpa as plugin
 from attnhub_backends.sdpa import backend as sb
 
@@ -20,7 +20,7 @@ def main() -> None:
     torch.set_num_threads(1)
     q, k, v = (torch.randn(1, 1, 16, 32) for _ in range(3))
     sb.SdpaFlash._gqa_mode = lambda self, req: "none"  # no CUDA probe on this machine
-    req = _plan(q, k, v, "causal", "none_front", None, "bhsd", False, "sdpa-cpu").req
+    req = plan_for(q, k, v, "causal", "none_front", None, "bhsd", False, "sdpa-cpu").req
     bound = sb.SdpaFlash().bind(req)
     fns = {
         "F.sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),

@@ -27,14 +27,21 @@ from typing import Any
 
 import torch
 
-from attnhub.api import backend_error, check_result, passes_through
 from attnhub.backend import Backend
 from attnhub.dispatch import CACHE, DBIAS_REASON, DISPATCHER, explain_request, override_state
-from attnhub.errors import AttnhubError, BackendUnsupported, NoBackendError, SpecError
+from attnhub.errors import (
+    AttnhubError,
+    BackendUnsupported,
+    NoBackendError,
+    SpecError,
+    backend_error,
+    passes_through,
+)
 from attnhub.frameworks import adapter_for
 from attnhub.glue.torch_autograd import call_backward
 from attnhub.registry import REGISTRY
 from attnhub.request import Request, build_request, check_backend_arg
+from attnhub.results import check_result
 from attnhub.rules import Causal, ExplicitMask, Full, Local
 
 #: True while an op's real kernel runs: a backend that itself calls the patched SDPA is not routed
@@ -78,9 +85,9 @@ def _stand_in(shape: tuple[int, ...], dtype: Any, device: Any, grad: bool) -> to
 def eager_call(q, k, v, mask, sync, scale, layout, backend, return_lse, extras) -> Any:
     """A call with SPEC §9-§11 arguments under torch.compile: run eagerly (a graph break) until
     the custom ops take those arguments (docs/semantics.md)."""
-    from attnhub.api import _plan
+    from attnhub.plan import plan_for
 
-    plan = _plan(q, k, v, mask, sync, scale, layout, return_lse, backend, extras)
+    plan = plan_for(q, k, v, mask, sync, scale, layout, return_lse, backend, extras)
     return plan.execute(q, k, v, mask, extras)
 
 
