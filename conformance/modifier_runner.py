@@ -193,7 +193,7 @@ def gradients(
         legacy = serves_legacy(b, greq)  # as the core calls it: the bias as an additive mask (SPEC §9)
         breq = greq.legacy_additive() if legacy else greq
         fwd_mask = operands.bias if legacy else mc
-        # As the core calls it (attnhub.api._Plan): operands only for a request using §9-§11, so a
+        # As the core calls it (attnhub.plan.Plan): operands only for a request using §9-§11, so a
         # plain §1-§8 backend (whose methods take no ``operands``) never receives it.
         fwd_kw = {"operands": operands} if breq.modified else {}
         out, lse = b.forward(qc, kc, vc, breq, fwd_mask, **fwd_kw)
