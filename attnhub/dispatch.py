@@ -373,7 +373,7 @@ profile.on_reload.append(CACHE.clear)
 
 #: ``measure(req, exp) -> exp``: first-use measurement of a class the profile lacks, which may
 #: time the candidates and record them, then explain again. The dispatcher times nothing itself:
-#: attnhub/first_use.py is wired in by the API layer (attnhub/api.py).
+#: attnhub/first_use.py is wired in at the package root (attnhub/__init__.py).
 Measure = Callable[[Request, Explanation], Explanation]
 
 

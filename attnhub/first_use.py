@@ -1,7 +1,7 @@
 """First-use measurement (``ATTNHUB_AUTOTUNE``): on CUDA, ``auto`` times the candidates of a
 request class the device's profile lacks on fresh random inputs, records the class in the user's
-profile and chooses again (docs/dispatch.md). The dispatcher itself never times anything: the API
-layer wires :func:`measure` into it (:data:`attnhub.dispatch.DISPATCHER`)."""
+profile and chooses again (docs/dispatch.md). The dispatcher itself never times anything: the
+package root (attnhub/__init__.py) wires :func:`measure` into it (:data:`attnhub.dispatch.DISPATCHER`)."""
 
 from __future__ import annotations
 

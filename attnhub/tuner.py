@@ -38,6 +38,7 @@ from typing import Any
 
 from attnhub import profile
 from attnhub.bench.grid import Case, default_grid, host_grid
+from attnhub.bench.timing import FLUSH_BYTES
 from attnhub.request import Request
 from attnhub.rules import Causal, Full
 
@@ -295,35 +296,7 @@ def host_ms(name: str, case: Case, device: str, calls: int = HOST_CALLS, rounds:
     """Wall-clock ms per call of ``calls`` back-to-back calls of backend ``name`` on ``case``
     (forward, or forward and backward), synchronized only before and after; the fastest of
     ``rounds`` loops, after a warm-up loop."""
-    import time
-
-    import torch
-
-    from attnhub.bench.runners import make_inputs
-
-    fn = _runner(name, case)
-    q, k, v, do = make_inputs(case, device)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-
-    def step() -> Any:
-        if case.direction == "fwd":
-            return fn(q, k, v)
-        for x in (q, k, v):
-            x.grad = None
-        return fn(q, k, v).backward(do)
-
-    best = float("inf")
-    # Forward cases run under no_grad as time_case runs them (entered once: not a per-call cost).
-    with torch.no_grad() if case.direction == "fwd" else contextlib.nullcontext():
-        for i in range(rounds + 1):
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                step()
-            sync()
-            if i:  # the first loop warms up
-                best = min(best, (time.perf_counter() - t0) * 1e3 / calls)
-    return best
+    return host_loops([name], case, device, calls, rounds)[name]
 
 
 def host_loops(
@@ -339,18 +312,27 @@ def host_loops(
 
     from attnhub.bench.runners import make_inputs
 
-    q, k, v, _ = make_inputs(case, device)
+    q, k, v, do = make_inputs(case, device)
     fns = {name: _runner(name, case) for name in names}
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def step(fn: Callable[[Any, Any, Any], Any]) -> Any:
+        if case.direction == "fwd":
+            return fn(q, k, v)
+        for x in (q, k, v):
+            x.grad = None
+        return fn(q, k, v).backward(do)
+
     best = dict.fromkeys(names, float("inf"))
-    with torch.no_grad():
+    # Forward cases run under no_grad as time_case runs them (entered once: not a per-call cost).
+    with torch.no_grad() if case.direction == "fwd" else contextlib.nullcontext():
         for i in range(rounds + 1):
             for name in names[i % len(names) :] + names[: i % len(names)]:
                 fn = fns[name]
                 sync()
                 t0 = time.perf_counter()
                 for _ in range(calls):
-                    fn(q, k, v)
+                    step(fn)
                 sync()
                 if i:  # the first round warms up
                     best[name] = min(best[name], (time.perf_counter() - t0) * 1e3 / calls)
@@ -478,10 +460,6 @@ def timing_bytes(req: Request) -> int:
     out = req.batch * req.heads_q * req.nq * req.dim_v
     arrays = (q + kv + out) * per * (2 if req.needs_grad else 1)
     return 2 * arrays
-
-
-#: What ``triton.testing.do_bench`` allocates to flush the L2 cache between timed calls.
-FLUSH_BYTES = 256 * 10**6
 
 
 def fits(req: Request, free_bytes: int) -> bool:

@@ -193,8 +193,9 @@ def interleaved_cuda_ms(steps: dict[str, tuple[Callable[[], Any], list]], reps: 
     return out
 
 
-#: Bytes zeroed before each timed call to flush the L2 cache (do_bench's 256 MB).
-FLUSH_BYTES = 256 * 1024 * 1024
+#: Bytes zeroed before each timed call to flush the L2 cache: what ``triton.testing.do_bench``
+#: allocates for it (256 MB).
+FLUSH_BYTES = 256 * 10**6
 
 
 def _timer(device: str, warmup: float, rep: float) -> Callable[..., tuple[float, str]]:
