@@ -1,19 +1,12 @@
-"""Package discovery: the three import roots live in folders named differently from them.
+"""Package discovery: the three import roots are the folders of the same names (attnhub,
+attnhub_backends, attnhub_conformance) with every subpackage under them (any folder with an
+``__init__.py``), so a new subpackage ships without being listed anywhere.
 
-Everything else about the project is in pyproject.toml. Each root's subpackages are found (any
-folder with an ``__init__.py``), so a new subpackage ships without being listed anywhere.
+Everything else about the project is in pyproject.toml.
 """
 
 from setuptools import find_packages, setup
 
-#: import name -> folder
-ROOTS = {"attnhub": "attnhub", "attnhub_backends": "backends", "attnhub_conformance": "conformance"}
+ROOTS = ("attnhub", "attnhub_backends", "attnhub_conformance")
 
-setup(
-    package_dir=ROOTS,
-    packages=[
-        f"{name}{'.' + sub if sub else ''}"
-        for name, folder in ROOTS.items()
-        for sub in ["", *find_packages(folder)]
-    ],
-)
+setup(packages=[p for p in find_packages(include=[f"{r}*" for r in ROOTS]) if p.split(".")[0] in ROOTS])

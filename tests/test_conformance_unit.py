@@ -522,7 +522,7 @@ def test_certify_prints_no_warnings(tmp_path):
     root = Path(__file__).resolve().parents[1]
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("attnhub", "backends", "conformance"):
+    for name in ("attnhub", "attnhub_backends", "attnhub_conformance"):
         shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(root / name, src / name)

@@ -109,7 +109,7 @@ def _run(
         q_offset=q_offset, k_offset=k_offset,
     )  # fmt: skip
     be = CudaBackend()
-    if bias is not None:  # not declared yet (backends/cuda/backend.py): declined with its reason
+    if bias is not None:  # not declared yet (attnhub_backends/cuda/backend.py): declined with its reason
         assert any("bias" in r for r in be.check(req)), be.check(req)
         return None
     assert be.check(req) == [], be.check(req)

@@ -276,7 +276,7 @@ def reference(q, k, v, rule, sync, scale):
 
 
 def rounded_grads(q, k, v, p, dout, scale, dtype):
-    """SPEC §6's rounded formula (conformance/rounded.py) in torch: what a tensor-core kernel
+    """SPEC §6's rounded formula (attnhub_conformance/rounded.py) in torch: what a tensor-core kernel
     storing O, P and dS in ``dtype`` inherits; half gradients may be within 2x of its errors."""
 
     def r(x):

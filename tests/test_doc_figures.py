@@ -6,7 +6,7 @@ figures and date must be those of that report: re-running a certification and co
 then fails this test until every quote of it is updated, so no figure goes stale silently.
 
 Not checked: docs/reports/ itself, docs/support-matrix.md (generated from the reports by
-conformance/matrix.py) and docs/gpu-runs.md (a dated log of past runs, each figure true of its run).
+attnhub_conformance/matrix.py) and docs/gpu-runs.md (a dated log of past runs, each figure true of its run).
 """
 
 from __future__ import annotations

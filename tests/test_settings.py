@@ -10,7 +10,7 @@ import pytest
 from attnhub import settings
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ("attnhub", "backends", "conformance")
+SHIPPED = ("attnhub", "attnhub_backends", "attnhub_conformance")
 NAME = re.compile(r"ATTNHUB_[A-Z0-9][A-Z0-9_]*")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SESSION_NAMES = re.compile(r"^(s\d+_round\d+|round\d+|s\d+_final|final_round|probe_s\d+|\w+_round)\.(sh|py)$")
-SHIPPED = ("attnhub", "backends", "conformance")
+SHIPPED = ("attnhub", "attnhub_backends", "attnhub_conformance")
 
 
 def test_no_session_scripts_in_tools_dev():

@@ -209,7 +209,7 @@ def main() -> None:
     if args.old and not old_dir:
         old_dir = tempfile.mkdtemp(prefix="attnhub-sweep-")
         for name in ("fwd_mma.cu", "mma.cuh"):
-            git = ["git", "show", f"{args.old}:backends/cuda/kernels/{name}"]
+            git = ["git", "show", f"{args.old}:attnhub_backends/cuda/kernels/{name}"]
             text = subprocess.run(git, capture_output=True, text=True, check=True).stdout
             with open(os.path.join(old_dir, name), "w") as f:
                 f.write(text)

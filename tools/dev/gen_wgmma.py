@@ -1,4 +1,4 @@
-"""Write backends/cuda/kernels/wgmma.cuh: the sm_90a wgmma forms the tensor-core forward uses.
+"""Write attnhub_backends/cuda/kernels/wgmma.cuh: the sm_90a wgmma forms the tensor-core forward uses.
 
 The inline-assembly operand lists (32 or 64 accumulator registers) are long and regular, so they are
 generated here rather than typed; run ``python tools/dev/gen_wgmma.py`` after editing this file."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[2] / "backends" / "cuda" / "kernels" / "wgmma.cuh"
+OUT = Path(__file__).resolve().parents[2] / "attnhub_backends" / "cuda" / "kernels" / "wgmma.cuh"
 
 HEAD = """\
 // attnhub CUDA backend: wgmma (sm_90a) helpers for the float16 / bfloat16 kernels (fwd_wgmma.cu,

@@ -4,7 +4,7 @@ paths x pinned configs against the peers (SDPA cuDNN, FlexAttention), all in one
 ``python3 tools/dev/probe_fwd.py [check] [dense] [local] [tuned] [checkband]
 [band] [causalband] [ncu]``; results are
 printed as lines ``RES <case> <variant> <ms> <TFLOP/s>`` and a per-case summary at the end.
-Variants are set through ``ATTNHUB_TRITON_TMA`` and ``ATTNHUB_TRITON_FWD_CFG`` (see backends/triton/launch.py).
+Variants are set through ``ATTNHUB_TRITON_TMA`` and ``ATTNHUB_TRITON_FWD_CFG`` (see attnhub_backends/triton/launch.py).
 """
 
 from __future__ import annotations
