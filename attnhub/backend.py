@@ -4,13 +4,17 @@ Backends receive canonical arrays of the caller's framework: q (B, Hq, Nq, Dqk),
 Dqk), v (B, Hkv, Nk, Dv), the sequence flattened row-major (``req.seq_q`` keeps its shape), and an
 explicit mask, when there is one, as a rank-4 array broadcastable to (B, Hq, Nq, Nk). They return
 out (B, Hq, Nq, Dv) in the input dtype and lse (B, Hq, Nq) in float32 (float64 for float64).
+
+Every backend has the same three compute methods, called with the same arguments
+(docs/writing-a-backend.md): ``forward(q, k, v, req, mask, operands)``, ``forward_for_grad`` (the
+same) and ``backward(q, k, v, out, lse, dout, req, mask, operands, dlse)``. ``mask`` is a boolean
+array or None (a float mask reaches backends as the bias, SPEC §9); ``operands`` the §9-§11 arrays
+(:class:`attnhub.operands.Operands`) or None; ``dlse`` the upstream gradient of lse or None.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
-from functools import cache
 from typing import Any, ClassVar
 
 from attnhub.frameworks import FLOAT_DTYPES
@@ -28,6 +32,9 @@ FEATURES = (
     "gqa",
     "lse",
     "backward",
+    # The backward folds the upstream gradient of lse (``dlse``): TensorFlow's glue then lets lse
+    # carry a gradient, and context parallelism merges blocks through it.
+    "dlse",
     "deterministic",
     "tf32",
     # SPEC §9: an additive bias composed with every rule (arrives as ``operands.bias``); its
@@ -57,15 +64,9 @@ _MISSING = {
 
 
 def missing_features(req: Request, feats: frozenset[str] | set[str]) -> list[str]:
-    """Reasons for the §9-§11 arguments of ``req`` that ``feats`` does not cover.
-
-    A bias with the rule Full and nothing else of §9-§11 is also served by a backend that reads
-    additive masks the way backends did before SPEC §9 ("explicit_mask" without "bias"): the core
-    hands it :meth:`Request.legacy_additive` and the bias as ``mask``.
-    """
+    """Reasons for the §9-§11 arguments of ``req`` that ``feats`` does not cover."""
     reasons = []
-    legacy = req.legacy_expressible and "explicit_mask" in feats
-    if req.bias is not None and "bias" not in feats and not legacy:
+    if req.bias is not None and "bias" not in feats:
         reasons.append("does not take an additive bias (bias=, or a float mask) with this request")
     uses = {
         "softcap": req.softcap is not None,
@@ -81,12 +82,6 @@ def missing_features(req: Request, feats: frozenset[str] | set[str]) -> list[str
     return reasons
 
 
-def serves_legacy(backend: Backend, req: Request) -> bool:
-    """True when ``backend`` gets ``req`` in the legacy additive-mask form (it does not declare
-    "bias")."""
-    return req.bias is not None and "bias" not in backend.features and req.legacy_expressible
-
-
 class Backend:
     """Base class of every backend; override the class attributes and the two compute methods."""
 
@@ -97,9 +92,6 @@ class Backend:
     dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
     features: ClassVar[frozenset[str]] = frozenset({"1d", "2d", "full", "causal", "local", "gqa", "lse"})
     max_head_dim: ClassVar[int | None] = None
-    #: A backend declaring "bias" gets a float mask as ``operands.bias``; it also takes the legacy
-    #: form (an additive ExplicitMask rule, the array as ``mask``) only when this is True.
-    reads_additive_mask: ClassVar[bool] = False
     #: Name and version of what the backend runs on, for ``attnhub info``.
     requires: ClassVar[tuple[str, ...]] = ()
     #: A kernel its framework or hardware vendor ships (torch's SDPA kernels, cuDNN). Where no
@@ -147,8 +139,6 @@ class Backend:
                 reasons.append(
                     "does not read explicit mask arrays; express the mask as a rule (Causal/Local)"
                 )
-            elif rule.kind == "additive" and "bias" in feats and not self.reads_additive_mask:
-                reasons.append("reads a float mask as a bias (bias=), not as the mask argument")
         else:
             kind = type(rule).__name__.lower()
             if kind not in feats:
@@ -197,17 +187,15 @@ class Backend:
         """How the backend would run ``req`` (e.g. which kernel path), shown by ``explain``; optional."""
         return None
 
-    def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
-        """Compute (out, lse) on canonical arrays (see the module docstring).
-
-        A backend declaring any §9-§11 feature also takes ``operands=`` (an
-        :class:`attnhub.operands.Operands`, or None) in ``forward``, ``forward_for_grad``,
-        ``backward`` and ``run``; the core passes it only for requests that use those features.
-        """
+    def forward(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
+    ) -> tuple[Any, Any]:
+        """Compute (out, lse) on canonical arrays (see the module docstring). ``operands`` holds the
+        §9-§11 arrays of a request that uses them (None otherwise)."""
         raise NotImplementedError
 
     def forward_for_grad(
-        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
     ) -> tuple[Any, Any, Any]:
         """(out, lse, saved): the forward when a backward will follow; ``saved`` is what
         :meth:`backward` receives as ``out``. The torch and TensorFlow glue both call it.
@@ -217,34 +205,21 @@ class Backend:
         key, dP − rowsum(dO·O) cancels and O rounded to bfloat16 costs dq several times SPEC's
         tolerance (tests/test_peaked_row_gradients.py).
         """
-        out, lse = self.forward(q, k, v, req, mask)
+        out, lse = self.forward(q, k, v, req, mask, operands)
         return out, lse, out
 
     def backward(
-        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
-    ) -> tuple[Any, Any, Any]:
-        """(dq, dk, dv) for upstream gradient ``dout``; called by the framework glue.
+        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None,
+        operands: Any = None, dlse: Any = None,
+    ) -> tuple[Any, ...]:  # fmt: skip
+        """(dq, dk, dv), or (dq, dk, dv, dbias, dsinks) with None where not asked, for upstream
+        gradient ``dout``; called by the framework glue.
 
-        A backend whose ``backward`` also takes a ``dlse`` keyword (the upstream gradient of lse,
-        (B, Hq, Nq), or None when lse receives none) gets it from the TensorFlow glue: lse then
-        carries a gradient, ``dS = P * (dP - rowsum(dO·O) + dlse)``. Without that keyword lse
-        carries none (torch's glue marks lse non-differentiable).
+        ``dlse`` is the upstream gradient of lse, (B, Hq, Nq), or None when lse receives none. Only
+        a backend declaring the feature "dlse" is ever given one; it folds it in as
+        ``dS = P * (dP - rowsum(dO·O) + dlse)``.
         """
         raise NotImplementedError(f"backend {self.name!r} has no backward")
 
     def __repr__(self) -> str:
         return f"<attnhub backend {self.name!r} priority={self.priority}>"
-
-
-def takes_dlse(backend: Backend) -> bool:
-    """True when ``backend.backward`` accepts the upstream gradient of lse as ``dlse``."""
-    return _takes_dlse(type(backend))
-
-
-@cache
-def _takes_dlse(cls: type) -> bool:
-    try:
-        params = inspect.signature(cls.backward).parameters
-    except (TypeError, ValueError):
-        return False
-    return "dlse" in params

@@ -198,8 +198,8 @@ def backend_reasons(
     except Exception as exc:
         return [f"check() raised {type(exc).__name__}: {exc}"]
     # Checked here, not in Backend.check, so that a backend overriding check() cannot forget it.
-    if (req.mask_needs_grad or req.bias_grad) and not req.is_empty and "dbias" not in b.features:
-        reasons.append(DBIAS_REASON + "; the mask requires grad")
+    if req.bias_grad and not req.is_empty and "dbias" not in b.features:
+        reasons.append(DBIAS_REASON)
     if late and not reasons:
         return late_reasons(b, req)
     return reasons

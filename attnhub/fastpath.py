@@ -78,6 +78,6 @@ def _backend_call(plan: Any) -> Callable[[Any, Any, Any, Any], Any]:
             return bound
 
     def fn(q: Any, k: Any, v: Any, mask: Any) -> Any:
-        return run(q, k, v, req, mask)
+        return run(q, k, v, req, mask, None)
 
     return fn

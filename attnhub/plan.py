@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from attnhub import fastpath
-from attnhub.backend import Backend, serves_legacy
+from attnhub.backend import Backend
 from attnhub.dispatch import CACHE, DISPATCHER, override_state
 from attnhub.errors import backend_error, passes_through
 from attnhub.extras import NONE as NO_EXTRAS
@@ -26,18 +26,16 @@ class Plan:
     """Everything decided once per call signature: the request, the backend, the layout moves."""
 
     __slots__ = (
-        "req", "breq", "ad", "backend", "run", "reshape_in", "reshape_out", "lse_shape", "out_shape",
-        "lse_dtype", "guard_bias", "empty", "mask_array", "legacy", "operands", "bias_from_mask", "call",
+        "req", "ad", "backend", "run", "reshape_in", "reshape_out", "lse_shape", "out_shape",
+        "lse_dtype", "guard_bias", "empty", "mask_array", "operands", "bias_from_mask", "call",
     )  # fmt: skip
 
     def __init__(self, req: Request, ad: Adapter, backend: Backend, bias_from_mask: bool = False) -> None:
         self.req, self.ad, self.backend = req, ad, backend
         #: A float mask moved into ``bias`` by validation (redone on a cache hit without validating).
         self.bias_from_mask = bias_from_mask
-        # A backend written before SPEC §9 reads a bias (rule Full, nothing else) as its float mask.
-        self.legacy = serves_legacy(backend, req)
-        self.breq = req.legacy_additive() if self.legacy else req
-        self.operands = req.modified and not self.legacy
+        #: The request uses §9-§11 arguments: their arrays travel as ``operands``.
+        self.operands = req.modified
         # A 1-d bhsd request is already canonical: no reshape on the hot path.
         self.reshape_in = not (req.layout == "bhsd" and req.ndim == 1)
         self.reshape_out = self.reshape_in
@@ -54,13 +52,13 @@ class Plan:
         self.mask_array = isinstance(req.rule, ExplicitMask)
         #: The backend's forward, wrapped in the framework's autograd glue where a gradient may be
         #: asked for (decided once for the request the call passes: attnhub/glue/run.py).
-        self.run = runner(backend, self.breq)
+        self.run = runner(backend, req)
         #: What a call with this signature runs: ``call(q, k, v, mask, extras)`` returns what
         #: :meth:`execute` returns. A plain request (canonical 1-d bhsd arrays, a rule, no §9-§11
         #: argument, no lse) gets a pre-bound callable (:func:`attnhub.fastpath.bind`).
         self.call = self.execute
         if not (
-            self.reshape_in or self.empty or self.mask_array or self.legacy or self.operands
+            self.reshape_in or self.empty or self.mask_array or self.operands
             or self.guard_bias or bias_from_mask or req.return_lse or req.modified
         ):  # fmt: skip
             self.call = fastpath.bind(self)
@@ -79,14 +77,8 @@ class Plan:
 
             extras = dataclasses.replace(extras, bias=guard_mask(extras.bias, self.backend.name))
         try:
-            if self.legacy:
-                mask = adapter_for(extras.bias).reshape(extras.bias, req.bias)  # type: ignore[arg-type]
-                out, lse = self.run(q, k, v, self.breq, mask)
-            elif self.operands:
-                ops = operands_for(extras, ad, q, req)
-                out, lse = self.run(q, k, v, req, mask, operands=ops)
-            else:
-                out, lse = self.run(q, k, v, req, mask)
+            ops = operands_for(extras, ad, q, req) if self.operands else None
+            out, lse = self.run(q, k, v, req, mask, ops)
         except Exception as exc:
             if passes_through(exc):
                 raise

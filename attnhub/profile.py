@@ -181,7 +181,7 @@ def request_class(req: Request, sized: bool = False) -> tuple:
         "*" if kind == "full" else req.sync,
         _pow2_ceil(max(req.dim_qk, req.dim_v)),
         req.heads_q != req.heads_kv,
-        bool(req.needs_grad or req.mask_needs_grad),
+        req.needs_grad,
     )
     if sized:
         return family, _octave(req.nq), _octave(req.nk), _octave(req.batch * req.heads_q)

@@ -44,9 +44,6 @@ class Request:
     return_lse: bool = False
     #: True when the inputs hold no data yet (traced under jax.jit, or a tf.function graph).
     symbolic: bool = False
-    #: Legacy view only (see :meth:`legacy_additive`): the float mask of a backend that reads
-    #: additive masks as ``mask`` requires grad. New requests carry ``bias_grad`` instead.
-    mask_needs_grad: bool = False
     # SPEC §9: score modifiers. A float ``mask=`` array arrives here as ``bias`` with the rule Full.
     #: The bias's rank-4 broadcast shape over (B, Hq, Nq, Nk), or None without a bias.
     bias: tuple[int, int, int, int] | None = None
@@ -94,30 +91,10 @@ class Request:
 
     @property
     def modified(self) -> bool:
-        """True when any §9-§11 argument is present (what the legacy backends never see)."""
+        """True when any §9-§11 argument is present (the backend then receives ``operands``)."""
         return (
             self.bias is not None or self.softcap is not None or self.sinks or self.ragged
             or bool(self.q_offset) or bool(self.k_offset)
-        )  # fmt: skip
-
-    def legacy_additive(self) -> Request:
-        """This request as backends written before SPEC §9 read a float mask: the rule an
-        additive :class:`ExplicitMask` of the bias's shape, the bias passed as ``mask``. Only for
-        a bias with the rule Full and no other §9-§11 argument (see :meth:`Backend.check`)."""
-        from dataclasses import replace
-
-        assert self.bias is not None
-        return replace(
-            self, rule=ExplicitMask(kind="additive", shape=self.bias), bias=None,
-            mask_needs_grad=self.bias_grad, bias_grad=False,
-        )  # fmt: skip
-
-    @property
-    def legacy_expressible(self) -> bool:
-        """True when :meth:`legacy_additive` describes this request exactly."""
-        return (
-            self.bias is not None and isinstance(self.rule, Full) and self.softcap is None
-            and not self.sinks and not self.ragged and not self.q_offset and not self.k_offset
         )  # fmt: skip
 
     @property
@@ -146,7 +123,6 @@ class Request:
             f"Hkv={self.heads_kv} Sq={sq} Sk={sk} Dqk={self.dim_qk} Dv={self.dim_v} "
             f"{self.rule.describe()} sync={self.sync}"
             + (" grad" if self.needs_grad else "")
-            + (" mask-grad" if self.mask_needs_grad else "")
             + (f" bias{'x'.join(map(str, self.bias))}" if self.bias is not None else "")
             + (" bias-grad" if self.bias_grad else "")
             + (f" softcap={self.softcap:g}" if self.softcap is not None else "")

@@ -39,6 +39,7 @@ from attnhub.errors import (
 )
 from attnhub.frameworks import adapter_for
 from attnhub.glue.torch_autograd import call_backward
+from attnhub.operands import Operands
 from attnhub.registry import REGISTRY
 from attnhub.request import Request, build_request, check_backend_arg
 from attnhub.results import check_result
@@ -106,8 +107,6 @@ def _decide(
             if isinstance(m, str) and m.startswith("local:"):
                 m = decode_rule(m)
             req, _ = build_request(q, k, v, m, sync, scale, layout, return_lse)
-            if req.bias is not None:  # a float mask: the ops pass it in the legacy form
-                req = req.legacy_additive()
         check_backend_arg(backend)
         chosen = DISPATCHER.choose(req, backend)
         if (needs_grad or mask_grad) and getattr(chosen, "backward_by_autograd", False):
@@ -115,7 +114,8 @@ def _decide(
     except AttnhubError as exc:
         return (exc, decline_reason(exc))
     rule = req.rule
-    mask_shape = rule.shape if isinstance(rule, ExplicitMask) else None
+    # The op takes a boolean mask or a float mask (the bias, SPEC §9) as its ``mask`` tensor.
+    mask_shape = rule.shape if isinstance(rule, ExplicitMask) else req.bias
     encoded = "mask" if mask_shape is not None else encode_rule(rule)
     return (None, encoded, req.seq_q, req.seq_k, mask_shape, req.scale, chosen.name)
 
@@ -238,14 +238,18 @@ def _op_plan(
     )  # fmt: skip
     arg = mask if rule == "mask" else decode_rule(rule)
     req, _ = build_request(*views, arg, sync, scale, "bhsd", return_lse)
-    if req.bias is not None:  # a float mask: the op passes it as ``mask`` (the legacy form)
-        req = req.legacy_additive()
-    mask_grad = mask_grad and isinstance(req.rule, ExplicitMask) and req.rule.kind == "additive"
-    req = dataclasses.replace(req, needs_grad=needs_grad, mask_needs_grad=mask_grad)
+    req = dataclasses.replace(req, needs_grad=needs_grad, bias_grad=mask_grad and req.bias is not None)
     plan = (req, DISPATCHER.choose(req, backend))
     if key is not None:
         CACHE.put(key, plan)
     return plan
+
+
+def _backend_args(req: Request, mask: torch.Tensor | None) -> tuple[torch.Tensor | None, Operands | None]:
+    """(mask, operands) as every backend takes them: a float mask travels as ``operands.bias``."""
+    if req.bias is not None:
+        return None, Operands(bias=mask)
+    return mask, None
 
 
 def _saved_dtype(backend: Backend, req: Request) -> torch.dtype | None:
@@ -284,10 +288,11 @@ def _attention_op(
         return out, lse, q.new_empty(shape if saved_dtype else (0,), dtype=saved_dtype)
     token = INSIDE.set(True)
     try:
+        m, ops = _backend_args(req, mask)
         if needs_grad:
-            out, lse, saved = be.forward_for_grad(q, k, v, req, mask)
+            out, lse, saved = be.forward_for_grad(q, k, v, req, m, ops)
         else:
-            (out, lse), saved = be.forward(q, k, v, req, mask), None
+            (out, lse), saved = be.forward(q, k, v, req, m, ops), None
     except Exception as exc:
         if passes_through(exc):
             raise
@@ -322,14 +327,14 @@ def _attention_backward_op(
     """(dq, dk, dv, dmask): dmask is empty unless the float mask is differentiated."""
     req, be = _op_plan(q, k, v, mask, rule, sync, scale, seq_q, seq_k, return_lse, backend, True, mask_grad)
     if req.is_empty:
-        dmask = torch.zeros_like(mask) if req.mask_needs_grad else q.new_empty((0,))
+        dmask = torch.zeros_like(mask) if req.bias_grad else q.new_empty((0,))
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dmask
     token = INSIDE.set(True)
     try:
-        dq, dk, dv, dmask, _ = call_backward(be, req, q, k, v, out, lse, dout, mask, req.mask_needs_grad)
+        dq, dk, dv, dmask, _ = call_backward(be, req, q, k, v, out, lse, dout, *_backend_args(req, mask))
     finally:
         INSIDE.reset(token)
-    if dmask is None or not req.mask_needs_grad:
+    if dmask is None or not req.bias_grad:
         dmask = q.new_empty((0,))
     elif dmask.shape != mask.shape:
         dmask = dmask.sum_to_size(mask.shape)
@@ -339,7 +344,7 @@ def _attention_backward_op(
 @_attention_backward_op.register_fake
 def _(dout, q, k, v, out, lse, mask, rule, sync, scale, seq_q, seq_k, return_lse, backend, mask_grad):
     req, _ = _op_plan(q, k, v, mask, rule, sync, scale, seq_q, seq_k, return_lse, backend, True, mask_grad)
-    dmask = mask.new_empty(mask.shape) if req.mask_needs_grad else q.new_empty((0,))
+    dmask = mask.new_empty(mask.shape) if req.bias_grad else q.new_empty((0,))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dmask
 
 

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attnhub.backend import serves_legacy
 from attnhub.dispatch import backend_reasons
 from attnhub.errors import BackendUnsupported
 from attnhub.frameworks import numpy_dtype
@@ -190,22 +189,14 @@ def gradients(
         arrays = [qc, kc, vc] + [x for x in (mc, *extra) if isinstance(x, np.ndarray)]
         keep = [x.copy() for x in arrays]
         dout = call.d.dout.astype(numpy_dtype(case.dtype))
-        legacy = serves_legacy(b, greq)  # as the core calls it: the bias as an additive mask (SPEC §9)
-        breq = greq.legacy_additive() if legacy else greq
-        fwd_mask = operands.bias if legacy else mc
-        # As the core calls it (attnhub.plan.Plan): operands only for a request using §9-§11, so a
-        # plain §1-§8 backend (whose methods take no ``operands``) never receives it.
-        fwd_kw = {"operands": operands} if breq.modified else {}
-        out, lse = b.forward(qc, kc, vc, breq, fwd_mask, **fwd_kw)
+        # As the core calls it (attnhub.plan.Plan): the §9-§11 arrays as ``operands``.
+        out, lse = b.forward(qc, kc, vc, greq, mc, operands)
         if not all(same(x, y) for x, y in zip(arrays, keep)):
             modified.append("backend.forward wrote into its inputs")
             for x, y in zip(arrays, keep):
                 x[...] = y  # the backward gets the inputs it should have had
-        got = b.backward(qc, kc, vc, out, lse, dout, breq, fwd_mask, **fwd_kw)
-        if legacy:
-            allowed = (4,) if breq.mask_needs_grad else (3, 4)
-        else:
-            allowed = (5,) if (greq.bias is not None or greq.sinks) else (3, 5)
+        got = b.backward(qc, kc, vc, out, lse, dout, greq, mc, operands, None)
+        allowed = (5,) if (greq.bias is not None or greq.sinks) else (3, 5)
         if len(got) not in allowed:
             raise CaseFailure("grad", f"backward returned {len(got)} gradients; this request takes {allowed}")
         by_name = dict(zip(("q", "k", "v", "bias", "sinks"), got))

@@ -137,7 +137,8 @@ def _parts(p: Problem):
         u = np.tanh(t / p.softcap)
         t = p.softcap * u
     s = t if p.bias is None else t + p.bias
-    keep = p.keep & np.isfinite(s) if p.bias is not None else np.broadcast_to(p.keep, s.shape)
+    # A bias of −inf excludes a pair (SPEC §9); a NaN logit stays in its row (SPEC §4: NaN propagates).
+    keep = p.keep & ~np.isneginf(s) if p.bias is not None else np.broadcast_to(p.keep, s.shape)
     with np.errstate(invalid="ignore", over="ignore"):
         s = np.where(keep, s, -np.inf)
         m = s.max(axis=-1)
@@ -153,7 +154,7 @@ def _parts(p: Problem):
         safe = np.where(total > 0, total, 1.0)
         prob = e / safe[..., None]
         psink = zs / safe
-        lse = np.where(total > 0, m_safe + np.log(safe), -np.inf)
+        lse = np.where(total > 0, m_safe + np.log(safe), np.where(np.isnan(total), np.nan, -np.inf))
     return u, prob, psink, lse, g
 
 
@@ -162,7 +163,7 @@ def empty_rows(p: Problem) -> np.ndarray:
     b, hq, nq = p.q.shape[:3]
     keep = np.broadcast_to(p.keep, (b, hq, nq, p.k.shape[2]))
     if p.bias is not None:
-        keep = keep & np.isfinite(np.broadcast_to(p.bias, keep.shape))
+        keep = keep & ~np.isneginf(np.broadcast_to(p.bias, keep.shape))
     return ~keep.any(axis=-1)
 
 

@@ -21,11 +21,11 @@ from attnhub.backend import Backend
 from attnhub.dispatch import late_reasons
 from attnhub.errors import BackendUnsupported
 from attnhub.frameworks import adapter_for, numpy_dtype
+from attnhub.operands import Operands
 from attnhub.positions import dense_rule_mask
 from attnhub.registry import REGISTRY
 from attnhub.request import Request, build_request, to_canonical
 from attnhub.rules import ExplicitMask
-from attnhub_backends.reference import kernel
 from attnhub_conformance import oracle
 from attnhub_conformance.arrays import Ops, from_layout, round_to, to_layout
 from attnhub_conformance.cases import CHECK_FEATURES, Case
@@ -171,25 +171,29 @@ def place_nonfinite(case: Case, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> 
 
 
 def attended(data: Data, req: Request) -> np.ndarray:
-    """Boolean (B|1, Hq|1, Nq, Nk): which keys each query attends (rule, or explicit mask)."""
+    """Boolean (B|1, Hq|1, Nq, Nk): which keys each query attends (rule, or boolean mask; a float
+    mask is the bias, SPEC §9, and excludes a key where it is −inf)."""
     if isinstance(req.rule, ExplicitMask):
-        m = data.mask
-        return m if m.dtype == np.bool_ else m > -np.inf
-    return dense_rule_mask(req.rule, req.seq_q, req.seq_k, req.sync)[None, None]
+        return data.mask
+    keep = dense_rule_mask(req.rule, req.seq_q, req.seq_k, req.sync)[None, None]
+    if req.bias is not None:
+        keep = keep & (data.mask > -np.inf)
+    return keep
 
 
 def expected_forward(data: Data, req: Request, case: Case) -> tuple[np.ndarray, np.ndarray]:
-    """The float64 (out, lse) a case must match: the reference's; for a ``nonfinite`` case SPEC §4
-    literally for the value in v (the reference's product P·V would spread it, 0 × NaN, to rows
-    that do not attend that key): the reference on v without it, then that value in column d of
-    exactly the rows attending key j (their weight is > 0, so NaN stays NaN and +Inf stays +Inf)."""
+    """The float64 (out, lse) a case must match: the suite's dense oracle (oracle.py, written from
+    SPEC alone); for a ``nonfinite`` case SPEC §4 literally for the value in v (the product P·V
+    would spread it, 0 × NaN, to rows that do not attend that key): the oracle on v without it,
+    then that value in column d of exactly the rows attending key j (their weight is > 0, so NaN
+    stays NaN and +Inf stays +Inf)."""
     if not case.nonfinite:
-        return kernel.forward(data.q, data.k, data.v, req, data.mask)
+        return oracle.forward(dense_problem(data, req))
     b, h, j, d = nonfinite_sites(case)["v"]
     value = data.v[b, h, j, d]
     v = data.v.copy()
     v[b, h, j, d] = 0.0
-    out, lse = kernel.forward(data.q, data.k, v, req, data.mask)
+    out, lse = oracle.forward(dense_problem(data, req, v))
     keep = attended(data, req)
     for hq in range(h * req.group, (h + 1) * req.group):
         rows = keep[min(b, keep.shape[0] - 1), min(hq, keep.shape[1] - 1), :, j]
@@ -302,13 +306,14 @@ def compare_grad(
         )  # fmt: skip
 
 
-def dense_problem(data: Data, req: Request) -> Problem:
-    """The dense oracle problem of a plain case: the pairs :func:`attended` keeps, a float mask as
-    the bias it is (SPEC §9)."""
+def dense_problem(data: Data, req: Request, v: np.ndarray | None = None) -> Problem:
+    """The dense oracle problem of a plain case (``v`` in place of ``data.v`` where given): the
+    pairs :func:`attended` keeps, a float mask as the bias it is (SPEC §9)."""
     bias = None
-    if isinstance(req.rule, ExplicitMask) and data.mask.dtype != np.bool_:
-        bias = np.broadcast_to(data.mask, (*data.q.shape[:2], req.nq, req.nk))
-    return Problem(data.q, data.k, data.v, attended(data, req), req.scale, bias=bias)
+    if req.bias is not None:
+        bias = np.broadcast_to(data.mask.astype(np.float64), (*data.q.shape[:2], req.nq, req.nk))
+    keep = np.broadcast_to(attended(data, req), (*data.q.shape[:2], req.nq, req.nk))
+    return Problem(data.q, data.k, data.v if v is None else v, keep, req.scale, bias=bias)
 
 
 def grad_magnitudes(problem: Problem, dout: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -466,8 +471,9 @@ class Certifier:
             grads = self._grads(ops, fw, xs, kw, req, greq, data, case, res, modified)
             if grads is None:
                 return
-            refs = kernel.backward(data.q, data.k, data.v, data.dout, req, data.mask)
             problem = dense_problem(data, req)
+            ref_grads = oracle.backward(problem, data.dout)[0]
+            refs = (ref_grads.dq, ref_grads.dk, ref_grads.dv)
             floors = grad_magnitudes(problem, data.dout)
             rounded = None
             if is_half(case.dtype):
@@ -544,11 +550,13 @@ class Certifier:
             before = [x.copy() for x in arrays]
             dout = data.dout.astype(numpy_dtype(case.dtype))
             ops.poison(0)
-            out, lse = b.forward(qc, kc, vc, greq, mc)
+            # As the core calls it (attnhub.plan.Plan): a float mask is the bias, in ``operands``.
+            mask_arg, operands = (None, Operands(bias=mc)) if greq.bias is not None else (mc, None)
+            out, lse = b.forward(qc, kc, vc, greq, mask_arg, operands)
             if self._changed_np(arrays, before, "backend.forward", modified):
                 for x, y in zip(arrays, before):
                     x[...] = y  # the backward gets the inputs it should have had
-            grads = b.backward(qc, kc, vc, out, lse, dout, greq, mc)
+            grads = b.backward(qc, kc, vc, out, lse, dout, greq, mask_arg, operands, None)
             for name, g, x in zip(("dq", "dk", "dv"), grads, (qc, kc, vc)):
                 self._hygiene(fw, f"grad {name}", g, x.shape, case.dtype, req.device)
             self._changed_np(arrays, before, "backend.backward", modified)

@@ -29,7 +29,7 @@ class _TorchCuda(Backend):
     dtypes: ClassVar[tuple[str, ...]] = ("float32",)
     skip_last_row: ClassVar[bool] = False
 
-    def forward(self, q, k, v, req, mask=None):
+    def forward(self, q, k, v, req, mask=None, operands=None):
         host = [x.detach().cpu().double().numpy() for x in (q, k, v)]
         out64, lse64 = kernel.forward(*host, req, None)
         out = torch.empty((req.batch, req.heads_q, req.nq, req.dim_v), device=q.device, dtype=q.dtype)

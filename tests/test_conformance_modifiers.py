@@ -37,8 +37,8 @@ class _NoDsinks(ReferenceBackend):
     name: ClassVar[str] = "t_mod_nodsinks"
     priority: ClassVar[int] = -50
 
-    def backward(self, q, k, v, out, lse, dout, req, mask=None, dlse=None, operands=None):
-        grads = super().backward(q, k, v, out, lse, dout, req, mask, dlse, operands)
+    def backward(self, q, k, v, out, lse, dout, req, mask=None, operands=None, dlse=None):
+        grads = super().backward(q, k, v, out, lse, dout, req, mask, operands, dlse)
         if len(grads) == 5 and grads[4] is not None:
             return (*grads[:4], grads[4] * 0)
         return grads

@@ -71,8 +71,8 @@ class _PagedGradContiguous(ReferenceBackend):
     name: ClassVar[str] = "t_gap_paged_grad"
     priority: ClassVar[int] = -50
 
-    def backward(self, q, k, v, out, lse, dout, req, mask=None, dlse=None, operands=None):
-        grads = list(super().backward(q, k, v, out, lse, dout, req, mask, dlse, operands))
+    def backward(self, q, k, v, out, lse, dout, req, mask=None, operands=None, dlse=None):
+        grads = list(super().backward(q, k, v, out, lse, dout, req, mask, operands, dlse))
         if req.paged:
             table = np.asarray(operands.block_table)
             order = np.arange(table.size).reshape(table.shape)
@@ -89,8 +89,8 @@ class _GroupFirstHead(ReferenceBackend):
     name: ClassVar[str] = "t_gap_first_head"
     priority: ClassVar[int] = -50
 
-    def backward(self, q, k, v, out, lse, dout, req, mask=None, dlse=None, operands=None):
-        grads = super().backward(q, k, v, out, lse, dout, req, mask, dlse, operands)
+    def backward(self, q, k, v, out, lse, dout, req, mask=None, operands=None, dlse=None):
+        grads = super().backward(q, k, v, out, lse, dout, req, mask, operands, dlse)
         if not req.varlen or req.group == 1:
             return grads
         first = (np.arange(req.heads_q) % req.group == 0)[None, :, None, None]
@@ -109,8 +109,8 @@ class _Nondeterministic(ReferenceBackend):
         out, lse = super().forward(q, k, v, req, mask, operands)
         return (_nudged(out) if req.modified else out), lse
 
-    def backward(self, q, k, v, out, lse, dout, req, mask=None, dlse=None, operands=None):
-        grads = super().backward(q, k, v, out, lse, dout, req, mask, dlse, operands)
+    def backward(self, q, k, v, out, lse, dout, req, mask=None, operands=None, dlse=None):
+        grads = super().backward(q, k, v, out, lse, dout, req, mask, operands, dlse)
         return (_nudged(grads[0]) if req.modified else grads[0], *grads[1:])
 
 
@@ -154,9 +154,9 @@ class _Int32Positions(ReferenceBackend):
         req, mask = self._as_mask(req, mask)
         return super().forward(q, k, v, req, mask, operands)
 
-    def backward(self, q, k, v, out, lse, dout, req, mask=None, dlse=None, operands=None):
+    def backward(self, q, k, v, out, lse, dout, req, mask=None, operands=None, dlse=None):
         req, mask = self._as_mask(req, mask)
-        return super().backward(q, k, v, out, lse, dout, req, mask, dlse, operands)
+        return super().backward(q, k, v, out, lse, dout, req, mask, operands, dlse)
 
 
 class _SoftcapInInputDtype(ReferenceBackend):
@@ -185,11 +185,13 @@ class _PlainNumpy(Backend):
     )
     reads_additive_mask: ClassVar[bool] = True
 
-    def forward(self, q: Any, k: Any, v: Any, req: Any, mask: Any = None) -> tuple[Any, Any]:
+    def forward(
+        self, q: Any, k: Any, v: Any, req: Any, mask: Any = None, operands: Any = None
+    ) -> tuple[Any, Any]:
         out, lse = kernel.forward(q, k, v, req, mask)
         return out.astype(q.dtype), lse.astype(np.float64 if q.dtype == np.float64 else np.float32)
 
-    def backward(self, q, k, v, out, lse, dout, req, mask=None):
+    def backward(self, q, k, v, out, lse, dout, req, mask=None, operands=None, dlse=None):
         return tuple(g.astype(q.dtype) for g in kernel.backward(q, k, v, dout, req, mask))
 
 
@@ -350,7 +352,7 @@ def test_a_huge_softcap_rounded_to_inf_is_caught(broken):
 
 def test_a_plain_numpy_backend_certifies_the_modifier_grid(broken):
     """Full mode's §9-§11 grid on a backend declaring none of §9-§11: everything it accepts (bool
-    padding and block-sparse masks, a bias in the legacy additive form) passes, with gradients."""
+    padding and block-sparse masks) passes, with gradients; a bias it declines (no "bias")."""
     cases = [c for c in full_cases("float32") if c.rule == "bool" or (c.bias and isinstance(c.rule, Full)
              and c.softcap is None and not c.sinks and c.entry == "attention" and c.q_lengths is None
              and c.k_lengths is None and not c.q_offset and not c.k_offset)]  # fmt: skip
@@ -359,4 +361,6 @@ def test_a_plain_numpy_backend_certifies_the_modifier_grid(broken):
     assert not bad, bad
     accepted = [r for r in results if r.status == "pass"]
     assert any("bool mask padding" in r.features and "backward" in r.features for r in accepted)
-    assert any("bias" in r.features and "backward" in r.features for r in accepted)
+    biased = [r for r in results if r.id in {c.id for c in cases if c.bias}]
+    assert biased and all(r.status == "declined" for r in biased), [(r.id, r.status) for r in biased]
+    assert all(any("additive bias" in why for why in r.reasons) for r in biased)

@@ -169,7 +169,7 @@ class _Faulty(Backend):
     def __init__(self):
         self.mode = "ok"
 
-    def forward(self, q, k, v, req, mask=None):
+    def forward(self, q, k, v, req, mask=None, operands=None):
         out = np.zeros(q.shape[:3] + (v.shape[-1],), dtype=q.dtype)
         if self.mode == "raise":
             raise RuntimeError("boom")

@@ -20,7 +20,7 @@ class Probed(attnhub.Backend):
         self.probed.append(req.nk)
         return [self.decline] if self.decline and req.nk % 2 else []
 
-    def forward(self, q, k, v, req, mask=None):
+    def forward(self, q, k, v, req, mask=None, operands=None):
         return REGISTRY.backends()["reference"].forward(q, k, v, req, mask)
 
 

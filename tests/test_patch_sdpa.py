@@ -207,7 +207,7 @@ class _SdpaCallingBackend(attnhub.Backend):
     frameworks = ("torch",)
     calls = 0
 
-    def forward(self, q, k, v, req, mask=None):
+    def forward(self, q, k, v, req, mask=None, operands=None):
         type(self).calls += 1
         out = F.scaled_dot_product_attention(q, k, v, scale=req.scale)
         return out, torch.zeros(q.shape[:-1])

@@ -133,13 +133,13 @@ def test_glue_hands_forward_for_grad_output_to_backward():
     seen = {}
 
     class Probe:
-        def forward(self, q, k, v, req, mask=None):
+        def forward(self, q, k, v, req, mask=None, operands=None):
             raise AssertionError("forward_for_grad must be used when a gradient is needed")
 
-        def forward_for_grad(self, q, k, v, req, mask=None):
+        def forward_for_grad(self, q, k, v, req, mask=None, operands=None):
             return q * 2, torch.zeros(q.shape[:-1]), (q * 2).double()
 
-        def backward(self, q, k, v, out, lse, dout, req, mask=None):
+        def backward(self, q, k, v, out, lse, dout, req, mask=None, operands=None, dlse=None):
             seen["out"] = out
             return dout, torch.zeros_like(k), torch.zeros_like(v)
 

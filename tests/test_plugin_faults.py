@@ -26,7 +26,7 @@ class Faulty(attnhub.Backend):
             raise ValueError("check exploded")
         return super().check(req)
 
-    def forward(self, q, k, v, req, mask=None):
+    def forward(self, q, k, v, req, mask=None, operands=None):
         from attnhub.frameworks import adapter_for
 
         ad = adapter_for(q)
@@ -50,7 +50,7 @@ class Faulty(attnhub.Backend):
             return None
         return out, lse
 
-    def backward(self, q, k, v, out, lse, dout, req, mask=None):
+    def backward(self, q, k, v, out, lse, dout, req, mask=None, operands=None, dlse=None):
         raise RuntimeError("backward exploded")
 
 

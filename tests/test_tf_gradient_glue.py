@@ -7,7 +7,6 @@ tf = pytest.importorskip("tensorflow")
 
 import attnhub  # noqa: E402
 from attnhub import REGISTRY, Backend, hookimpl  # noqa: E402
-from attnhub.backend import takes_dlse  # noqa: E402
 from attnhub.request import build_request  # noqa: E402
 from attnhub.rules import Causal  # noqa: E402
 from attnhub_backends.reference import kernel  # noqa: E402
@@ -29,24 +28,24 @@ class DenseTFBackend(Backend):
     priority = -1000
     frameworks = ("tensorflow",)
     dtypes = ("float32", "float64")
-    features = frozenset({"1d", "full", "causal", "lse", "backward"})
+    features = frozenset({"1d", "full", "causal", "lse", "backward", "dlse"})
 
     def __init__(self):
         self.saved = []
         self.backward_outs = []
 
-    def forward(self, q, k, v, req, mask=None):
+    def forward(self, q, k, v, req, mask=None, operands=None):
         s, lse = _dense_probs(q, k, req)
         p = tf.exp(s - lse[..., None])
         return tf.matmul(p, v), lse
 
-    def forward_for_grad(self, q, k, v, req, mask=None):
+    def forward_for_grad(self, q, k, v, req, mask=None, operands=None):
         out, lse = self.forward(q, k, v, req, mask)
         saved = tf.identity(out)
         self.saved.append(saved)
         return out, lse, saved
 
-    def backward(self, q, k, v, out, lse, dout, req, mask=None, dlse=None):
+    def backward(self, q, k, v, out, lse, dout, req, mask=None, operands=None, dlse=None):
         self.backward_outs.append(out)
         s, _ = _dense_probs(q, k, req)
         p = tf.exp(s - lse[..., None])
@@ -59,12 +58,15 @@ class DenseTFBackend(Backend):
 
 
 class NoDlseBackend(DenseTFBackend):
-    """An older third-party backend: its backward does not take ``dlse``."""
+    """A backend whose backward cannot fold ``dlse``: it does not declare the feature, and the glue
+    never hands it one."""
 
     name = "glue-dense-tf-no-dlse"
+    features = DenseTFBackend.features - {"dlse"}
 
-    def backward(self, q, k, v, out, lse, dout, req, mask=None):
-        return super().backward(q, k, v, out, lse, dout, req, mask)
+    def backward(self, q, k, v, out, lse, dout, req, mask=None, operands=None, dlse=None):
+        assert dlse is None, "the glue gave dlse to a backend that does not declare it"
+        return super().backward(q, k, v, out, lse, dout, req, mask, operands)
 
 
 class Plugin:
@@ -148,7 +150,7 @@ def test_gradients_through_lse_in_tf_function(plugin):
 
 
 def test_backend_without_dlse_still_gets_output_gradients(plugin):
-    assert takes_dlse(plugin.dense) and not takes_dlse(plugin.old)
+    assert "dlse" in plugin.dense.features and "dlse" not in plugin.old.features
     rng = np.random.default_rng(4)
     q, k, v = _inputs(rng)
     wo = rng.standard_normal((2, 3, 7, 4))
@@ -175,4 +177,4 @@ def test_tf_backend_has_no_run_of_its_own():
     from attnhub_backends.tf.backend import TFBackend
 
     assert not hasattr(TFBackend, "run")
-    assert takes_dlse(TFBackend())
+    assert "dlse" in TFBackend.features

@@ -867,22 +867,6 @@ def test_float_mask_gradient_through_attention():
     )
 
 
-def test_legacy_additive_mask_form_still_computed_with_its_gradient():
-    """A caller handing a float mask the pre-§9 way (an additive ExplicitMask as ``mask``) gets the
-    bias semantics and (dq, dk, dv, dmask)."""
-    from attnhub.request import Request
-
-    rng = np.random.default_rng(50)
-    q, k, v = _inputs(rng, 2, 2, 1, 9, 11)
-    m = rng.standard_normal((1, 2, 9, 11))
-    dout, dlse = _upstream(rng, 2, 2, 9, 6)
-    req = _request(q, k, v, Full(), "none_front", bias=m.shape, bias_grad=True)
-    req = Request.legacy_additive(req)
-    got = _run(req, q, k, v, None, dout, dlse, mask=tf.constant(m))
-    assert len(got[2]) == 4
-    _check(got, dense(q, k, v, keep=np.ones((1, 1, 9, 11), bool), bias=m, dout=dout, dlse=dlse))
-
-
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_bias_sinks_lengths_softcap(dtype):
     """Half inputs (rounded, the oracle runs on the rounded values); float32 bias and sinks."""

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 import attnhub
-from attnhub.backend import takes_dlse
 from attnhub.distributed.schedule import Call
 from attnhub.errors import BackendUnsupported
 from attnhub.extras import NONE, Extras, operands_for
@@ -61,7 +60,7 @@ def forward(q: Any, k: Any, v: Any, call: Call, scale: float, softcap: float | N
 
 
 def _route(be: Any) -> str | None:
-    if takes_dlse(be):
+    if "dlse" in be.features:
         return "dlse"
     if be.name in FLASH_CONVENTION:
         return "flash"
@@ -81,7 +80,7 @@ def _grad_plan(q, k, v, call: Call, scale: float, softcap: float | None, backend
             reasons.append(str(exc))
             continue
         route = _route(plan.backend)
-        if route is not None and not plan.legacy:
+        if route is not None:
             return plan, route, ex
         reasons.append(
             f"backend {plan.backend.name!r}: its backward takes no dlse and does not read the given "
@@ -110,14 +109,14 @@ def backward(
     cannot stride over), so no slice is copied here; the dlse route gets contiguous inputs."""
     plan, route, ex = _grad_plan(q, k, v, call, scale, softcap, backend)
     be, req = plan.backend, plan.req
-    kw = {"operands": operands_for(ex, plan.ad, q, req)} if plan.operands else {}
+    ops = operands_for(ex, plan.ad, q, req) if plan.operands else None
     if route == "flash":
         lse_in = flash_lse(lse) if lse_flash is None else lse_flash
         o_in = o.to(torch.float64 if q.dtype == torch.float64 else torch.float32)  # no copy: o is
-        grads = be.backward(q, k, v, o_in, lse_in, do, req, None, **kw)  # the float32 accumulator
+        grads = be.backward(q, k, v, o_in, lse_in, do, req, None, ops)  # the float32 accumulator
         return grads[0], grads[1], grads[2]
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    out_b, lse_b, saved = be.forward_for_grad(q, k, v, req, None, **kw)
+    out_b, lse_b, saved = be.forward_for_grad(q, k, v, req, None, ops)
     acc = lse.dtype
     lse_b = lse_b.to(acc)
     w = torch.where(torch.isneginf(lse_b), torch.zeros_like(lse_b), torch.exp(lse_b - lse))
@@ -126,5 +125,5 @@ def backward(
     d = (do_acc * o.to(acc)).sum(-1)
     dout = (w.unsqueeze(-1) * do_acc).to(q.dtype).contiguous()
     dlse = (w * (d_b - d)).contiguous()
-    grads = be.backward(q, k, v, saved, lse_b, dout, req, None, dlse=dlse, **kw)
+    grads = be.backward(q, k, v, saved, lse_b, dout, req, None, ops, dlse)
     return grads[0], grads[1], grads[2]

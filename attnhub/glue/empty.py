@@ -34,7 +34,7 @@ def _connect_torch(req: Request, out: Any, q: Any, k: Any, v: Any, mask: Any, mo
     import torch
 
     m = _float_mask(mask, torch.is_floating_point)
-    if not (req.needs_grad or req.mask_needs_grad or req.bias_grad or req.sinks_grad):
+    if not (req.needs_grad or req.bias_grad or req.sinks_grad):
         return out
     inputs = (q, k, v) if m is None else (q, k, v, m)
     inputs += tuple(x for x in more if x is not None)

@@ -11,7 +11,7 @@ from attnhub.request import Request
 
 
 def runner(backend: Any, req: Request) -> Callable[..., tuple[Any, Any]]:
-    """``fn(q, k, v, req, mask[, operands=])`` -> (out, lse) for ``req``, decided once per plan:
+    """``fn(q, k, v, req, mask, operands)`` -> (out, lse) for ``req``, decided once per plan:
 
     - a backend that defines ``run`` (its framework differentiates its forward: the jax, sdpa and
       ipu backends) is called through it;

@@ -2,7 +2,7 @@
 
 The forward is ``forward_for_grad`` (a TensorFlow tape may ask for gradients whenever it watches
 the inputs), so ``backward`` receives the ``saved`` output it asked for. The upstream gradient of
-lse reaches backends whose ``backward`` takes a ``dlse`` argument (see :meth:`Backend.backward`).
+lse reaches backends declaring the feature "dlse" (see :meth:`Backend.backward`); others get None.
 An exception in the backend's ``backward`` reaches the caller as :class:`attnhub.BackendError`.
 """
 
@@ -13,18 +13,17 @@ from typing import Any
 
 import tensorflow as tf
 
-from attnhub.backend import takes_dlse
 from attnhub.request import Request
 
 
 def run_with_gradient(
-    backend: Any, q: Any, k: Any, v: Any, req: Request, mask: Any, operands: Any = None
+    backend: Any, q: Any, k: Any, v: Any, req: Request, mask: Any, operands: Any
 ) -> tuple[Any, Any]:
     """Run ``backend.forward_for_grad`` so that a GradientTape calls ``backend.backward``; a bias
     and sinks (SPEC §9) are inputs of the gradient too and get the backward's dbias/dsinks."""
     from attnhub.errors import backend_error, passes_through
 
-    with_dlse = takes_dlse(backend)
+    with_dlse = "dlse" in backend.features
     extra = {}
     if operands is not None:
         extra = {n: getattr(operands, n) for n in ("bias", "sinks") if getattr(operands, n) is not None}
@@ -35,16 +34,15 @@ def run_with_gradient(
         ops = None
         if operands is not None:
             ops = dataclasses.replace(operands, **dict(zip(names, more)))
-        kw = {} if ops is None else {"operands": ops}
-        out, lse, saved = backend.forward_for_grad(q, k, v, req, mask, **kw)
+        out, lse, saved = backend.forward_for_grad(q, k, v, req, mask, ops)
 
         def grad(dout, dlse=None):
             if dout is None:
                 dout = tf.zeros_like(out)
-            if with_dlse:
-                kw["dlse"] = dlse
             try:
-                grads = backend.backward(q, k, v, saved, lse, dout, req, mask, **kw)
+                grads = backend.backward(
+                    q, k, v, saved, lse, dout, req, mask, ops, dlse if with_dlse else None
+                )
             except Exception as exc:
                 if passes_through(exc):
                     raise

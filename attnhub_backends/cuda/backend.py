@@ -85,7 +85,7 @@ class CudaBackend(Backend):
         """Half inputs: the forward kernel writes a float32 output, which the backward's
         rowsum(dO·O) reads; the caller gets it rounded to the input dtype."""
         if req.dtype not in HALF:
-            out, lse = self.forward(q, k, v, req, mask, operands=operands)
+            out, lse = self.forward(q, k, v, req, mask, operands)
             return out, lse, out
         import torch
 
@@ -99,9 +99,10 @@ class CudaBackend(Backend):
 
     def backward(
         self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None,
-        operands: Operands | None = None,
+        operands: Operands | None = None, dlse: Any = None,
     ) -> tuple[Any, ...]:  # fmt: skip
-        """(dq, dk, dv), or (dq, dk, dv, dbias, None) for a request with a bias (SPEC §9)."""
+        """(dq, dk, dv), or (dq, dk, dv, dbias, None) for a request with a bias (SPEC §9); ``dlse``
+        is always None (no "dlse" feature)."""
         return launch.backward(q, k, v, out, lse, dout, req, operands)
 
 

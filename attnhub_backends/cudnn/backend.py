@@ -206,7 +206,9 @@ class Cudnn(Backend):
         fn.fixed_result = True  # type: ignore[attr-defined]
         return fn
 
-    def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
+    def forward(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
+    ) -> tuple[Any, Any]:
         """(out, lse): lse (B, Hq, Nq) float32 when the request returns it or will differentiate
         (the backward reads it), else None (the core never hands it out then)."""
         import torch
@@ -234,6 +236,8 @@ class Cudnn(Backend):
         dout: Any,
         req: Request,
         mask: Any = None,
+        operands: Any = None,
+        dlse: Any = None,
     ) -> tuple[Any, Any, Any]:
         """(dq, dk, dv) from cuDNN's SDPA backward graph, which reads the forward's O (in the input
         dtype) and Stats; GQA's dk, dv come back summed over each kv head's query heads."""

@@ -119,22 +119,27 @@ class IpuBackend(Backend):
                 self._modules[key] = found
         return found
 
-    def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
+    def forward(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
+    ) -> tuple[Any, Any]:
         if mask is not None:
             raise ValueError("the ipu backend does not read explicit masks")
         return self.module(req, q.device)(q, k, v)
 
-    def run(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
+    def run(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
+    ) -> tuple[Any, Any]:
         """Forward with plain torch autograd through the chunked operations.
 
         PopTorch differentiates the traced graph itself (custom ``autograd.Function`` backward
         passes do not reach the IPU), so the backend never goes through the backward glue.
         """
-        return self.forward(q, k, v, req, mask)
+        return self.forward(q, k, v, req, mask, operands)
 
     def backward(
-        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
-    ) -> tuple[Any, Any, Any]:
+        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None,
+        operands: Any = None, dlse: Any = None,
+    ) -> tuple[Any, Any, Any]:  # fmt: skip
         """(dq, dk, dv) by recomputing the chunked forward under autograd (for direct callers)."""
         import torch
 

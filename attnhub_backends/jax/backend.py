@@ -11,24 +11,14 @@ from typing import Any, ClassVar
 from attnhub.backend import Backend
 from attnhub.frameworks import FLOAT_DTYPES
 from attnhub.request import Request
-from attnhub.rules import ExplicitMask, Full
 
 #: The §9-§11 arrays the compute functions take (a dict of these names; None where absent).
 OPERAND_NAMES = ("bias", "sinks", "q_lengths", "k_lengths", "cu_seqlens_q", "cu_seqlens_k")
 
 
 def prepare(req: Request, mask: Any, operands: Any) -> tuple[Request, Any, dict[str, Any]]:
-    """(request, bool mask or None, ops dict) for the compute paths.
-
-    A float mask handed over the legacy way (rule ``ExplicitMask(additive)``) becomes the bias of
-    a ``Full`` request, so that it composes and gets its gradient like ``bias=`` (SPEC §9).
-    """
-    ops = {n: getattr(operands, n, None) for n in OPERAND_NAMES}
-    rule = req.rule
-    if isinstance(rule, ExplicitMask) and rule.kind == "additive" and mask is not None:
-        req = replace(req, rule=Full(), bias=rule.shape, bias_grad=req.mask_needs_grad, mask_needs_grad=False)
-        ops["bias"], mask = mask, None
-    return req, mask, ops
+    """(request, bool mask or None, ops dict) for the compute paths."""
+    return req, mask, {n: getattr(operands, n, None) for n in OPERAND_NAMES}
 
 
 def gather_pages(k: Any, v: Any, req: Request, block_table: Any) -> tuple[Any, Any, Request]:
@@ -61,7 +51,7 @@ class JaxBackend(Backend):
     device_types: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
     dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES
     features: ClassVar[frozenset[str]] = frozenset(
-        {"1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward"}
+        {"1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward", "dlse"}
         | {"bias", "dbias", "softcap", "sinks", "lengths", "varlen", "paged", "offsets"}
     )
     requires: ClassVar[tuple[str, ...]] = ("jax",)

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, ClassVar
 
 import numpy as np
 
 from attnhub.backend import Backend
 from attnhub.frameworks import adapter_for
-from attnhub.operands import Operands
 from attnhub.request import Request
-from attnhub.rules import ExplicitMask, Full
 from attnhub_backends.reference import kernel
 
 
@@ -25,10 +22,10 @@ class ReferenceBackend(Backend):
     features: ClassVar[frozenset[str]] = frozenset(
         {
             "1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward",
-            "deterministic", "bias", "dbias", "softcap", "sinks", "lengths", "varlen", "paged", "offsets",
+            "deterministic", "dlse", "bias", "dbias", "softcap", "sinks", "lengths", "varlen", "paged",
+            "offsets",
         }
     )  # fmt: skip
-    reads_additive_mask: ClassVar[bool] = True
 
     def version(self) -> str:
         return f"numpy {np.__version__}"
@@ -62,25 +59,10 @@ class ReferenceBackend(Backend):
         return out, lse, out
 
     def backward(
-        self,
-        q: Any,
-        k: Any,
-        v: Any,
-        out: Any,
-        lse: Any,
-        dout: Any,
-        req: Request,
-        mask: Any = None,
-        dlse: Any = None,
-        operands: Any = None,
-    ) -> tuple[Any, ...]:
+        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None,
+        operands: Any = None, dlse: Any = None,
+    ) -> tuple[Any, ...]:  # fmt: skip
         ad = adapter_for(q)
-        legacy = isinstance(req.rule, ExplicitMask) and req.rule.kind == "additive"
-        if legacy and req.mask_needs_grad:  # the legacy form of a bias that requires grad
-            req = dataclasses.replace(
-                req, rule=Full(), bias=req.rule.shape, bias_grad=True, mask_needs_grad=False
-            )
-            operands, mask = Operands(bias=mask), None
         arrays = [ad.to_numpy(x) for x in (q, k, v, dout)]
         m = None if mask is None else adapter_for(mask).to_numpy(mask)
         dl = None if dlse is None else adapter_for(dlse).to_numpy(dlse)
@@ -94,8 +76,6 @@ class ReferenceBackend(Backend):
             dbias = _like(grads[3], operands.bias)
         if req.sinks_grad and grads[4] is not None:
             dsinks = _like(grads[4], operands.sinks)
-        if legacy:
-            return (*result, dbias)
         return (*result, dbias, dsinks)
 
 

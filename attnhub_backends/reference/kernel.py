@@ -71,7 +71,7 @@ def _restrict(a: np.ndarray, req: Request, blk: _Block) -> np.ndarray:
 class _Mods:
     """The float64 NumPy modifiers of one dense problem."""
 
-    mask: np.ndarray | None = None  # bool (or legacy additive) rank 4
+    mask: np.ndarray | None = None  # bool rank 4
     bias: np.ndarray | None = None  # float64 rank 4
     sinks: np.ndarray | None = None  # float64 (Hq,)
 
@@ -86,11 +86,7 @@ def _logits(qg, k64, req: Request, blk: _Block, mods: _Mods):
         s, dcap = req.softcap * th, 1.0 - th * th
     keep = blk.keep
     if mods.mask is not None:
-        part = _restrict(mods.mask, req, blk)
-        if part.dtype == bool:
-            keep = keep & part
-        else:  # the legacy form of a bias (rule ExplicitMask "additive")
-            s = s + part.astype(np.float64)
+        keep = keep & _restrict(mods.mask, req, blk)
     if mods.bias is not None:
         s = s + _restrict(mods.bias, req, blk)
     return np.where(keep, s, -np.inf), dcap
@@ -140,8 +136,6 @@ def _kv(x: np.ndarray) -> np.ndarray:
 
 def _mods(req: Request, mask, ops) -> _Mods:
     bias = None if ops is None else ops.bias
-    if req.bias is not None and bias is None and mask is not None:
-        bias, mask = mask, None  # a caller passing the bias as ``mask`` (as before SPEC §9)
     sinks = None if ops is None else ops.sinks
     return _Mods(
         mask=None if mask is None else np.asarray(mask),

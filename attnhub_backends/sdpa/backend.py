@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 from attnhub.backend import Backend
 from attnhub.request import Request
+from attnhub.rules import Full
 from attnhub_backends.sdpa import rows
 from attnhub_backends.sdpa.masks import MAX_MASK_ELEMENTS, RulePlan, rule_plan, torch_rule_mask
 from attnhub_backends.sdpa.ragged import keep_mask, padded_slots, padding, zero_padded
@@ -69,7 +70,7 @@ def _positive_scale(q: Any, scale: float, causal: bool) -> tuple[Any, float]:
 
 
 def _grads_by_autograd(backend: Backend, q, k, v, dout, req, mask, operands=None) -> tuple[Any, ...]:
-    """(dq, dk, dv), and the bias's (or float mask's) gradient after them where it requires grad."""
+    """(dq, dk, dv), or (dq, dk, dv, dbias, None) where the bias requires grad."""
     import torch
 
     with torch.enable_grad():
@@ -78,11 +79,9 @@ def _grads_by_autograd(backend: Backend, q, k, v, dout, req, mask, operands=None
         if bias is not None and bias.requires_grad:
             leaves.append(bias.detach().requires_grad_(True))
             operands = dataclasses.replace(operands, bias=leaves[-1])
-        elif mask is not None and mask.is_floating_point() and mask.requires_grad:
-            leaves.append(mask.detach().requires_grad_(True))
-            mask = leaves[-1]
         out, _ = backend._compute(*leaves[:3], req, mask, operands)  # type: ignore[attr-defined]
-        return tuple(torch.autograd.grad(out, leaves, dout))
+        grads = torch.autograd.grad(out, leaves, dout)
+        return (*grads, None) if len(grads) == 4 else tuple(grads)
 
 
 class _SdpaBase(Backend):
@@ -111,7 +110,7 @@ class _SdpaBase(Backend):
 
     def backward(
         self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None,
-        operands: Any = None,
+        operands: Any = None, dlse: Any = None,
     ) -> tuple[Any, ...]:  # fmt: skip
         return _grads_by_autograd(self, q, k, v, dout, req, mask, operands)
 
@@ -143,7 +142,7 @@ class _SdpaBase(Backend):
 def _math_kernel(req: Request) -> bool:
     """True when ``sdpa-cpu`` runs SDPA's math kernel: a bias (or float mask) that requires grad,
     for which torch's fused CPU kernel has no gradient."""
-    return req.bias_grad or req.mask_needs_grad
+    return req.bias_grad
 
 
 def _top_left(nq: int, nk: int, device: Any) -> Any:
@@ -192,8 +191,6 @@ class SdpaCpu(_SdpaBase):
             "bias", "dbias", "lengths", "offsets", "varlen",
         }
     )  # fmt: skip
-    #: A float mask under torch.compile arrives in the legacy form (the mask argument): read it too.
-    reads_additive_mask: ClassVar[bool] = True
 
     def availability(self) -> str | None:
         why = _torch_available()
@@ -238,8 +235,6 @@ class SdpaCpu(_SdpaBase):
             return self._packed(q, k, v, req, operands)
         plan = rule_plan(req)
         bias = operands.bias if operands is not None else None
-        if mask is not None and mask.dtype != torch.bool:
-            bias, mask = mask, None  # the legacy form of a float mask (torch.compile's custom ops)
         grads = torch.is_grad_enabled() and (req.needs_grad or (bias is not None and bias.requires_grad))
         math = grads and bias is not None and bias.requires_grad
         # Masks in the accumulation dtype: the kernel adds them in float32 for half inputs.
@@ -547,6 +542,11 @@ class _SdpaCuda(_SdpaBase):
         if plan.why_not:
             return [plan.why_not]
         reasons: list[str] = []
+        if req.bias is not None and not isinstance(req.rule, Full):
+            reasons.append(
+                f"takes a bias (or float mask) only with the rule Full: SDPA's attn_mask does not "
+                f"combine with {req.rule.describe()}; use backend='triton' (or 'auto')"
+            )
         if (plan.explicit or plan.materialise) and not self.takes_mask:
             what = "an explicit mask" if plan.explicit else f"{req.rule.describe()} with sync={req.sync}"
             reasons.append(
@@ -595,12 +595,12 @@ class _SdpaCuda(_SdpaBase):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         plan = rule_plan(req)
-        attn_mask = mask
+        attn_mask = mask if operands is None or operands.bias is None else operands.bias
         if plan.materialise:
             attn_mask = torch_rule_mask(req, q.device, torch.bool)
-        elif mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
+        elif attn_mask is not None and attn_mask.dtype != torch.bool and attn_mask.dtype != q.dtype:
             # SDPA takes a float mask in the query's dtype only.
-            attn_mask = mask.to(q.dtype)
+            attn_mask = attn_mask.to(q.dtype)
         mode = self._gqa_mode(req)
         if mode == "repeat":
             k = k.repeat_interleave(req.group, dim=1)
@@ -782,8 +782,10 @@ class SdpaEfficient(_SdpaCuda):
     kernel: ClassVar[str] = "EFFICIENT_ATTENTION"
     probe: ClassVar[str] = "can_use_efficient_attention"
     dtypes: ClassVar[tuple[str, ...]] = ("float16", "bfloat16", "float32")
+    #: A bias (or float mask) with the rule Full reaches the kernel as SDPA's float ``attn_mask``;
+    #: its gradient is not taken (no "dbias"): sdpa-cpu, triton or cuda compute it.
     features: ClassVar[frozenset[str]] = frozenset(
-        {"1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "backward"}
+        {"1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "backward", "bias"}
     )
     zero_rows: ClassVar[bool] = True
 

@@ -4,13 +4,10 @@ wraps them in ``tf.custom_gradient``)."""
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import replace
 from typing import Any, ClassVar
 
 from attnhub.backend import Backend
-from attnhub.operands import Operands
 from attnhub.request import Request
-from attnhub.rules import ExplicitMask, Full
 
 
 class TFBackend(Backend):
@@ -27,7 +24,7 @@ class TFBackend(Backend):
     device_types: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
     features: ClassVar[frozenset[str]] = frozenset(
         {
-            *("1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward"),
+            *("1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward", "dlse"),
             *("deterministic", "bias", "dbias", "softcap", "sinks", "lengths", "varlen", "offsets", "paged"),
         }
     )
@@ -56,7 +53,6 @@ class TFBackend(Backend):
         from attnhub_backends.tf import kernel
         from attnhub_backends.tf.tiles import plan_for
 
-        req, mask, operands = _bias_from_mask(req, mask, operands)
         k, v, req = _unpaged(k, v, req, operands)
         return kernel.forward(q, k, v, req, plan_for(req), mask, operands)
 
@@ -67,7 +63,6 @@ class TFBackend(Backend):
         from attnhub_backends.tf import kernel
         from attnhub_backends.tf.tiles import plan_for
 
-        req, mask, operands = _bias_from_mask(req, mask, operands)
         k, v, req = _unpaged(k, v, req, operands)
         return kernel.forward_with_residual(q, k, v, req, plan_for(req), mask, operands)
 
@@ -81,8 +76,8 @@ class TFBackend(Backend):
         dout: Any,
         req: Request,
         mask: Any = None,
-        dlse: Any = None,
         operands: Any = None,
+        dlse: Any = None,
     ) -> tuple[Any, ...]:
         """Recomputes each tile from lse (memory stays linear in the sequence length).
 
@@ -91,8 +86,6 @@ class TFBackend(Backend):
         from attnhub_backends.tf import kernel
         from attnhub_backends.tf.tiles import plan_for
 
-        legacy = _is_legacy(req)
-        req, mask, operands = _bias_from_mask(req, mask, operands)
         kd, vd, dreq = _unpaged(k, v, req, operands)
         grads = kernel.backward(q, kd, vd, out, lse, dout, dreq, plan_for(dreq), mask, dlse, operands)
         if req.paged:
@@ -101,23 +94,7 @@ class TFBackend(Backend):
             dk = paged.scatter(grads[1], k, operands.block_table)
             dv = paged.scatter(grads[2], v, operands.block_table)
             grads = (grads[0], dk, dv, *grads[3:])
-        if legacy:  # the pre-§9 convention: (dq, dk, dv) plus dmask when the mask requires grad
-            return grads[:4] if req.bias_grad else grads[:3]
         return grads
-
-
-def _is_legacy(req: Request) -> bool:
-    return isinstance(req.rule, ExplicitMask) and req.rule.kind == "additive"
-
-
-def _bias_from_mask(req: Request, mask: Any, operands: Any) -> tuple[Request, Any, Any]:
-    """A float mask handed the pre-§9 way (an additive ExplicitMask, as :meth:`Request.legacy_additive`
-    describes; the core no longer does so for this backend) read as ``bias`` with the rule Full."""
-    if not _is_legacy(req):
-        return req, mask, operands
-    rule = req.rule
-    req = replace(req, rule=Full(), bias=rule.shape, bias_grad=req.mask_needs_grad, mask_needs_grad=False)
-    return req, None, replace(operands or Operands(), bias=mask)
 
 
 def _unpaged(k: Any, v: Any, req: Request, operands: Any) -> tuple[Any, Any, Request]:

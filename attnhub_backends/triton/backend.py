@@ -150,8 +150,10 @@ class TritonBackend(Backend):
         req: Request,
         mask: Any = None,
         operands: Any = None,
+        dlse: Any = None,
     ) -> tuple[Any, ...]:
-        """(dq, dk, dv), or (dq, dk, dv, dbias, dsinks) for a request with a bias or sinks."""
+        """(dq, dk, dv), or (dq, dk, dv, dbias, dsinks) for a request with a bias or sinks (``dlse``
+        is always None: the backend does not declare "dlse")."""
         if req.ragged:
             return _ragged().backward(q, k, v, out, lse, dout, req, operands)
         from attnhub_backends.triton import launch, modifiers

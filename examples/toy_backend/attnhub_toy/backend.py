@@ -38,7 +38,19 @@ class ToyBackend(Backend):
     device_types: ClassVar[tuple[str, ...]] = ("cpu",)
     dtypes: ClassVar[tuple[str, ...]] = ("float32", "float64", "float16", "bfloat16")
     features: ClassVar[frozenset[str]] = frozenset(
-        {"1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward", "deterministic"}
+        {
+            "1d",
+            "2d",
+            "full",
+            "causal",
+            "local",
+            "explicit_mask",
+            "gqa",
+            "lse",
+            "backward",
+            "deterministic",
+            "bias",
+        }
     )
     max_head_dim: ClassVar[int | None] = 256
 
@@ -61,6 +73,7 @@ class ToyBackend(Backend):
         return req.scale
 
     def apply_mask(self, s: np.ndarray, keep: np.ndarray, mask: Any, req: Request) -> tuple[Any, Any]:
+        """A boolean mask narrows ``keep``; a float one (the bias, SPEC §9) is added to ``s``."""
         if mask is None:
             return s, keep
         m = np.asarray(mask)
@@ -136,12 +149,13 @@ class ToyBackend(Backend):
             pass
         return keep
 
-    def probabilities(self, q, k, req: Request, mask) -> tuple[np.ndarray, np.ndarray]:
+    def probabilities(self, q, k, req: Request, mask, bias=None) -> tuple[np.ndarray, np.ndarray]:
         """Normalised probabilities (B, Hq, Nq, Nk) and lse (B, Hq, Nq), float64."""
         qq = self.read_input(q, req.heads_q, req.seq_q, req)
         kk = np.repeat(self.read_input(k, req.heads_kv, req.seq_k, req), req.group, axis=1)
         s = self.softmax_scale(req) * self.dot_scores(qq, kk, req)
         s, keep = self.apply_mask(s, self.keep_matrix(req), mask, req)
+        s, keep = self.apply_mask(s, keep, bias, req)
         s = np.where(keep, s, -np.inf)
         rowmax = s.max(axis=-1, keepdims=True)
         finite_max = np.where(np.isfinite(rowmax), rowmax, 0.0)
@@ -150,8 +164,10 @@ class ToyBackend(Backend):
         lse = self.log_sum_exp(finite_max, rowsum)[..., 0]
         return self.normalise(p, rowsum), lse
 
-    def forward(self, q: Any, k: Any, v: Any, req: Request, mask: Any = None) -> tuple[Any, Any]:
-        p, lse = self.probabilities(q, k, req, mask)
+    def forward(
+        self, q: Any, k: Any, v: Any, req: Request, mask: Any = None, operands: Any = None
+    ) -> tuple[Any, Any]:
+        p, lse = self.probabilities(q, k, req, mask, _bias(operands))
         vv = np.repeat(self.read_input(v, req.heads_kv, req.seq_k, req), req.group, axis=1)
         with np.errstate(invalid="ignore"):
             out = self.finish_out(self.weighted_values(p, vv), req)
@@ -161,9 +177,19 @@ class ToyBackend(Backend):
         return result
 
     def backward(
-        self, q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, req: Request, mask: Any = None
+        self,
+        q: Any,
+        k: Any,
+        v: Any,
+        out: Any,
+        lse: Any,
+        dout: Any,
+        req: Request,
+        mask: Any = None,
+        operands: Any = None,
+        dlse: Any = None,
     ) -> tuple[Any, Any, Any]:
-        p, _ = self.probabilities(q, k, req, mask)
+        p, _ = self.probabilities(q, k, req, mask, _bias(operands))
         g = req.group
         qq = self.read_input(q, req.heads_q, req.seq_q, req)
         kk = np.repeat(self.read_input(k, req.heads_kv, req.seq_k, req), g, axis=1)
@@ -182,6 +208,11 @@ class ToyBackend(Backend):
 
         dt = q.dtype
         return dq.astype(dt), per_kv_head(dk).astype(dt), per_kv_head(dv).astype(dt)
+
+
+def _bias(operands: Any) -> Any:
+    """The bias (or float mask) of a request that has one (SPEC §9), else None."""
+    return None if operands is None else operands.bias
 
 
 # -- the broken variants: each breaks exactly one thing ------------------------------------------
@@ -242,7 +273,8 @@ class GradWrong(ToyBackend):
 
 
 class MaskIgnored(ToyBackend):
-    """Claims ``explicit_mask`` but ignores the array (a capability declared and not honoured)."""
+    """Claims ``explicit_mask`` and ``bias`` but ignores the arrays (capabilities declared and not
+    honoured)."""
 
     name: ClassVar[str] = "toy_mask_ignored"
 
