@@ -9,7 +9,7 @@ from typing import Any
 from attnhub.dispatch import CACHE, Explanation, _disabled, explain_request
 from attnhub.errors import AttnhubError, SpecError
 from attnhub.extras import NONE as NO_EXTRAS
-from attnhub.extras import Extras
+from attnhub.extras import Extras, added_modifiers
 from attnhub.frameworks import adapter_for
 from attnhub.plan import cacheable_scale, call_key, plan_for
 from attnhub.registry import REGISTRY
@@ -37,6 +37,7 @@ def attention(
     padding_side: str = "right",
     q_offset: int = 0,
     k_offset: int = 0,
+    **modifiers: Any,
 ) -> Any:
     """Exact scaled-dot-product attention (SPEC.md) on the caller's arrays.
 
@@ -48,15 +49,19 @@ def attention(
     ``softcap`` (Gemma 2's ``softcap·tanh(t/softcap)``), ``sinks`` ((Hq,) logits of a virtual
     zero-value key). Ragged batches (SPEC §10, 1-d): ``q_lengths``/``k_lengths`` ((B,) ints) with
     ``padding_side`` "right" (valid tokens first) or "left". Offsets (SPEC §11): ``q_offset``,
-    ``k_offset`` shift query and key positions (sync ``none_front``).
+    ``k_offset`` shift query and key positions (sync ``none_front``). A score modifier added since
+    SPEC's first edition is one more keyword (:mod:`attnhub.modifiers`).
     """
+    more = added_modifiers("attention", modifiers) if modifiers else ()
     if (
         bias is None and softcap is None and sinks is None and q_lengths is None and k_lengths is None
-        and padding_side == "right" and q_offset == 0 and k_offset == 0
+        and padding_side == "right" and q_offset == 0 and k_offset == 0 and not more
     ):  # fmt: skip
         extras = NO_EXTRAS
     else:
-        extras = Extras(bias, softcap, sinks, q_lengths, k_lengths, padding_side, q_offset, k_offset)
+        extras = Extras(
+            bias, softcap, sinks, q_lengths, k_lengths, padding_side, q_offset, k_offset, more=more
+        )
     torch = _modules.get("torch")
     if torch is not None and torch.compiler.is_compiling():
         # Traced by torch.compile: through attnhub's custom ops (attnhub/torch_ops.py).
@@ -95,7 +100,7 @@ def explain(
     """Which backend ``attention`` would run for these arguments (the same keywords, SPEC §9-§11
     ones included), and why each other one would not."""
     try:
-        ex = Extras(**extras)
+        ex = Extras.from_keywords(**extras)
     except TypeError as exc:
         raise SpecError("explain", "the keyword arguments of attnhub.attention", str(exc)) from None
     req, _, _ = build_request_ex(q, k, v, mask, sync, scale, layout, return_lse, ex)

@@ -18,6 +18,7 @@ import contextlib
 from typing import Any, ClassVar
 
 from attnhub.frameworks import FLOAT_DTYPES
+from attnhub.modifiers import ADDED, MODIFIERS
 from attnhub.request import Request
 from attnhub.rules import ExplicitMask
 
@@ -52,10 +53,9 @@ FEATURES = (
     "offsets",
 )
 
-#: What a backend without the feature says about a request that uses it.
+#: What a backend without the feature says about a request that uses these §10-§11 arguments
+#: (the §9 score modifiers say it themselves: attnhub.modifiers).
 _MISSING = {
-    "softcap": "does not apply softcap",
-    "sinks": "does not take attention sinks",
     "lengths": "does not take q_lengths/k_lengths",
     "varlen": "does not take packed sequences (attention_varlen)",
     "paged": "does not read paged KV caches (block_table)",
@@ -65,20 +65,20 @@ _MISSING = {
 
 def missing_features(req: Request, feats: frozenset[str] | set[str]) -> list[str]:
     """Reasons for the §9-§11 arguments of ``req`` that ``feats`` does not cover."""
-    reasons = []
-    if req.bias is not None and "bias" not in feats:
-        reasons.append("does not take an additive bias (bias=, or a float mask) with this request")
+    reasons = [m.missing for m in MODIFIERS.values() if m.feature not in feats and m.used(req)]
     uses = {
-        "softcap": req.softcap is not None,
-        "sinks": req.sinks,
         "lengths": req.q_lengths or req.k_lengths,
         "varlen": req.varlen,
         "paged": bool(req.paged),
         "offsets": bool(req.q_offset or req.k_offset),
     }
     reasons.extend(_MISSING[f] for f, used in uses.items() if used and f not in feats)
-    if req.sinks_grad and "backward" not in feats:
-        reasons.append("has no backward, and the sinks require grad")
+    if "backward" not in feats:
+        if req.sinks_grad:
+            reasons.append("has no backward, and the sinks require grad")
+        for name, sig in req.more:
+            if ADDED[name].requires_grad(sig):
+                reasons.append(f"has no backward, and {name} requires grad")
     return reasons
 
 

@@ -10,7 +10,6 @@ they can be read without stopping a trace or a CUDA graph capture, once per torc
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,11 @@ from typing import Any
 import numpy as np
 
 from attnhub.errors import SpecError
-from attnhub.frameworks import FLOAT_DTYPES, Adapter, adapter_for, adapter_like
+from attnhub.frameworks import Adapter, adapter_for
+from attnhub.modifiers import ADDED, MODIFIERS, Call
+from attnhub.modifiers.arrays import check_float_array as check_float_array  # re-exported
+from attnhub.modifiers.softcap import effective_softcap as effective_softcap  # re-exported
+from attnhub.modifiers.softcap import softcap_float as softcap_float  # re-exported
 from attnhub.operands import Operands
 from attnhub.readings import check_readable, int32_like, reading
 from attnhub.readings import host_values as host_values  # re-exported (home: attnhub.readings)
@@ -45,6 +48,8 @@ class Extras:
     max_seqlen_k: int = 0
     block_table: Any = None
     paged: int = 0
+    #: ``(name, value)`` of the score modifiers added since SPEC's first edition (attnhub.modifiers).
+    more: tuple = ()
 
     def __init__(
         self,
@@ -62,6 +67,7 @@ class Extras:
         max_seqlen_k: int = 0,
         block_table: Any = None,
         paged: int = 0,
+        more: tuple = (),
     ) -> None:
         # Built on every call with §9-§11 arguments: one dict update instead of the generated
         # __init__'s object.__setattr__ per field (a frozen instance still refuses assignment).
@@ -69,15 +75,23 @@ class Extras:
             bias=bias, softcap=softcap, sinks=sinks, q_lengths=q_lengths, k_lengths=k_lengths,
             padding_side=padding_side, q_offset=q_offset, k_offset=k_offset, cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-            block_table=block_table, paged=paged,
+            block_table=block_table, paged=paged, more=more,
         )  # fmt: skip
+
+    @classmethod
+    def from_keywords(cls, **kw: Any) -> Extras:
+        """Extras from ``attention``'s keywords: an added modifier's (attnhub.modifiers) goes to
+        ``more``; any other unknown keyword is a TypeError, as for a Python function."""
+        more = tuple((n, kw.pop(n)) for n in list(kw) if n in ADDED)
+        more = tuple((n, x) for n, x in more if not ADDED[n].absent(x))
+        return cls(**kw, more=more)
 
     @property
     def given(self) -> bool:
         return not (
             self.bias is None and self.softcap is None and self.sinks is None and self.q_lengths is None
             and self.k_lengths is None and self.padding_side == "right" and _zero(self.q_offset)
-            and _zero(self.k_offset)
+            and _zero(self.k_offset) and not self.more
         )  # fmt: skip
 
     def key(self, ad: Adapter) -> tuple:
@@ -92,10 +106,20 @@ class Extras:
             type(self.q_offset), self.k_offset, type(self.k_offset),
             None if cuq is None else _lengths_key(cuq), None if cuk is None else _lengths_key(cuk),
             self.paged, None if table is None else _lengths_key(table),
+            tuple((n, MODIFIERS[n].key(x)) for n, x in self.more) if self.more else (),
         )  # fmt: skip
 
 
 NONE = Extras()
+
+
+def added_modifiers(fn: str, keywords: dict[str, Any]) -> tuple:
+    """``(name, value)`` of the added score modifiers (attnhub.modifiers.ADDED) among ``fn``'s
+    extra keywords, absent ones dropped; any other keyword is a TypeError, as Python raises it."""
+    for name in keywords:
+        if name not in ADDED:
+            raise TypeError(f"{fn}() got an unexpected keyword argument {name!r}")
+    return tuple((n, x) for n, x in keywords.items() if not ADDED[n].absent(x))
 
 
 def _zero(x: Any) -> bool:
@@ -131,37 +155,6 @@ def int_arg(name: str, x: Any) -> int:
     return int(x)
 
 
-#: The largest finite value of each input dtype below float64.
-_DTYPE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
-
-
-def effective_softcap(cap: float | None, dtype: str, scale: float, dim_qk: int) -> float | None:
-    """``cap``, or None where no input of ``dtype`` can make it change a logit (SPEC §9).
-
-    With every element at most M (the dtype's largest value), ``|t| = |scale·q·k| <= |scale|·Dqk·M²``,
-    and ``c·tanh(t/c) = t·(1 − (t/c)²/3 + …)``: once ``c >= 2**13`` times that bound every logit, and
-    every difference of two, changes by a relative 2**-26 at most (the probabilities of a row by
-    less than 1e-6), below float32's tolerance. Such a cap is dropped, so that kernels computing in
-    float32 never meet a cap they cannot hold (1e300 gave NaN in tf, jax, triton and cuda: inf·0).
-    float64 requests keep every cap: their kernels compute it in float64."""
-    if cap is None or dtype not in _DTYPE_MAX:
-        return cap
-    bound = abs(scale) * dim_qk * _DTYPE_MAX[dtype] ** 2
-    return None if cap >= 2.0**13 * bound else cap
-
-
-def softcap_float(x: Any) -> float | None:
-    """``softcap`` as a finite float > 0, or None."""
-    if x is None:
-        return None
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
-        raise SpecError("softcap", "None or a finite float > 0", x)
-    value = float(x)
-    if not math.isfinite(value) or value <= 0:
-        raise SpecError("softcap", "None or a finite float > 0", x)
-    return value
-
-
 @dataclass(frozen=True)
 class Fields:
     """The request fields of :class:`Extras`, plus how to build the operands."""
@@ -178,6 +171,7 @@ class Fields:
     k_offset: int
     varlen: bool
     paged: int
+    more: tuple
 
     def as_dict(self) -> dict:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -188,7 +182,8 @@ def parse(
     device: str, dtype: str, from_mask: bool = False,
 ) -> Fields:  # fmt: skip
     """Validate ``ex`` against the call (SPEC §9-§12) and return its request fields."""
-    softcap = softcap_float(ex.softcap)
+    call = Call(ad, q, batch, hq, nq, nk, ndim, sync, device, dtype)
+    softcap = MODIFIERS["softcap"].signature(ex.softcap, call)
     q_offset = int_arg("q_offset", ex.q_offset)
     k_offset = int_arg("k_offset", ex.k_offset)
     if not isinstance(ex.padding_side, str) or ex.padding_side not in PADDING_SIDES:
@@ -205,15 +200,11 @@ def parse(
         raise SpecError("sync", "none_front with q_offset/k_offset (SPEC §11)", sync)
     bias_shape, bias_grad = None, False
     if ex.bias is not None:
-        name = "mask" if from_mask else "bias"
-        bias_shape = check_float_array(name, ex.bias, ad, device, dtype, (batch, hq, nq, nk), from_mask)
-        bias_grad = adapter_for(ex.bias, "bias").mask_needs_grad(ex.bias)
+        bias_shape, bias_grad = MODIFIERS["bias"].signature(ex.bias, call, from_mask)  # type: ignore[call-arg]
     sinks_grad = False
     if ex.sinks is not None:
-        shape = check_float_array("sinks", ex.sinks, ad, device, dtype, None)
-        if shape != (hq,):
-            raise SpecError("sinks.shape", f"({hq},) (one logit per query head)", shape)
-        sinks_grad = adapter_for(ex.sinks, "sinks").mask_needs_grad(ex.sinks)
+        sinks_grad = MODIFIERS["sinks"].signature(ex.sinks, call)
+    more = tuple((n, ADDED[n].signature(x, call)) for n, x in ex.more)
     for name, x in (("q_lengths", ex.q_lengths), ("k_lengths", ex.k_lengths)):
         if x is not None:
             check_int_array(name, x, ad, (batch,))
@@ -222,44 +213,8 @@ def parse(
         bias=bias_shape, bias_grad=bias_grad, softcap=softcap, sinks=ex.sinks is not None,
         sinks_grad=sinks_grad, q_lengths=ex.q_lengths is not None, k_lengths=ex.k_lengths is not None,
         padding_side=ex.padding_side if ragged else "right", q_offset=q_offset, k_offset=k_offset,
-        varlen=varlen, paged=ex.paged,
+        varlen=varlen, paged=ex.paged, more=more,
     )  # fmt: skip
-
-
-def check_float_array(
-    name: str,
-    x: Any,
-    ad: Adapter,
-    device: str,
-    dtype: str,
-    target: tuple[int, ...] | None,
-    any_float: bool = False,
-) -> tuple[int, ...]:
-    """A float array of q's framework and device, float32 or q's dtype (any float dtype with
-    ``any_float``: a float ``mask`` keeps its meaning); with ``target`` it must broadcast to it and
-    its rank-4 (left-padded) shape is returned, else its shape."""
-    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
-        raise SpecError(name, f"a {ad.name} array", x)
-    xad = adapter_like(x, name, ad)
-    why = xad.dense_problem(x)
-    if why is not None:
-        raise SpecError(name, f"a dense {ad.name} array", why)
-    if xad.is_concrete(x) and xad.device(x) != device:
-        raise SpecError(f"{name}.device", device, xad.device(x))
-    dt = xad.dtype_name(x)
-    if dt not in FLOAT_DTYPES or not (any_float or dt in ("float32", dtype)):
-        allowed = "float32" if dtype == "float32" else f"float32 or {dtype}"
-        raise SpecError(f"{name}.dtype", f"{allowed} (the dtype of q)", dt)
-    shape = tuple(int(d) for d in xad.shape(x))
-    if target is None:
-        return shape
-    if len(shape) > 4:
-        raise SpecError(f"{name}.shape", f"broadcastable to (B, Hq, Nq, Nk) = {target}", shape)
-    full = (1,) * (4 - len(shape)) + shape
-    for have, want in zip(full, target, strict=True):
-        if have not in (1, want):
-            raise SpecError(f"{name}.shape", f"broadcastable to (B, Hq, Nq, Nk) = {target}", shape)
-    return full  # type: ignore[return-value]
 
 
 def check_int_array(name: str, x: Any, ad: Adapter, shape: tuple[int, ...] | None) -> None:
@@ -321,7 +276,11 @@ def operands_for(ex: Extras, ad: Adapter, q: Any, req: Any) -> Operands:
     sinks = ex.sinks
     if sinks is not None and not getattr(sinks, "is_contiguous", _true)():  # torch: a strided view
         sinks = sinks.contiguous()  # the kernels index sinks[h] directly
+    more = None
+    if ex.more:
+        sigs = dict(req.more)
+        more = {n: ADDED[n].operand(x, ad, q, sigs[n]) for n, x in ex.more}
     return Operands(
         bias=bias, sinks=sinks, q_lengths=ql, k_lengths=kl, cu_seqlens_q=cq, cu_seqlens_k=ck,
-        max_seqlen_q=ex.max_seqlen_q, max_seqlen_k=ex.max_seqlen_k, block_table=table,
+        max_seqlen_q=ex.max_seqlen_q, max_seqlen_k=ex.max_seqlen_k, block_table=table, more=more,
     )  # fmt: skip

@@ -18,7 +18,7 @@ import numpy as np
 from attnhub.api import attention
 from attnhub.dispatch import CACHE, DISPATCHER, override_state
 from attnhub.errors import SpecError
-from attnhub.extras import Extras, check_int_array, int_arg
+from attnhub.extras import Extras, added_modifiers, check_int_array, int_arg
 from attnhub.frameworks import Adapter, adapter_for, adapter_like
 from attnhub.plan import Plan, mask_key, plan_for
 from attnhub.readings import check_readable, reading
@@ -82,6 +82,7 @@ def attention_varlen(
     sinks: Any = None,
     backend: str = "auto",
     return_lse: bool = False,
+    **modifiers: Any,
 ) -> Any:
     """Attention over packed sequences (SPEC §10, layout "thd", as flash-attn's varlen functions).
 
@@ -113,7 +114,7 @@ def attention_varlen(
         )
     extras = Extras(
         softcap=softcap, sinks=sinks, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=mq, max_seqlen_k=mk,
+        max_seqlen_q=mq, max_seqlen_k=mk, more=added_modifiers("attention_varlen", modifiers),
     )  # fmt: skip
     # (T, H, D) viewed as the canonical (1, H, T, D): the plan then moves no axes on the way in.
     q4, k4, v4 = (
@@ -142,6 +143,7 @@ def attention_kvcache(
     sinks: Any = None,
     backend: str = "auto",
     return_lse: bool = False,
+    **modifiers: Any,
 ) -> Any:
     """Attention of new tokens q (B, Hq, Lq, Dqk) against a KV cache (SPEC §10).
 
@@ -155,10 +157,11 @@ def attention_kvcache(
     if block_table is None:
         return attention(
             q, k_cache, v_cache, mask=mask, sync="none_end", scale=scale, softcap=softcap, sinks=sinks,
-            k_lengths=k_lengths, backend=backend, return_lse=return_lse,
+            k_lengths=k_lengths, backend=backend, return_lse=return_lse, **modifiers,
         )  # fmt: skip
+    more = added_modifiers("attention_kvcache", modifiers)
     return _paged(
-        q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, sinks, backend, return_lse
+        q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, sinks, backend, return_lse, more
     )
 
 
@@ -200,7 +203,9 @@ def _check_blocks(block_table: Any, k_lengths: Any, nb: int, bs: int, max_blocks
         raise SpecError("block_table", f"block indices in [0, {nb}) for the blocks in use", bad)
 
 
-def _paged(q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, sinks, backend, return_lse):
+def _paged(
+    q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, sinks, backend, return_lse, more=()
+):
     """Validated and dispatched once per call signature (the key holds every shape and dtype the
     checks look at); the values of the lengths and the block table are checked on every call (once
     per torch tensor version, attnhub.readings)."""
@@ -212,6 +217,7 @@ def _paged(q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, si
             k_lengths=k_lengths,
             block_table=block_table,
             paged=int(k_cache.shape[1]),
+            more=more,
         )
         key = (
             "paged", ad.call_key(q, k_cache, v_cache), mask_key(mask), scale, type(scale), return_lse,
@@ -222,7 +228,7 @@ def _paged(q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, si
         key, plan = None, None
     if plan is None:
         plan, extras = _paged_plan(ad, q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap,
-                                   sinks, backend, return_lse)  # fmt: skip
+                                   sinks, backend, return_lse, more)  # fmt: skip
         if key is not None:
             CACHE.put(key, plan)
     check_int_array("k_lengths", k_lengths, ad, (int(q.shape[0]),))  # a list's items (its key: its length)
@@ -232,7 +238,7 @@ def _paged(q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, si
 
 
 def _paged_plan(
-    ad, q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, sinks, backend, return_lse
+    ad, q, k_cache, v_cache, k_lengths, block_table, mask, scale, softcap, sinks, backend, return_lse, more=()
 ):
     """SPEC §12's checks of a paged call's shapes and dtypes, and its plan (request, backend)."""
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -251,7 +257,9 @@ def _paged_plan(
         raise SpecError("block_table.shape", f"({b}, max_blocks)", tb)
     check_int_array("k_lengths", k_lengths, ad, (b,))
     lk = tb[1] * bs
-    extras = Extras(softcap=softcap, sinks=sinks, k_lengths=k_lengths, block_table=block_table, paged=bs)
+    extras = Extras(
+        softcap=softcap, sinks=sinks, k_lengths=k_lengths, block_table=block_table, paged=bs, more=more
+    )
     dv = int(v_cache.shape[3])
     ks, vs = _stand_in(k_cache, (b, hkv, lk, d)), _stand_in(v_cache, (b, hkv, lk, dv))
     req, ad, _ = build_request_ex(q, ks, vs, mask, "none_end", scale, "bhsd", return_lse, extras)

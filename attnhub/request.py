@@ -16,6 +16,8 @@ import numpy as np
 
 from attnhub.errors import SpecError
 from attnhub.frameworks import FLOAT_DTYPES, Adapter, adapter_for, adapter_like
+from attnhub.modifiers import MODIFIERS
+from attnhub.modifiers.softcap import effective_softcap
 from attnhub.positions import check_position_range
 from attnhub.rules import SYNC_MODES, Causal, ExplicitMask, Full, Local, Rule
 
@@ -65,6 +67,9 @@ class Request:
     # SPEC §11: position offsets (sync none_front only).
     q_offset: int = 0
     k_offset: int = 0
+    #: ``(name, signature)`` of each score modifier added since SPEC's first edition that the call
+    #: uses (:mod:`attnhub.modifiers`: the signature is its ``ScoreModifier.signature``).
+    more: tuple = ()
 
     @property
     def ndim(self) -> int:
@@ -94,7 +99,7 @@ class Request:
         """True when any §9-§11 argument is present (the backend then receives ``operands``)."""
         return (
             self.bias is not None or self.softcap is not None or self.sinks or self.ragged
-            or bool(self.q_offset) or bool(self.k_offset)
+            or bool(self.q_offset) or bool(self.k_offset) or bool(self.more)
         )  # fmt: skip
 
     @property
@@ -123,10 +128,7 @@ class Request:
             f"Hkv={self.heads_kv} Sq={sq} Sk={sk} Dqk={self.dim_qk} Dv={self.dim_v} "
             f"{self.rule.describe()} sync={self.sync}"
             + (" grad" if self.needs_grad else "")
-            + (f" bias{'x'.join(map(str, self.bias))}" if self.bias is not None else "")
-            + (" bias-grad" if self.bias_grad else "")
-            + (f" softcap={self.softcap:g}" if self.softcap is not None else "")
-            + (" sinks" + ("-grad" if self.sinks_grad else "") if self.sinks else "")
+            + "".join(f" {m.describe(self)}" for m in MODIFIERS.values() if m.used(self))
             + (f" q_lengths({self.padding_side})" if self.q_lengths else "")
             + (f" k_lengths({self.padding_side})" if self.k_lengths else "")
             + (" varlen" if self.varlen else "")
@@ -259,7 +261,7 @@ def build_request_ex(
         extras, ad, q, bq, hq, nq, nk, len(sq), sync, devices[0], dtypes[0], from_mask
     ).as_dict()
     check_position_range(tuple(sq), tuple(sk), fields["q_offset"], fields["k_offset"])
-    fields["softcap"] = ext.effective_softcap(fields["softcap"], dtypes[0], scale_value, dqk)
+    fields["softcap"] = effective_softcap(fields["softcap"], dtypes[0], scale_value, dqk)
 
     req = Request(
         framework=ad.name,

@@ -81,6 +81,9 @@ def settings_table() -> Table:
     table.add_column("setting", no_wrap=True)
     for col in ("audience", "default", "meaning", "set here"):
         table.add_column(col, overflow="fold")
+    from attnhub.registry import REGISTRY
+
+    REGISTRY.backends()  # loads the backends' packages, which declare their dev settings
     ordered = sorted(settings.SETTINGS.values(), key=lambda s: s.audience != "user")  # stable: declared order
     for s in ordered:
         meaning = s.meaning + (f" ({s.expects})" if s.expects else "")
