@@ -2,10 +2,12 @@
 
 A setting has a name, a parser, a default, a one-line meaning and an audience: ``user`` settings are
 part of the interface (README, ``attnhub info --settings``); ``dev`` settings pin kernel choices
-for tuning and experiments and may change between releases. Shipped code reads a setting only
-through :func:`value` (parsed, validated) or :func:`raw` (the string, for cache keys); a name that
-is not declared here raises ``KeyError`` and ``tests/test_settings.py`` fails on any
-``ATTNHUB_*`` literal in shipped code that is not declared.
+for tuning and experiments and may change between releases; a backend declares its own dev
+settings with :func:`declare` in its package (``attnhub_backends/<name>/knobs.py``), so the core
+names no backend's knobs. Shipped code reads a setting only through :func:`value` (parsed,
+validated) or :func:`raw` (the string, for cache keys); a name that is not declared raises
+``KeyError`` and ``tests/test_settings.py`` fails on any ``ATTNHUB_*`` literal in shipped code
+that is not declared.
 
 Values are re-read from the environment at each call (a dict lookup), so ``monkeypatch.setenv``
 and ``os.environ[...] = ...`` take effect at once; parsing is cached per raw string.
@@ -21,7 +23,17 @@ from typing import Any
 
 from attnhub.errors import AttnhubError
 
-__all__ = ["SETTINGS", "Setting", "SettingError", "declared", "external", "raw", "snapshot", "value"]
+__all__ = [
+    "SETTINGS",
+    "Setting",
+    "SettingError",
+    "declare",
+    "declared",
+    "external",
+    "raw",
+    "snapshot",
+    "value",
+]
 
 
 class SettingError(AttnhubError):
@@ -69,19 +81,19 @@ def _name(text: str) -> str:
     return text.strip()
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def parse_ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(","))
 
 
-def _int(text: str) -> int:
+def parse_int(text: str) -> int:
     return int(text)
 
 
-def _ints_n(least: int, most: int | None = None) -> Callable[[str], tuple[int, ...]]:
+def parse_ints_n(least: int, most: int | None = None) -> Callable[[str], tuple[int, ...]]:
     """Comma-separated integers, at least ``least`` (and at most ``most``) of them."""
 
     def parse(text: str) -> tuple[int, ...]:
-        vals = _ints(text)
+        vals = parse_ints(text)
         if len(vals) < least or (most is not None and len(vals) > most):
             raise ValueError(text)
         return vals
@@ -89,21 +101,21 @@ def _ints_n(least: int, most: int | None = None) -> Callable[[str], tuple[int, .
     return parse
 
 
-def _digits(text: str) -> int:
+def parse_digits(text: str) -> int:
     """A non-negative integer written in digits only (no sign, no spaces)."""
     if not text.isdigit():
         raise ValueError(text)
     return int(text)
 
 
-def _bit(text: str) -> bool:
+def parse_bit(text: str) -> bool:
     """Exactly ``0`` or ``1``."""
     if text not in ("0", "1"):
         raise ValueError(text)
     return text == "1"
 
 
-def _choice(*allowed: str) -> Callable[[str], str]:
+def parse_choice(*allowed: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in allowed:
             raise ValueError(text)
@@ -127,7 +139,7 @@ def _pallas_mode(text: str) -> str:
     return mode
 
 
-def _positive_pair(text: str) -> tuple[int, int]:
+def parse_positive_pair(text: str) -> tuple[int, int]:
     first, second = (int(x) for x in text.split(","))  # not two values: ValueError
     if first < 1 or second < 1:
         raise ValueError(text)
@@ -139,56 +151,34 @@ def _positive_pair(text: str) -> tuple[int, int]:
 SETTINGS: dict[str, Setting] = {}
 
 
-def _declare(name: str, parse, default, meaning: str, audience: str = "dev", expects: str = "") -> None:
+def declare(name: str, parse, default, meaning: str, audience: str = "dev", expects: str = "") -> None:
+    """Declare a setting; a backend declares its development settings in its own package, at
+    import (attnhub_backends/triton/knobs.py)."""
     assert name.startswith("ATTNHUB_") and name not in SETTINGS, name
     SETTINGS[name] = Setting(name, parse, default, meaning, audience, expects)
 
 
 # fmt: off
 # User-facing.
-_declare("ATTNHUB_BACKEND", _name, None, "backend that backend='auto' means (as use_backend)", "user", "a backend name")
-_declare("ATTNHUB_DISABLE", _names, frozenset(), "backends auto dispatch never picks", "user", "name1,name2")
-_declare("ATTNHUB_CACHE_DIR", _path, None, "where compiled kernels, timing profiles and certify verdicts are kept (default ~/.cache/attnhub)", "user", "a directory")
-_declare("ATTNHUB_AUTOTUNE", _autotune_mode, "auto", "auto: time the candidates on first use of a request class the profile lacks (auto: on CUDA, for calls long enough to time)", "user", "1 (always), 0 (never) or auto")
-_declare("ATTNHUB_IPU_EMULATE", _flag, False, "run the ipu backend's PopTorch graph on CPU tensors", "user", "0 or 1")
-_declare("ATTNHUB_TRITON_TUNE", _flag, True, "use the triton configs that `attnhub warmup --tune` recorded for this GPU", "user", "0 or 1")
-_declare("ATTNHUB_JAX_PALLAS", _pallas_mode, "on", "jax backend's Pallas GPU path (interpret: Pallas interpreter)", "user", "1 (on), 0 (off) or interpret")
-_declare("ATTNHUB_JAX_CUDNN", _flag, True, "jax backend's cuDNN path where it serves the exact request", "user", "0 or 1")
-_declare(
+declare("ATTNHUB_BACKEND", _name, None, "backend that backend='auto' means (as use_backend)", "user", "a backend name")
+declare("ATTNHUB_DISABLE", _names, frozenset(), "backends auto dispatch never picks", "user", "name1,name2")
+declare("ATTNHUB_CACHE_DIR", _path, None, "where compiled kernels, timing profiles and certify verdicts are kept (default ~/.cache/attnhub)", "user", "a directory")
+declare("ATTNHUB_AUTOTUNE", _autotune_mode, "auto", "auto: time the candidates on first use of a request class the profile lacks (auto: on CUDA, for calls long enough to time)", "user", "1 (always), 0 (never) or auto")
+declare("ATTNHUB_IPU_EMULATE", _flag, False, "run the ipu backend's PopTorch graph on CPU tensors", "user", "0 or 1")
+declare("ATTNHUB_TRITON_TUNE", _flag, True, "use the triton configs that `attnhub warmup --tune` recorded for this GPU", "user", "0 or 1")
+declare("ATTNHUB_JAX_PALLAS", _pallas_mode, "on", "jax backend's Pallas GPU path (interpret: Pallas interpreter)", "user", "1 (on), 0 (off) or interpret")
+declare("ATTNHUB_JAX_CUDNN", _flag, True, "jax backend's cuDNN path where it serves the exact request", "user", "0 or 1")
+declare(
     "ATTNHUB_TRUST_LENGTHS", _flag, False,
     "skip reading q_lengths/k_lengths/cu_seqlens/block tables to check them (no device sync per call; kernels clamp lengths)",
     "user", "0 or 1",
 )  # fmt: skip
-_declare(
+declare(
     "ATTNHUB_CP_TORCH_MERGE", _flag, False, "context parallelism merges partial results with torch ops, not the fused Triton merge", "user", "0 or 1"
 )
 
-# Development: pin kernel choices for tuning and experiments.
-_declare("ATTNHUB_JAX_TILES", _positive_pair, None, "jax blockwise tile sizes", expects="block_q,block_k (two positive integers)")
-_CFG = "bm,bn,warps,stages[,maxnreg[,band]]"
-_declare("ATTNHUB_TRITON_FWD_CFG", _ints, None, "pin the triton forward kernel's config", expects=_CFG)
-_declare("ATTNHUB_TRITON_DQ_CFG", _ints, None, "pin the triton dq kernel's config", expects=_CFG)
-_declare("ATTNHUB_TRITON_DKDV_CFG", _ints, None, "pin the triton dk/dv kernel's config", expects=_CFG)
-_declare("ATTNHUB_TRITON_TMA", _int, None, "force the triton forward's K/V load path", expects="0 (pointers) or 3 (descriptors)")
-_declare("ATTNHUB_TRITON_SPLITS", _int, None, "force the triton split-KV factor", expects="an integer >= 1")
-_declare("ATTNHUB_CUDA_FWD", _choice("mma", "wgmma"), None, "force the cuda half-type forward kernel", expects="mma or wgmma")
-_declare("ATTNHUB_CUDA_BWD", _choice("wgmma", "fused", "split", "simt"), None, "force the cuda backward kernel", expects="wgmma, fused, split or simt")
-_declare("ATTNHUB_CUDA_F32", _choice("f16x3", "tf32", "simt"), None, "force the cuda float32 forward kernel", expects="f16x3, tf32 or simt")
-_declare("ATTNHUB_CUDA_FWD_ORDER", _choice("tiles", "heads", "rule"), None, "grid order of the cuda forward", expects="tiles, heads or rule")
-_declare("ATTNHUB_CUDA_BWD_ORDER", _choice("tiles", "heads", "rule"), None, "grid order of the cuda backward", expects="tiles, heads or rule")
-_CUDA_TILE = "'warps,keys_per_tile[,row_blocks]' (integers)"
-_declare("ATTNHUB_CUDA_MMA", _ints_n(2), None, "cuda mma.sync forward tile", expects=_CUDA_TILE)
-_declare("ATTNHUB_CUDA_TF32", _ints_n(2), None, "cuda 3xTF32 forward tile", expects=_CUDA_TILE)
-_declare("ATTNHUB_CUDA_TF32_PVC", _digits, 0, "cuda 3xTF32 forward: 8-key blocks per P.V chunk", expects="a divisor of the tile's 8-key blocks")
-_declare("ATTNHUB_CUDA_F16X3", _ints_n(2), None, "cuda 3xFP16 forward tile", expects=_CUDA_TILE)
-_declare("ATTNHUB_CUDA_WGMMA", _ints_n(2, 2), None, "cuda wgmma forward tile", expects="'warpgroups,keys_per_tile' (integers)")
-_declare("ATTNHUB_CUDA_WGMMA_PIPE", _bit, None, "cuda wgmma forward: pipelined loop", expects="0 or 1")
-_declare("ATTNHUB_CUDA_BWD_STEPS", _ints_n(2), None, "cuda mma backward steps", expects="'kb_q,qb_n[,krb]' (integers)")
-_declare("ATTNHUB_CUDA_BWD_WARPS", _choice("4", "8"), None, "cuda mma backward warps", expects="4 or 8")
-_declare("ATTNHUB_CUDA_BWD_WG", _choice("1", "2"), None, "cuda wgmma backward warpgroups", expects="1 or 2")
-_declare("ATTNHUB_CUDA_BWD_MINB", _choice("1", "2", "3", "4"), None, "cuda wgmma backward: min blocks per SM", expects="one of 1, 2, 3, 4")
-_declare("ATTNHUB_CUDA_BWD_OVERLAP", _choice("0", "1"), None, "cuda wgmma backward: overlapped loop", expects="one of 0, 1")
-
+# Development settings (pins of kernel choices for tuning and experiments) are declared by the
+# backend they belong to, in its package (attnhub_backends/<name>/knobs.py).
 # fmt: on
 
 

@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 from attnhub import settings
+from attnhub_backends.cuda import knobs as _cuda_knobs  # noqa: F401  (backends declare their dev settings)
+from attnhub_backends.jax import knobs as _jax_knobs  # noqa: F401
+from attnhub_backends.triton import knobs as _triton_knobs  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ("attnhub", "attnhub_backends", "attnhub_conformance")

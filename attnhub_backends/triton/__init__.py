@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from attnhub import hookimpl
+from attnhub_backends.triton import knobs  # noqa: F401  (declares its development settings)
 
 
 @hookimpl
