@@ -11,6 +11,7 @@ jnp = pytest.importorskip("jax.numpy")
 import attnhub  # noqa: E402
 from attnhub import Causal, Full, Local  # noqa: E402
 from attnhub.frameworks import numpy_dtype  # noqa: E402
+from attnhub.operands import Operands  # noqa: E402
 from attnhub.request import build_request  # noqa: E402
 from attnhub_backends.reference import kernel  # noqa: E402
 
@@ -56,10 +57,13 @@ def inputs(rng, dtype, sq, sk, hq=4, hkv=2, b=2, d=8, dv=8, big=False):
 def reference(xs, rule, sync, mask=None, dout=None):
     req, _ = build_request(*xs, rule if mask is None else mask, sync, None, "bhsd", True)
     mc = None if mask is None else mask.reshape(req.bias if req.bias is not None else req.rule.shape)
-    out, lse = kernel.forward(*(canon(x) for x in xs), req, mc)
+    # A float mask is the bias (SPEC §9): it travels as an operand, a boolean one as the mask.
+    ops = Operands(bias=mc) if req.bias is not None else None
+    mc = None if ops is not None else mc
+    out, lse = kernel.forward(*(canon(x) for x in xs), req, mc, ops)
     grads = None
     if dout is not None:
-        grads = kernel.backward(*(canon(x) for x in xs), canon(dout), req, mc)
+        grads = kernel.backward(*(canon(x) for x in xs), canon(dout), req, mc, None, ops)[:3]
     return out, lse, grads
 
 

@@ -42,3 +42,15 @@ def test_a_minus_inf_bias_row_is_empty():
     out, lse = oracle.forward(p)
     assert (out[0, 1, 2] == 0).all() and lse[0, 1, 2] == -np.inf
     assert oracle.empty_rows(p)[0, 1, 2]
+
+
+def test_a_plus_inf_logit_row_is_nan():
+    """SPEC §4: +Inf in q makes its row's logits +Inf; out is NaN (Inf/Inf) and lse NaN (Inf − Inf),
+    which the suite also accepts as +Inf (runner.inf_logit_lse)."""
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((1, 2, 4, 3)) for _ in range(3))
+    k[0, 1, :, 0] = np.abs(k[0, 1, :, 0])
+    q[0, 1, 2, 0] = np.inf
+    out, lse = oracle.forward(Problem(q, k, v, np.ones((1, 2, 4, 4), bool), 0.5))
+    assert np.isnan(out[0, 1, 2]).all() and np.isnan(lse[0, 1, 2])
+    assert np.isfinite(lse[0, 0]).all() and np.isfinite(out[0, 0]).all()
