@@ -36,6 +36,10 @@ FEATURES = (
     # The backward folds the upstream gradient of lse (``dlse``): TensorFlow's glue then lets lse
     # carry a gradient, and context parallelism merges blocks through it.
     "dlse",
+    # The backward reads the ``out`` and ``lse`` it is given (FlashAttention's convention:
+    # rowsum(dO·O) from ``out``, the probabilities from ``lse``), so context parallelism can hand
+    # it the merged ones.
+    "given_lse",
     "deterministic",
     "tf32",
     # SPEC §9: an additive bias composed with every rule (arrives as ``operands.bias``); its

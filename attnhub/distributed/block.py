@@ -5,9 +5,10 @@ The merged result of blocks ``b`` is ``O = Σ_b w_b·O_b`` with ``w_b = exp(lse_
 ``lse = log Σ_b exp(lse_b)``. Block ``b``'s part of the gradient is the attention backward with the
 *global* probabilities ``P = exp(S_b − lse)`` and ``D = rowsum(dO·O)``. Two exact routes:
 
-* **flash convention** (triton, cuda: backward reads ``out`` and ``lse`` as given): pass the
-  merged ``O`` (float32, as their ``forward_for_grad`` saves it) and the merged ``lse``;
-* **dlse** (a backward taking ``dlse``, e.g. reference): recompute the block's ``O_b``, ``lse_b``
+* **flash convention** (backends declaring "given_lse", triton and cuda: backward reads ``out``
+  and ``lse`` as given): pass the merged ``O`` (float32, as their ``forward_for_grad`` saves it)
+  and the merged ``lse``;
+* **dlse** (backends declaring "dlse", e.g. reference): recompute the block's ``O_b``, ``lse_b``
   and pass ``dout = w_b·dO`` and ``dlse = w_b·(rowsum(dO·O_b) − rowsum(dO·O))``.
 
 A backend offering neither (sdpa, whose backward re-runs torch autograd without lse) is not used
@@ -25,11 +26,15 @@ from attnhub.distributed.schedule import Call
 from attnhub.errors import BackendUnsupported
 from attnhub.extras import NONE, Extras, operands_for
 
-#: Backends whose ``backward(q, k, v, out, lse, dout, ...)`` uses ``out`` for rowsum(dO·O) and
-#: ``lse`` for the probabilities (FlashAttention's convention).
-FLASH_CONVENTION = frozenset({"triton", "cuda"})
-#: Tried in this order for gradients when ``backend="auto"`` picks a backend with no exact route.
-GRAD_FALLBACKS = ("triton", "cuda", "reference")
+
+
+def grad_fallbacks() -> tuple[str, ...]:
+    """The backends tried, highest priority first, for gradients when ``backend="auto"`` picks
+    one with no exact route: every registered backend declaring "given_lse" or "dlse"."""
+    from attnhub.registry import REGISTRY
+
+    able = [b for b in REGISTRY.backends().values() if {"given_lse", "dlse"} & set(b.features)]
+    return tuple(b.name for b in sorted(able, key=lambda b: -b.priority))
 
 
 def positions(call: Call) -> tuple[str, int, int]:
@@ -62,7 +67,7 @@ def forward(q: Any, k: Any, v: Any, call: Call, scale: float, softcap: float | N
 def _route(be: Any) -> str | None:
     if "dlse" in be.features:
         return "dlse"
-    if be.name in FLASH_CONVENTION:
+    if "given_lse" in be.features:
         return "flash"
     return None
 
@@ -71,7 +76,7 @@ def _grad_plan(q, k, v, call: Call, scale: float, softcap: float | None, backend
     from attnhub.plan import plan_for
 
     sync, ex = extras_for(call, softcap)
-    names = (backend,) if backend != "auto" else ("auto", *GRAD_FALLBACKS)
+    names = (backend,) if backend != "auto" else ("auto", *grad_fallbacks())
     reasons = []
     for name in names:
         try:
@@ -87,8 +92,8 @@ def _grad_plan(q, k, v, call: Call, scale: float, softcap: float | None, backend
             "out/lse, so a block's share of the merged gradient cannot be formed"
         )
     raise BackendUnsupported(
-        "context-parallel backward: no backend can run this block's gradient; use backend='auto', "
-        "'triton', 'cuda' or 'reference'. " + " | ".join(reasons)
+        "context-parallel backward: no backend can run this block's gradient; use backend='auto' or "
+        "a backend declaring 'given_lse' or 'dlse'. " + " | ".join(reasons)
     )
 
 

@@ -29,7 +29,7 @@ class CudaBackend(Backend):
     device_types: ClassVar[tuple[str, ...]] = ("cuda",)
     dtypes: ClassVar[tuple[str, ...]] = ("float16", "bfloat16", "float32", "float64")
     features: ClassVar[frozenset[str]] = frozenset(
-        {"1d", "2d", "full", "causal", "local", "gqa", "lse", "backward"}
+        {"1d", "2d", "full", "causal", "local", "gqa", "lse", "backward", "given_lse"}
         # "bias"/"dbias": the MODS bias path gave NaN on the H100 for rows a -inf bias excludes
         # entirely and for a 2-d causal bias with a negative scale (tests/test_cuda_modifiers_gpu.py,
         # 2026-11-24); it stays undeclared, so auto and certify never route a bias here, until fixed.

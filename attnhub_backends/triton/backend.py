@@ -22,6 +22,7 @@ class TritonBackend(Backend):
     features: ClassVar[frozenset[str]] = frozenset(
         {
             "1d",
+            "given_lse",
             "2d",
             "full",
             "causal",
