@@ -18,7 +18,7 @@ import numpy as np
 
 import attnhub
 from attnhub.backend import Backend
-from attnhub.dispatch import late_reasons
+from attnhub.dispatch import backend_reasons
 from attnhub.errors import BackendUnsupported
 from attnhub.frameworks import adapter_for, numpy_dtype
 from attnhub.operands import Operands
@@ -674,9 +674,9 @@ def default_device(backend: Backend) -> str:
 
 
 def _reasons(b: Any, req: Any) -> list[str]:
-    """``check()``, then the costly probe (``late_reasons``) where it found nothing: everything
-    ``backend=NAME`` would decline the request for."""
-    return b.check(req) or late_reasons(b, req)
+    """Everything ``backend=NAME`` would decline the request for: the dispatcher's own reasons
+    (:func:`attnhub.dispatch.backend_reasons`), one source for dispatch and certify."""
+    return backend_reasons(b, req, frozenset())
 
 
 def _crash_check(exc: Exception) -> str:
