@@ -18,7 +18,7 @@ from attnhub.rules import Causal, Full, Local
 pytest.importorskip("cuda.core", reason="the cuda extra (cuda-core, NVRTC) is not installed")
 compiler = pytest.importorskip("attnhub_backends.cuda.compiler")
 from attnhub_backends.cuda import choice, tiles, variants  # noqa: E402
-from attnhub_backends.cuda.mask import mask_args  # noqa: E402
+from attnhub_backends.cuda.mask import mask_values  # noqa: E402
 
 ARCHS = ("sm_80", "sm_90")
 
@@ -226,7 +226,7 @@ def test_mask_params_match_spec(sync, rule, shapes):
     if isinstance(rule, Local) and isinstance(rule.window, tuple) and len(seq_q) == 1:
         rule = Local(rule.window[0], rule.log2_stride, rule.causal)
     want = dense_rule_mask(rule, seq_q, seq_k, sync)
-    m = _Mask(mask_args(_req(seq_q, seq_k, rule, sync)))
+    m = _Mask(mask_values(_req(seq_q, seq_k, rule, sync)))
     nq, nk = want.shape
     qs, ks = [m.qpos(i) for i in range(nq)], [m.kpos(j) for j in range(nk)]
     got = np.array([[m.attend(q, k) for k in ks] for q in qs])

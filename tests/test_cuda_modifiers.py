@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 compiler = pytest.importorskip("attnhub_backends.cuda.compiler")
 from attnhub_backends.cuda import choice, variants  # noqa: E402
 from attnhub_backends.cuda.backend import CudaBackend, unserved_reasons  # noqa: E402
-from attnhub_backends.cuda.mask import mask_args, offset_reasons  # noqa: E402
+from attnhub_backends.cuda.mask import mask_values, offset_reasons  # noqa: E402
 from attnhub_backends.cuda.mods import ScoreMods  # noqa: E402
 from attnhub_backends.cuda.tiles import BWD_WGMMA_WARPGROUPS, WGMMA_CONFIGS  # noqa: E402
 from tests.test_cuda_compile import _Mask  # noqa: E402
@@ -99,7 +99,7 @@ def test_offsets_in_the_rule_parameters(rule, offsets, lens):
     exactly the pairs of positions (i + q_offset, j + k_offset), and its tile classes are sound."""
     (nq, nk), (qo, ko) = lens, offsets
     req = _req(n=1, rule=rule, seq_q=(nq,), seq_k=(nk,), q_offset=qo, k_offset=ko)
-    m = _Mask(mask_args(req))
+    m = _Mask(mask_values(req))
     p, r = np.arange(nq)[:, None] + qo, np.arange(nk)[None, :] + ko
     if isinstance(rule, Full):
         want = np.ones((nq, nk), bool)

@@ -1,5 +1,5 @@
-"""The kernels' ``Mask`` struct (common.cuh) for a request: 16 int32 launch arguments that encode
-the rule and the sequence positions of SPEC §2-3."""
+"""The kernels' ``Mask`` struct (common.cuh) for a request: 16 int32 fields that encode the rule and
+the sequence positions of SPEC §2-3, launched as 8 int64 arguments of two fields each."""
 
 from __future__ import annotations
 
@@ -13,7 +13,19 @@ from attnhub.rules import Causal, Full, Local
 _WINDOW_CAP = 1 << 30
 
 
-def mask_args(req: Request) -> list[np.int32]:
+def mask_args(req: Request) -> list[np.int64]:
+    """The kernels' ``MASK_PARAMS`` for ``req``: :func:`mask_values` in pairs, each pair one int64
+    (the first value in the low 32 bits, both two's complement), as ``MASK_INIT`` unpacks them."""
+    vals = mask_values(req)
+    return [np.int64(_pair(a, b)) for a, b in zip(vals[::2], vals[1::2])]
+
+
+def _pair(low: int, high: int) -> int:
+    """The int64 whose low 32 bits are ``low`` and high 32 bits ``high`` (signed int32s)."""
+    return ((high & 0xFFFFFFFF) << 32 | (low & 0xFFFFFFFF)) - ((high & 0x80000000) << 33)
+
+
+def mask_values(req: Request) -> list[int]:
     """The 16 integers of the kernels' ``Mask`` struct for ``req`` (1-d requests as 2-d with Y = 1;
     q_offset / k_offset move the x positions)."""
     seq_q, seq_k = req.seq_q, req.seq_k
@@ -45,7 +57,10 @@ def mask_args(req: Request) -> list[np.int32]:
     else:  # pragma: no cover - explicit masks are declined by check()
         raise TypeError(f"the cuda backend cannot evaluate {rule!r}")
     vals = [lqx, lkx, aqy, bqy, aqx, bqx, aky, bky, akx, bkx, mx, code, wy, wx, log2s, lcausal]
-    return [np.int32(x) for x in vals]
+    for x in vals:
+        if not -(2**31) <= x < 2**31:
+            raise OverflowError(f"mask value {x} does not fit the kernels' int32 fields")
+    return vals
 
 
 def offset_reasons(req: Request) -> list[str]:

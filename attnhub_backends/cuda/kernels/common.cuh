@@ -198,10 +198,14 @@ struct GridPos {
         batch(tile_major ? blockIdx.y : blockIdx.z) {}
 };
 
-#define MASK_PARAMS                                                                                    \
-  int lqx, int lkx, int aqy, int bqy, int aqx, int bqx, int aky, int bky, int akx, int bkx, int mx,   \
-      int rule, int wy, int wx, int log2s, int lcausal
-#define MASK_INIT {lqx, lkx, aqy, bqy, aqx, bqx, aky, bky, akx, bkx, mx, rule, wy, wx, log2s, lcausal}
+// The Mask's 16 int32 fields travel as 8 int64 launch parameters, two fields each (low word first;
+// attnhub_backends/cuda/mask.py packs them), which keeps every kernel at 40 parameters or fewer.
+__device__ __forceinline__ int lo32(i64 x) { return (int)(unsigned)(unsigned long long)x; }
+__device__ __forceinline__ int hi32(i64 x) { return (int)(x >> 32); }
+#define MASK_PARAMS i64 mk0, i64 mk1, i64 mk2, i64 mk3, i64 mk4, i64 mk5, i64 mk6, i64 mk7
+#define MASK_INIT                                                                                      \
+  {lo32(mk0), hi32(mk0), lo32(mk1), hi32(mk1), lo32(mk2), hi32(mk2), lo32(mk3), hi32(mk3), lo32(mk4), \
+   hi32(mk4), lo32(mk5), hi32(mk5), lo32(mk6), hi32(mk6), lo32(mk7), hi32(mk7)}
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
   u32 s = (u32)__cvta_generic_to_shared(smem);
