@@ -187,6 +187,19 @@ class Backend:
         (the triton backend does). Default: nothing."""
         return contextlib.nullcontext()
 
+    #: ``warmup`` compiles kernels ahead (``attnhub warmup`` offers the backend).
+    compiles_ahead: ClassVar[bool] = False
+
+    def warmup(self, dtypes: list[str], head_dims: list[int], tune: bool, echo: Any) -> None:
+        """Compile the backend's common kernels for this GPU ahead of the first calls (``attnhub
+        warmup``), timing and recording config picks with ``tune``; ``echo(line)`` reports progress.
+        Only called where :attr:`compiles_ahead`."""
+        raise NotImplementedError(f"backend {self.name!r} compiles nothing ahead")
+
+    def tuned_configs(self) -> dict[str, str]:
+        """The kernel configs the backend's tuner picked in this process, for benchmark reports."""
+        return {}
+
     def note(self, req: Request) -> str | None:
         """How the backend would run ``req`` (e.g. which kernel path), shown by ``explain``; optional."""
         return None

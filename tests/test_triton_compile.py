@@ -658,7 +658,7 @@ def test_warmup_without_a_gpu_says_so(monkeypatch) -> None:
 def test_warmup_covers_both_classes_of_specialised_lengths(monkeypatch) -> None:
     """Where the kernels specialise Nq/Nk, warmup calls each class also at lengths that are not
     multiples of 16; as built (unspecialised) once."""
-    from attnhub.cli import warmup
+    from attnhub_backends.triton import warmup
 
     mod = loader.kernels(interpret=False)
     monkeypatch.setattr(mod, "FWD_SEQ_ARGS", ["Nq", "Nk"])

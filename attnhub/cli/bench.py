@@ -113,7 +113,7 @@ def bench(
             cell = f"{r.ms:.3f} ms {r.tflops:.0f} TFLOP/s" if r.ms is not None else f"n/a ({r.error})"
             click.echo(f"[{done}/{total}] {name:<15} {case.label()}: {cell}", err=True)
             sys.stderr.flush()
-        meta["tuned"] = _tuned_configs()
+        meta["tuned"] = _tuned_configs(names)
         write_json(results, out / "bench.json", meta)  # after every case: a cut-off run keeps its results
     plotted = write_plot(results, out / "bench.png")
     click.echo(table_text(results, names, peer_names))
@@ -121,9 +121,9 @@ def bench(
     click.echo(f"wrote {out / 'bench.json'}" + (f" and {out / 'bench.png'}" if plotted else ""))
 
 
-def _tuned_configs() -> dict[str, str]:
-    """Configs the triton backend's tuner picked (when it ran), for the JSON report."""
-    mod = sys.modules.get("attnhub_backends.triton.configs")
-    if mod is None:
-        return {}
-    return {" ".join(map(str, k)): str(v) for k, v in mod.chosen().items()}
+def _tuned_configs(names: list[str]) -> dict[str, str]:
+    """Configs the named backends' tuners picked (where they ran), for the JSON report."""
+    from attnhub.registry import REGISTRY
+
+    table = REGISTRY.backends()
+    return {k: v for n in names if n in table for k, v in table[n].tuned_configs().items()}

@@ -56,6 +56,21 @@ class TritonBackend(Backend):
 
         return configs.tuning()
 
+    compiles_ahead: ClassVar[bool] = True
+
+    def warmup(self, dtypes: list[str], head_dims: list[int], tune: bool, echo: Any) -> None:
+        """The first calls of the common kernel classes (attnhub_backends/triton/warmup.py)."""
+        from attnhub_backends.triton import warmup
+
+        warmup.warmup(dtypes, head_dims, tune, echo)
+
+    def tuned_configs(self) -> dict[str, str]:
+        """The configs the tuner picked in this process (none where it did not run)."""
+        mod = sys.modules.get("attnhub_backends.triton.configs")
+        if mod is None:
+            return {}
+        return {" ".join(map(str, k)): str(v) for k, v in mod.chosen().items()}
+
     def availability(self) -> str | None:
         for mod in ("torch", "triton"):
             if importlib.util.find_spec(mod) is None:
