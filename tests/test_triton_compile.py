@@ -7,6 +7,10 @@ runtime argument its type and, for integers, whether it equals 1 or is divisible
 compare the specialisations launched for different lengths. The GPU tests count the kernels that
 Triton's per-device caches hold.
 
+Kernels take strides and modifier operands as tuples and their constexprs as named tuples
+(``args.py``); the recorder flattens both, naming each member as the kernel's prologue unpacks it
+(``sqb, sqh, sqn, sqd = sq``), so that keys compare per member as for separate arguments.
+
 The dense kernels' ``Nq``/``Nk`` are unspecialised as built (``kernels.FWD_SEQ_ARGS`` and
 ``BWD_SEQ_ARGS``); emptying a list specialises them again, and a length that moves across a
 multiple of 16 then compiles exactly one more variant of each kernel taking it. The CPU tests run
@@ -16,8 +20,11 @@ GPU tests read the lists of the kernels they run and allow what those lists impl
 
 from __future__ import annotations
 
+import ast
 import copy
+import inspect
 import math
+import textwrap
 from collections import OrderedDict
 from typing import Any
 
@@ -41,6 +48,38 @@ SEQ_MODES = ("as built", "Nq/Nk specialised")
 def _int_class(n: int) -> str:
     """Triton's specialisation of an integer argument: 1, divisible by 16, or neither."""
     return "1" if n == 1 else "D" if n % 16 == 0 else ""
+
+
+def _members(fn: Any) -> dict[str, Any]:
+    """Member names of a kernel's tuple arguments, from the unpacking statements at the top level
+    of its body (``a, b, d = arg`` then ``b1, b2 = b``: {"arg": ["a", ["b1", "b2"], "d"]})."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn.fn)))
+    unpacked: dict[str, list] = {}
+    for stmt in tree.body[0].body:  # type: ignore[attr-defined]
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Name):
+            target = stmt.targets[0]
+            if isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts):
+                unpacked[stmt.value.id] = [e.id for e in target.elts]  # type: ignore[attr-defined]
+
+    def resolve(name: str) -> Any:
+        return [resolve(m) for m in unpacked[name]] if name in unpacked else name
+
+    return {p: resolve(p) for p in fn.arg_names if p in unpacked}
+
+
+def _flat(name: str, entry: Any, members: Any) -> list[tuple[str, Any]]:
+    """(member name, specialisation) of one argument's binding: a tuple argument per member
+    (named as ``members`` says, else ``name[i]``), a named-tuple constexpr per field."""
+    kind, key = entry
+    if kind == "constexpr" and hasattr(key, "_fields"):
+        return [(f, ("constexpr", v)) for f, v in zip(key._fields, key, strict=True)]
+    if isinstance(kind, tuple):
+        out = []
+        for i, (k, v) in enumerate(zip(kind, key, strict=True)):
+            sub = members[i] if isinstance(members, list) else f"{name}[{i}]"
+            out += _flat(sub if isinstance(sub, str) else f"{name}[{i}]", (k, v), sub)
+        return out
+    return [(name, entry)]
 
 
 def _respecialised(params: list, names: tuple[str, ...]) -> list:
@@ -68,12 +107,16 @@ class _Recorder:
         self.ragged = loader.load("ragged_kernels.py", interpret=False)
         self.params: dict[tuple[str, str], list] = {}
         self.binders: dict[tuple[str, str], Any] = {}
+        self.members: dict[tuple[str, str], dict[str, Any]] = {}
+        #: Per kernel ("tag" + name), the flattened argument names of its keys (see ``_flat``).
+        self.flat_names: dict[str, list[str]] = {}
         for tag, module, names in (("", self.dense, KERNELS), ("ragged.", self.ragged, RAGGED_KERNELS)):
             for name in names:
                 fn = getattr(module, name)
                 params = _respecialised(fn.params, specialise) if tag == "" else fn.params
                 self.params[(tag, name)] = params
                 self.binders[(tag, name)] = create_function_from_signature(fn.signature, params, backend)
+                self.members[(tag, name)] = _members(fn)
         self.keys: set[tuple] = set()
 
     def module(self, tag: str) -> Any:
@@ -89,7 +132,16 @@ class _Recorder:
                     def __getitem__(self, grid: Any) -> Any:
                         def call(*args: Any, **kwargs: Any) -> None:
                             _, spec, options = rec.binders[(tag, name)](*args, **kwargs)
-                            rec.keys.add((tag + name, tuple(map(str, spec)), tuple(sorted(options.items()))))
+                            members = rec.members[(tag, name)]
+                            flat = [
+                                m
+                                for p, entry in zip(rec.params[(tag, name)], spec, strict=True)
+                                for m in _flat(p.name, entry, members.get(p.name))
+                            ]
+                            rec.flat_names[tag + name] = [n for n, _ in flat]
+                            rec.keys.add(
+                                (tag + name, tuple(str(e) for _, e in flat), tuple(sorted(options.items())))
+                            )
 
                         return call
 
@@ -103,8 +155,8 @@ class _Recorder:
         return tuple(p.name for p in params if p.name in SEQ_NAMES and not p.do_not_specialize)
 
     def names(self, key: tuple) -> list[str]:
-        tag, _, name = key[0].rpartition(".")
-        return [p.name for p in self.params[(tag + "." if tag else "", name)]]
+        """The (flattened) argument names of a key's specialisation entries."""
+        return self.flat_names[key[0]]
 
 
 @pytest.fixture(params=SEQ_MODES)
@@ -277,8 +329,8 @@ def test_split_kv_is_the_only_length_dependent_forward_switch(h100) -> None:
         "bwd_prep_kernel", "combine_kernel", "dkdv_kernel", "dq_kernel", "fwd_kernel", "fwd_kernel"
     ]  # fmt: skip
     differ = [i for i, (a, b) in enumerate(zip(fwd[0][1], fwd[1][1], strict=True)) if a != b]
-    params = loader.kernels(interpret=False).fwd_kernel.params
-    assert [params[i].name for i in differ] == ["O", "SPLIT"]  # O: float32 partials when split
+    names = h100.names(fwd[0])
+    assert [names[i] for i in differ] == ["O", "SPLIT"]  # O: float32 partials when split
 
 
 def test_pointer_band_walk_has_an_even_key_variant(h100) -> None:
@@ -289,8 +341,8 @@ def test_pointer_band_walk_has_an_even_key_variant(h100) -> None:
     even = _call(h100, 1024, 1024, d=80, dtype=torch.float16)
     assert not _split(odd) and not _split(even)
     (a,), (b,) = [[k for k in _strip(h100, keys) if k[0] == "fwd_kernel"] for keys in (odd, even)]
-    params = loader.kernels(interpret=False).fwd_kernel.params
-    assert [params[i].name for i, (x, y) in enumerate(zip(a[1], b[1], strict=True)) if x != y] == ["EVEN_K"]
+    names = h100.names(a)
+    assert [names[i] for i, (x, y) in enumerate(zip(a[1], b[1], strict=True)) if x != y] == ["EVEN_K"]
     assert _strip(h100, _call(h100, 1777, 1001)) == _strip(h100, _call(h100, 1024, 1024))  # D = 128, TMA
 
 

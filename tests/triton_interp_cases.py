@@ -161,10 +161,11 @@ def test_launch_reused_only_for_its_signature(monkeypatch) -> None:
 
 def test_rule_args_name_kernel_parameters() -> None:
     """launch.rule_args' scalars are passed by name: each kernel takes all thirteen, in one run, and
-    its constexprs; a pinned config takes 4 to 6 integers (no warp-specialisation field)."""
+    its constexprs (as the named tuple ``R``, args.RuleC); a pinned config takes 4 to 6 integers (no
+    warp-specialisation field)."""
     from attnhub.errors import AttnhubError
     from attnhub.request import build_request
-    from attnhub_backends.triton import configs, launch
+    from attnhub_backends.triton import args, configs, launch
     from attnhub_backends.triton.loader import kernels
 
     x = torch.zeros(1, 2, 6, 5, 16)
@@ -175,7 +176,10 @@ def test_rule_args_name_kernel_parameters() -> None:
         params = list(inspect.signature(getattr(kernels(), name).fn).parameters)
         at = params.index("q_cols")
         assert params[at : at + 13] == list(scalars), name
-        assert set(consts) <= set(params), name
+        groups = args.DENSE_FWD if name == "fwd_kernel" else args.DENSE_BWD  # the constexprs' tuples
+        assert params[-len(groups) :] == [g for g, _ in groups], name
+    assert tuple(consts) == args.RuleC._fields
+    assert args.pack(dict(consts), (("R", args.RuleC),)) == {"R": args.RuleC(2, "local", False, 1)}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ATTNHUB_TRITON_FWD_CFG", "64,64,4,3,128,1")
         assert configs.forced("fwd") == configs.Cfg(64, 64, 4, 3, 128, band=True)

@@ -27,7 +27,6 @@ from attnhub.errors import BackendUnsupported
 from attnhub.extras import NONE, Extras, operands_for
 
 
-
 def grad_fallbacks() -> tuple[str, ...]:
     """The backends tried, highest priority first, for gradients when ``backend="auto"`` picks
     one with no exact route: every registered backend declaring "given_lse" or "dlse"."""

@@ -6,7 +6,8 @@ list of tiles that do (see ``plan.py``); tiles a rule masks entirely are never v
 Logits are kept in the log2 domain (``log2(e)`` folded into the scale) so that ``exp2`` is used.
 
 The rule's runtime scalars (``launch.rule_args``) are the same thirteen kernel parameters in every
-kernel, gathered into one tuple ``rule`` at the top of the kernel and unpacked only by ``_keep``:
+kernel (separate, so that the unspecialised ones can be named in ``do_not_specialize``), gathered
+into one tuple ``rule`` at the top of the kernel and unpacked only by ``_keep``:
 
 - ``q_cols``, ``k_cols``: 2-d only, the query / key grid's row length (flat index -> row, column);
 - ``qy_scale``, ``qy_shift``, ``ky_scale``, ``ky_shift``: position along y = scale * row + shift;
@@ -14,11 +15,18 @@ kernel, gathered into one tuple ``rule`` at the top of the kernel and unpacked o
 - ``row_len``: the causal order of 2-d positions is ``y * row_len + x``;
 - ``window_y``, ``window_x``: a Local rule's window along each axis.
 
-Its constexprs: ``NDIM`` (1 or 2), ``RULE`` ("full", "causal" or "local"), ``CAUSAL`` (also for a
-causal window) and ``LOG2_STRIDE`` (a window's dilation). ``DOT_PRECISION`` selects how ``tl.dot``
-multiplies (see ``_dot``).
+Every other argument comes in groups: each tensor's element strides as one tuple (``sq`` = (batch,
+head, row, column) strides of Q, ...), the §9 modifiers' tensors and scalars as one tuple ``mods``,
+and the constexprs as named tuples (``args.py``; each function names the fields it uses as local
+constexprs at its top): ``T`` the tile (head dims, their tiles, ``BM``,
+``BN``, ``DOT_PRECISION``: how ``tl.dot`` multiplies, see ``_dot``; ``SWAP_HB``), ``R`` the rule's
+(``NDIM``: 1 or 2, ``RULE``: "full", "causal" or "local", ``CAUSAL``: also for a causal window,
+``LOG2_STRIDE``: a window's dilation), ``M`` the modifiers' and ``W`` the forward's walk. Triton
+specialises the members of a tuple as it would separate arguments (integers equal to 1 or divisible
+by 16, 16-byte aligned pointers), so the compiled kernels are those of separate arguments.
 
-This module is executed once per mode (compiled or ``TRITON_INTERPRET=1``) by ``loader.py``.
+This module is executed once per mode (compiled or ``TRITON_INTERPRET=1``) by ``loader.py``; the
+helpers it shares with the ragged kernels (``_dot``) come from ``tiles.py``, loaded in the same mode.
 """
 
 import os
@@ -26,8 +34,12 @@ import os
 import triton
 import triton.language as tl
 
-LN2 = tl.constexpr(0.6931471805599453)
-LOG2E = tl.constexpr(1.4426950408889634)
+from attnhub_backends.triton.loader import load
+
+_tiles = load("tiles.py", os.environ.get("TRITON_INTERPRET") == "1")
+_dot = _tiles._dot
+LN2 = _tiles.LN2
+LOG2E = _tiles.LOG2E
 
 # Integer arguments that follow the sequence lengths (and the windows, offsets, split count and
 # mask plans), which Triton must not specialise on: by default it compiles a variant per integer
@@ -52,19 +64,6 @@ BWD_LENGTH_ARGS = [*PLAN_ARGS, *BWD_SEQ_ARGS, *RULE_LENGTH_ARGS]
 
 
 @triton.jit
-def _dot(a, b, DOT_PRECISION: tl.constexpr, acc=None):
-    """a @ b (+ acc). DOT_PRECISION "native": tensor cores in the operands' dtype; "ieee": exact
-    float32 (no tf32); "ieee_upcast": operands upcast to float32 first (Triton's interpreter
-    multiplies bfloat16 operands wrongly)."""
-    if DOT_PRECISION == "ieee":
-        return tl.dot(a, b, acc, input_precision="ieee")
-    elif DOT_PRECISION == "ieee_upcast":
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc)
-
-
-@triton.jit
 def _load_tile(ptrs, bounds, pad, BOUNDS: tl.constexpr, PAD: tl.constexpr):
     """Load a tile; ``bounds`` (sequence) and ``pad`` (head dim) masks only where needed."""
     if BOUNDS:
@@ -76,11 +75,12 @@ def _load_tile(ptrs, bounds, pad, BOUNDS: tl.constexpr, PAD: tl.constexpr):
 
 
 @triton.jit
-def _keep(
-    offs_m, offs_n, Nk, rule,
-    NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-):  # fmt: skip
+def _keep(offs_m, offs_n, Nk, rule, R: tl.constexpr):
     """Boolean (len(offs_m), len(offs_n)) tile: query attends key, by the rule, from positions."""
+    NDIM: tl.constexpr = R.NDIM
+    RULE: tl.constexpr = R.RULE
+    CAUSAL: tl.constexpr = R.CAUSAL
+    LOG2_STRIDE: tl.constexpr = R.LOG2_STRIDE
     (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
      row_len, window_y, window_x) = rule  # fmt: skip
     if NDIM == 1 and CAUSAL and RULE == "local" and LOG2_STRIDE == 0:
@@ -284,10 +284,7 @@ def _accumulate(m_i, m_use, l_i, acc, p, v, DOT_PRECISION: tl.constexpr, FIXED_M
 def _fwd_step(
     q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc,
     qk_scale, skn, svn, Nk, rule, mod, row_ok,
-    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BN: tl.constexpr,
-    MASKED: tl.constexpr, NEG: tl.constexpr, TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-    SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, CAP_MAX: tl.constexpr = False,
+    T: tl.constexpr, R: tl.constexpr, M: tl.constexpr, W: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """One key tile of the index-list walk: the rule (and a boolean mask) evaluated only where
     ``MASKED``.
@@ -295,6 +292,18 @@ def _fwd_step(
     ``NEG``: a negative scale, so the row max is taken after scaling. ``mod``: the §9 modifiers'
     pointers (see ``fwd_kernel``), used where ``SOFTCAP``, ``HAS_BIAS`` or ``HAS_MASK``.
     """
+    DQK: tl.constexpr = T.DQK
+    DV: tl.constexpr = T.DV
+    BDQK: tl.constexpr = T.BDQK
+    BDV: tl.constexpr = T.BDV
+    BN: tl.constexpr = T.BN
+    DOT_PRECISION: tl.constexpr = T.DOT_PRECISION
+    SOFTCAP: tl.constexpr = M.SOFTCAP
+    HAS_BIAS: tl.constexpr = M.HAS_BIAS
+    HAS_MASK: tl.constexpr = M.HAS_MASK
+    CAP_MAX: tl.constexpr = M.CAP_MAX
+    NEG: tl.constexpr = W.NEG
+    TMA: tl.constexpr = W.TMA
     cols = start_n + offs_n
     kt, v = _load_kv(
         kd, vd, k_ptrs, v_ptrs, start_n, b, hk, cols, offs_dq, offs_dv, skn, svn, Nk,
@@ -305,7 +314,7 @@ def _fwd_step(
         bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
         keep = None
         if MASKED:
-            keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
+            keep = _keep(offs_m, cols, Nk, rule, R)
             if HAS_MASK:
                 keep = keep & _mask_tile(mask_ptr + mrow[:, None] + (cols * smn)[None, :], row_ok, cols, Nk,
                                          start_n, BN)  # fmt: skip
@@ -318,7 +327,7 @@ def _fwd_step(
                              0.0, not MASKED)  # fmt: skip
         qk, _ = _modify_with(qk, qk_scale, bias, softcap2, SOFTCAP, HAS_BIAS)
         if MASKED:
-            keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
+            keep = _keep(offs_m, cols, Nk, rule, R)
             if HAS_MASK:
                 keep = keep & _mask_tile(mask_ptr + mrow[:, None] + (cols * smn)[None, :], row_ok, cols, Nk,
                                          start_n, BN)  # fmt: skip
@@ -327,7 +336,7 @@ def _fwd_step(
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.math.exp2(qk - m_use[:, None])
     elif MASKED:
-        keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
+        keep = _keep(offs_m, cols, Nk, rule, R)
         if HAS_MASK:
             bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
             keep = keep & _mask_tile(mask_ptr + mrow[:, None] + (cols * smn)[None, :], row_ok, cols, Nk,
@@ -353,10 +362,7 @@ def _fwd_step(
 def _fwd_band_step(
     q, kd, vd, k_ptrs, v_ptrs, b, hk, t, full_lo, full_hi, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i,
     acc, qk_scale, skn, svn, Nk, rule, mod, row_ok,
-    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BN: tl.constexpr,
-    EVEN_K: tl.constexpr, TMA: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-    SOFTCAP: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+    T: tl.constexpr, R: tl.constexpr, M: tl.constexpr, W: tl.constexpr,
 ):  # fmt: skip
     """One key tile of a band walk: the rule (and a boolean mask) is evaluated only on tiles outside
     the FULL run.
@@ -365,6 +371,17 @@ def _fwd_band_step(
     tile (not once per run) and no tile index is loaded. Positive scales only (``NEG`` is false).
     ``EVEN_K``: the key count is a multiple of ``BN``, so no load needs a bounds mask.
     """
+    DQK: tl.constexpr = T.DQK
+    DV: tl.constexpr = T.DV
+    BDQK: tl.constexpr = T.BDQK
+    BDV: tl.constexpr = T.BDV
+    BN: tl.constexpr = T.BN
+    DOT_PRECISION: tl.constexpr = T.DOT_PRECISION
+    SOFTCAP: tl.constexpr = M.SOFTCAP
+    HAS_BIAS: tl.constexpr = M.HAS_BIAS
+    HAS_MASK: tl.constexpr = M.HAS_MASK
+    TMA: tl.constexpr = W.TMA
+    EVEN_K: tl.constexpr = W.EVEN_K
     start_n = t * BN
     cols = start_n + offs_n
     kt, v = _load_kv(
@@ -380,7 +397,7 @@ def _fwd_band_step(
                              0.0, EVEN_K)  # fmt: skip
         qk, _ = _modify_with(qk, qk_scale, bias, softcap2, SOFTCAP, HAS_BIAS)
         if (t < full_lo) | (t >= full_hi):
-            keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
+            keep = _keep(offs_m, cols, Nk, rule, R)
             if HAS_MASK:
                 keep = keep & _mask_tile(mask_ptr + mrow[:, None] + (cols * smn)[None, :], row_ok, cols, Nk,
                                          start_n, BN)  # fmt: skip
@@ -390,7 +407,7 @@ def _fwd_band_step(
         p = tl.math.exp2(qk - m_use[:, None])
     else:
         if (t < full_lo) | (t >= full_hi):
-            keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
+            keep = _keep(offs_m, cols, Nk, rule, R)
             if HAS_MASK:
                 bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
                 keep = keep & _mask_tile(mask_ptr + mrow[:, None] + (cols * smn)[None, :], row_ok, cols, Nk,
@@ -405,30 +422,27 @@ def _fwd_band_step(
 
 @triton.jit(do_not_specialize=FWD_LENGTH_ARGS)
 def fwd_kernel(
-    Q, K, V, O, LSE, PLAN, plan_stride,
-    sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod,
-    H, GROUP, Nq, Nk, qk_scale,
-    BIAS, sbb, sbh, sbm, sbn, MASKP, smb, smh, smm, smn, SINKS, softcap2, plan_b, plan_h,
+    Q, K, V, O, LSE, PLAN, plan_stride, sq, sk, sv, so, heads, Nq, Nk, qk_scale, mods, plan_b, plan_h,
     q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
     row_len, window_y, window_x,
-    SPLITS, o_split, l_split,
-    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr,
-    NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, NEG: tl.constexpr, PACK: tl.constexpr,
-    TMA: tl.constexpr = False, BAND: tl.constexpr = False, EVEN_K: tl.constexpr = False,
-    SOFTCAP: tl.constexpr = False, HAS_BIAS: tl.constexpr = False, HAS_MASK: tl.constexpr = False,
-    HAS_SINKS: tl.constexpr = False, SPLIT: tl.constexpr = False, NQ1: tl.constexpr = False,
-    SWAP_HB: tl.constexpr = False, CAP_MAX: tl.constexpr = False,
+    SPLITS, split_strides,
+    T: tl.constexpr, R: tl.constexpr, M: tl.constexpr, W: tl.constexpr,
 ):  # fmt: skip
     """One (query tile, key split, head, batch) program: out and natural-log lse of its rows.
+
+    Arguments: the tensors, the plan (``PLAN`` and its row stride), the element strides of Q, K, V
+    and O (``sq``, ``sk``, ``sv``, ``so``: 4-tuples), ``heads`` = (H, GROUP), the lengths, the
+    scale, ``mods`` (the §9 operands, unpacked below), the mask plan's strides, the rule's thirteen
+    scalars, the split count and ``split_strides``; then the constexprs ``T``, ``R``, ``M`` and ``W``
+    (``args.DENSE_FWD``), whose fields are named below without their tuple.
 
     ``K``/``V`` are tensors, or host-made tensor descriptors where ``TMA``. ``PACK``: GQA rows
     packed into one tile (few queries). ``BAND``: one loop over a contiguous band of key tiles
     (``plan.band_lists``), else the masked tiles' index list then the unmasked run (``plan.rows``).
     With SPLITS > 1 (split-KV, for few query tiles) each program visits every SPLITS-th partial tile
     and one slice of the unmasked run, and writes float32 partial results that ``combine_kernel``
-    merges; ``o_split``/``l_split`` are the element strides between the splits' partial buffers.
+    merges; ``split_strides`` = (o_split, l_split) are the element strides between the splits'
+    partial buffers.
     ``SPLIT`` (SPLITS > 1) is the compile-time switch: without it the kernel is built for one split,
     so that the split count itself (a runtime value, like the lengths it follows) compiles nothing.
     ``NQ1``: one query row (decoding a token), which the packed row indexing folds away.
@@ -439,8 +453,32 @@ def fwd_kernel(
     then has one row block per (mask batch, mask head): ``plan_b``/``plan_h`` rows apart) and
     ``HAS_SINKS`` (``SINKS`` (H,) joins the softmax as a zero-value key, in split 0 only).
     """
+    DQK: tl.constexpr = T.DQK
+    DV: tl.constexpr = T.DV
+    BDQK: tl.constexpr = T.BDQK
+    BDV: tl.constexpr = T.BDV
+    BM: tl.constexpr = T.BM
+    BN: tl.constexpr = T.BN
+    SWAP_HB: tl.constexpr = T.SWAP_HB
+    HAS_MASK: tl.constexpr = M.HAS_MASK
+    HAS_SINKS: tl.constexpr = M.HAS_SINKS
+    CAP_MAX: tl.constexpr = M.CAP_MAX
+    PACK: tl.constexpr = W.PACK
+    TMA: tl.constexpr = W.TMA
+    BAND: tl.constexpr = W.BAND
+    SPLIT: tl.constexpr = W.SPLIT
+    NQ1: tl.constexpr = W.NQ1
     rule = (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
             row_len, window_y, window_x)  # fmt: skip
+    sqb, sqh, sqn, sqd = sq
+    skb, skh, skn, skd = sk
+    svb, svh, svn, svd = sv
+    sob, soh, son, sod = so
+    H, GROUP = heads
+    BIAS, sb, MASKP, sm, SINKS, softcap2 = mods  # no nested targets: Triton 3.6 cannot parse them
+    sbb, sbh, sbm, sbn = sb
+    smb, smh, smm, smn = sm
+    o_split, l_split = split_strides
     n_splits = SPLITS if SPLIT else 1
     if NQ1:
         Nq = 1
@@ -504,8 +542,7 @@ def fwd_kernel(
             m_i, l_i, acc = _fwd_band_step(
                 q, kd, vd, k_ptrs, v_ptrs, b, hk, t, full_lo, full_hi, offs_m, offs_n, offs_dq, offs_dv,
                 m_i, l_i, acc, qk_scale, skn, svn, Nk, rule, mod, row_ok,
-                DQK, DV, BDQK, BDV, BN, EVEN_K, TMA, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
-                SOFTCAP, HAS_BIAS, HAS_MASK,
+                T, R, M, W,
             )  # fmt: skip
     else:  # plan.rows: [full_lo, full_hi, count, masked tile indices...]
         count = tl.load(row + 2)
@@ -517,15 +554,13 @@ def fwd_kernel(
             m_i, l_i, acc = _fwd_step(
                 q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc,
                 qk_scale, skn, svn, Nk, rule, mod, row_ok,
-                DQK, DV, BDQK, BDV, BN, True, NEG, TMA, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
-                SOFTCAP, HAS_BIAS, HAS_MASK, CAP_MAX,
+                T, R, M, W, True,
             )  # fmt: skip
         for start_n in range(full_lo * BN, full_hi * BN, BN):
             m_i, l_i, acc = _fwd_step(
                 q, kd, vd, k_ptrs, v_ptrs, b, hk, start_n, offs_m, offs_n, offs_dq, offs_dv, m_i, l_i, acc,
                 qk_scale, skn, svn, Nk, rule, mod, row_ok,
-                DQK, DV, BDQK, BDV, BN, False, NEG, TMA, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
-                SOFTCAP, HAS_BIAS, HAS_MASK, CAP_MAX,
+                T, R, M, W, False,
             )  # fmt: skip
     if HAS_SINKS:  # the sink: one more exponential in the row sum, none in the accumulator
         sink = tl.load(SINKS + hrow + offs_m * 0, mask=row_ok, other=float("-inf")).to(tl.float32) * LOG2E
@@ -658,13 +693,20 @@ def bwd_prep_kernel(
 def _dkdv_step(
     k, v, dk, dv, q_ptrs, do_ptrs, lse2_base, delta_base, start_m, offs_n, offs_mb, offs_dq, offs_dv,
     qk_scale, sqn, sdn, Nq, Nk, rule, mod,
-    DQK: tl.constexpr, DV: tl.constexpr, PADQ: tl.constexpr, PADV: tl.constexpr, MASKED: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-    SOFTCAP: tl.constexpr = False, HAS_BIAS: tl.constexpr = False, HAS_MASK: tl.constexpr = False,
+    T: tl.constexpr, R: tl.constexpr, M: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """One query tile's contribution to a key tile's dk and dv (the rule, and a boolean mask,
     evaluated where ``MASKED``); ``mod`` as in ``dkdv_kernel``."""
+    DQK: tl.constexpr = T.DQK
+    DV: tl.constexpr = T.DV
+    BDQK: tl.constexpr = T.BDQK
+    BDV: tl.constexpr = T.BDV
+    DOT_PRECISION: tl.constexpr = T.DOT_PRECISION
+    SOFTCAP: tl.constexpr = M.SOFTCAP
+    HAS_BIAS: tl.constexpr = M.HAS_BIAS
+    HAS_MASK: tl.constexpr = M.HAS_MASK
+    PADQ: tl.constexpr = BDQK != DQK
+    PADV: tl.constexpr = BDV != DV
     rows = start_m + offs_mb
     ok = rows < Nq
     q = _load_tile(
@@ -692,7 +734,7 @@ def _dkdv_step(
     else:
         pt = tl.math.exp2(qkt * qk_scale - lse2[None, :])
     if MASKED:
-        keep = tl.trans(_keep(rows, offs_n, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE))
+        keep = tl.trans(_keep(rows, offs_n, Nk, rule, R))
         if HAS_MASK:
             keep = keep & _mask_keep(mask_base + (offs_n * smn)[:, None] + (rows * smm)[None, :], ld)
         pt = tl.where(keep, pt, 0.0)
@@ -707,26 +749,35 @@ def _dkdv_step(
 
 @triton.jit(do_not_specialize=BWD_LENGTH_ARGS)
 def dkdv_kernel(
-    Q, K, V, DO, LSE2, DELTA, DK, DV_, PLAN, plan_stride,
-    sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdn, sdd,
-    HQ, HKV, GROUP, Nq, Nk, qk_scale, sm_scale,
-    BIAS, sbb, sbh, sbm, sbn, MASKP, smb, smh, smm, smn, softcap2, plan_b, plan_h,
+    Q, K, V, DO, LSE2, DELTA, DK, DV_, PLAN, plan_stride, sq, sk, sv, sd, heads, Nq, Nk, qk_scale, sm_scale,
+    mods, plan_b, plan_h,
     q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
     row_len, window_y, window_x,
-    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr,
-    NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    SOFTCAP: tl.constexpr = False, HAS_BIAS: tl.constexpr = False, HAS_MASK: tl.constexpr = False,
-    SWAP_HB: tl.constexpr = False,
+    T: tl.constexpr, R: tl.constexpr, M: tl.constexpr,
 ):  # fmt: skip
     """One (key tile, kv head, batch) program: dk and dv summed over the query heads of its group.
 
     The §9 modifiers as in ``fwd_kernel``; with ``HAS_MASK`` the plan's rows are per (mask batch,
     mask head, key tile), ``plan_b``/``plan_h`` rows apart.
     """
+    DQK: tl.constexpr = T.DQK
+    DV: tl.constexpr = T.DV
+    BDQK: tl.constexpr = T.BDQK
+    BDV: tl.constexpr = T.BDV
+    BM: tl.constexpr = T.BM
+    BN: tl.constexpr = T.BN
+    SWAP_HB: tl.constexpr = T.SWAP_HB
+    HAS_MASK: tl.constexpr = M.HAS_MASK
     rule = (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
             row_len, window_y, window_x)  # fmt: skip
+    sqb, sqh, sqn, sqd = sq
+    skb, skh, skn, skd = sk
+    svb, svh, svn, svd = sv
+    sdb, sdh, sdn, sdd = sd
+    HQ, HKV, GROUP = heads
+    BIAS, sb, MASKP, sm, softcap2 = mods
+    sbb, sbh, sbm, sbn = sb
+    smb, smh, smm, smn = sm
     pid_n = tl.program_id(0)
     hk, b = _head_batch(SWAP_HB)
     offs_n = pid_n * BN + tl.arange(0, BN)
@@ -772,15 +823,13 @@ def dkdv_kernel(
             dk, dv = _dkdv_step(
                 k, v, dk, dv, q_ptrs, do_ptrs, lse2_base, delta_base, start_m, offs_n, offs_mb, offs_dq,
                 offs_dv, qk_scale, sqn, sdn, Nq, Nk, rule, mod,
-                DQK, DV, BDQK != DQK, BDV != DV, True, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
-                SOFTCAP, HAS_BIAS, HAS_MASK,
+                T, R, M, True,
             )  # fmt: skip
         for start_m in range(full_lo * BM, full_hi * BM, BM):  # the unmasked run
             dk, dv = _dkdv_step(
                 k, v, dk, dv, q_ptrs, do_ptrs, lse2_base, delta_base, start_m, offs_n, offs_mb, offs_dq,
                 offs_dv, qk_scale, sqn, sdn, Nq, Nk, rule, mod,
-                DQK, DV, BDQK != DQK, BDV != DV, False, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
-                SOFTCAP, HAS_BIAS, HAS_MASK,
+                T, R, M, False,
             )  # fmt: skip
     dk = dk * sm_scale
     base = (b.to(tl.int64) * HKV + hk) * Nk
@@ -800,15 +849,22 @@ def dkdv_kernel(
 def _dq_step(
     q, do, dq, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_dq, offs_dv,
     qk_scale, skn, svn, Nk, rule, mod, row_ok,
-    DQK: tl.constexpr, DV: tl.constexpr, PADQ: tl.constexpr, PADV: tl.constexpr, MASKED: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-    SOFTCAP: tl.constexpr = False, HAS_BIAS: tl.constexpr = False, HAS_MASK: tl.constexpr = False,
-    DBIAS: tl.constexpr = False,
+    T: tl.constexpr, R: tl.constexpr, M: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """One key tile's contribution to a query tile's dq (the rule, and a boolean mask, evaluated
     where ``MASKED``); with ``DBIAS`` it also stores dS (natural units) in ``mod``'s
     buffer."""
+    DQK: tl.constexpr = T.DQK
+    DV: tl.constexpr = T.DV
+    BDQK: tl.constexpr = T.BDQK
+    BDV: tl.constexpr = T.BDV
+    DOT_PRECISION: tl.constexpr = T.DOT_PRECISION
+    SOFTCAP: tl.constexpr = M.SOFTCAP
+    HAS_BIAS: tl.constexpr = M.HAS_BIAS
+    HAS_MASK: tl.constexpr = M.HAS_MASK
+    DBIAS: tl.constexpr = M.DBIAS
+    PADQ: tl.constexpr = BDQK != DQK
+    PADV: tl.constexpr = BDV != DV
     cols = start_n + offs_n
     ok = (cols < Nk)[None, :]
     kt = _load_tile(k_ptrs + tl.cast(start_n, tl.int64) * skn, ok, (offs_dq < DQK)[:, None], MASKED, PADQ)
@@ -819,13 +875,19 @@ def _dq_step(
         ld = row_ok[:, None] & (cols < Nk)[None, :]
     if SOFTCAP or HAS_BIAS:
         s, th = _modify(
-            qk, qk_scale, bias_ptr + brow[:, None] + (cols * sbn)[None, :], ld, softcap2, SOFTCAP, HAS_BIAS
+            qk,
+            qk_scale,
+            bias_ptr + brow[:, None] + (cols * sbn)[None, :],
+            ld,
+            softcap2,
+            SOFTCAP,
+            HAS_BIAS,
         )
         p = tl.math.exp2(s - lse2[:, None])
     else:
         p = tl.math.exp2(qk * qk_scale - lse2[:, None])
     if MASKED:
-        keep = _keep(offs_m, cols, Nk, rule, NDIM, RULE, CAUSAL, LOG2_STRIDE)
+        keep = _keep(offs_m, cols, Nk, rule, R)
         if HAS_MASK:
             keep = keep & _mask_keep(mask_ptr + mrow[:, None] + (cols * smn)[None, :], ld)
         p = tl.where(keep, p, 0.0)
@@ -841,23 +903,32 @@ def _dq_step(
 
 @triton.jit(do_not_specialize=BWD_LENGTH_ARGS)
 def dq_kernel(
-    Q, K, V, DO, LSE2, DELTA, DQ, PLAN, plan_stride,
-    sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sdb, sdh, sdn, sdd,
-    HQ, GROUP, Nq, Nk, qk_scale, sm_scale,
-    BIAS, sbb, sbh, sbm, sbn, MASKP, smb, smh, smm, smn, DB, softcap2, plan_b, plan_h,
+    Q, K, V, DO, LSE2, DELTA, DQ, PLAN, plan_stride, sq, sk, sv, sd, heads, Nq, Nk, qk_scale, sm_scale,
+    mods, plan_b, plan_h,
     q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
     row_len, window_y, window_x,
-    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr,
-    NDIM: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    SOFTCAP: tl.constexpr = False, HAS_BIAS: tl.constexpr = False, HAS_MASK: tl.constexpr = False,
-    DBIAS: tl.constexpr = False, SWAP_HB: tl.constexpr = False,
+    T: tl.constexpr, R: tl.constexpr, M: tl.constexpr,
 ):  # fmt: skip
     """One (query tile, head, batch) program: dq of its rows; with ``DBIAS`` also dS into ``DB``
     (B, HQ, Nq, Nk), float32 or the bias's 16-bit dtype. The other §9 modifiers as in ``fwd_kernel``."""
+    DQK: tl.constexpr = T.DQK
+    DV: tl.constexpr = T.DV
+    BDQK: tl.constexpr = T.BDQK
+    BDV: tl.constexpr = T.BDV
+    BM: tl.constexpr = T.BM
+    BN: tl.constexpr = T.BN
+    SWAP_HB: tl.constexpr = T.SWAP_HB
+    HAS_MASK: tl.constexpr = M.HAS_MASK
     rule = (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
             row_len, window_y, window_x)  # fmt: skip
+    sqb, sqh, sqn, sqd = sq
+    skb, skh, skn, skd = sk
+    svb, svh, svn, svd = sv
+    sdb, sdh, sdn, sdd = sd
+    HQ, GROUP = heads
+    BIAS, sb, MASKP, sm, DB, softcap2 = mods
+    sbb, sbh, sbm, sbn = sb
+    smb, smh, smm, smn = sm
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     h, b = _head_batch(SWAP_HB)
     hk = h // GROUP
@@ -902,15 +973,13 @@ def dq_kernel(
         dq = _dq_step(
             q, do, dq, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_dq, offs_dv,
             qk_scale, skn, svn, Nk, rule, mod, ok,
-            DQK, DV, BDQK != DQK, BDV != DV, True, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
-            SOFTCAP, HAS_BIAS, HAS_MASK, DBIAS,
+            T, R, M, True,
         )  # fmt: skip
     for start_n in range(full_lo * BN, full_hi * BN, BN):  # the unmasked run
         dq = _dq_step(
             q, do, dq, lse2, delta, k_ptrs, v_ptrs, start_n, offs_m, offs_n, offs_dq, offs_dv,
             qk_scale, skn, svn, Nk, rule, mod, ok,
-            DQK, DV, BDQK != DQK, BDV != DV, False, DOT_PRECISION, NDIM, RULE, CAUSAL, LOG2_STRIDE,
-            SOFTCAP, HAS_BIAS, HAS_MASK, DBIAS,
+            T, R, M, False,
         )  # fmt: skip
     dq = dq * sm_scale
     tl.store(

@@ -14,6 +14,7 @@ from attnhub.errors import AttnhubError
 from attnhub.positions import axis_affine
 from attnhub.request import Request
 from attnhub.rules import Causal, ExplicitMask, Full, Local
+from attnhub_backends.triton import args as kargs
 from attnhub_backends.triton import configs, mask_summary, plan
 from attnhub_backends.triton.loader import interpret_mode, kernels
 from attnhub_backends.triton.modifiers import Mods, plan_rule, runtime_args
@@ -257,8 +258,9 @@ class _FwdLaunch:
     splits: int
     tma: int
     qk_scale: float
-    kwargs: dict[str, Any]  # fwd_kernel's arguments after qk_scale (rule scalars, split strides,
-    # constexprs) and launch options
+    kwargs: dict[str, Any]  # fwd_kernel's arguments after plan_h (rule scalars, split count and
+    # strides), its constexprs one keyword each, and launch options
+    packed: dict[str, Any]  # the same as fwd_kernel takes them (constexprs in named tuples: args.pack)
     combine_kwargs: dict[str, Any]  # combine_kernel's (used when splits > 1)
     fwd_launcher: Relauncher = field(default_factory=Relauncher)
     combine_launcher: Relauncher = field(default_factory=Relauncher)
@@ -304,13 +306,27 @@ def forward(
     return out, lse
 
 
-def _make_launch(
+@dataclass(frozen=True)
+class _FwdShape:
+    """The forward's tiling for one config: GQA packing and the query tile, the plan's rows, the
+    grid, the split-KV factor, the K/V load path and the walk."""
+
+    pack: bool  # GQA rows packed into one tile (few queries)
+    bm: int  # query tile (rows)
+    rows: torch.Tensor  # the plan rows the kernel walks: band lists where ``band``, else index lists
+    splits: int  # split-KV factor
+    tma: int  # K/V load path: POINTERS or DESCRIPTORS
+    band: bool  # one loop over a band of key tiles
+    grid: tuple[int, int, int]
+    swap: bool  # grid (tiles, batch, heads): SWAP_HB
+
+
+def _fwd_shape(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, req: Request, cfg: configs.Cfg
-) -> _FwdLaunch:
-    """The launch of ``cfg`` for this call signature."""
-    b, hq, nq, dqk = q.shape
-    hkv, dv = k.shape[1], v.shape[3]
-    scalars, consts = rule_args(req)
+) -> _FwdShape:
+    """The tile, split-KV and load-path choice of a forward with config ``cfg``."""
+    b, hq, nq, _ = q.shape
+    hkv = k.shape[1]
     group = hq // hkv
     has_mask = isinstance(req.rule, ExplicitMask)
     # GQA packing: with few queries, one tile holds every (query head of a group, query) row
@@ -327,15 +343,30 @@ def _make_launch(
     tma = _tma_mode(q, k, v, packed=pack, bias=req.bias is not None)
     # The band walk needs contiguous visits (pl.band) and a positive scale (its -inf masking).
     band = cfg.band and not pack and pl.band is not None and req.scale > 0 and not has_mask
+    swap = not pack and _swap_heads_batch(req)
+    grid = (tiles * splits, b, heads) if swap else (tiles * splits, heads, b)
+    return _FwdShape(pack, bm, pl.band if band else pl.rows, splits, tma, band, grid, swap)
+
+
+def _make_launch(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, req: Request, cfg: configs.Cfg
+) -> _FwdLaunch:
+    """The launch of ``cfg`` for this call signature: its shape (``_fwd_shape``) and the kernels'
+    keywords, flat and packed (``args.pack``)."""
+    b, hq, nq, dqk = q.shape
+    dv = v.shape[3]
+    sh = _fwd_shape(q, k, v, req, cfg)
+    scalars, consts = rule_args(req)
+    has_mask = isinstance(req.rule, ExplicitMask)
     # Element strides between the splits' partial buffers (made in _launch_forward), rounded up to
     # a multiple of 16 so that Triton's divisibility specialisation does not follow the lengths.
-    o_split, l_split = (_round16(b * hq * nq * dv), _round16(b * hq * nq)) if splits > 1 else (0, 0)
+    o_split, l_split = (_round16(b * hq * nq * dv), _round16(b * hq * nq)) if sh.splits > 1 else (0, 0)
     kwargs = dict(
-        **scalars, SPLITS=splits, o_split=o_split, l_split=l_split,
-        DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=cfg.bn, **consts,
-        DOT_PRECISION=_dot_precision(q), NEG=req.scale < 0, PACK=pack, TMA=tma == DESCRIPTORS, BAND=band,
-        EVEN_K=_even_k(band, tma, k.shape[2], cfg.bn), SPLIT=splits > 1, NQ1=pack and nq == 1,
-        num_warps=cfg.warps, num_stages=cfg.stages,
+        **scalars, SPLITS=sh.splits, split_strides=(o_split, l_split),
+        DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=sh.bm, BN=cfg.bn, **consts,
+        DOT_PRECISION=_dot_precision(q), NEG=req.scale < 0, PACK=sh.pack, TMA=sh.tma == DESCRIPTORS,
+        BAND=sh.band, EVEN_K=_even_k(sh.band, sh.tma, k.shape[2], cfg.bn), SPLIT=sh.splits > 1,
+        NQ1=sh.pack and nq == 1, num_warps=cfg.warps, num_stages=cfg.stages,
     )  # fmt: skip
     if req.modified or has_mask:
         kwargs.update(
@@ -344,13 +375,12 @@ def _make_launch(
         )  # fmt: skip
     if cfg.maxnreg:
         kwargs["maxnreg"] = cfg.maxnreg
-    grid = (tiles * splits, heads, b)
-    if not pack and _swap_heads_batch(req):
+    if sh.swap:
         kwargs["SWAP_HB"] = True
-        grid = (tiles * splits, b, heads)
-    combine_kwargs = dict(DV=dv, BDV=_pad(dv), BM=16, BS=_combine_bs(splits))
+    combine_kwargs = dict(DV=dv, BDV=_pad(dv), BM=16, BS=_combine_bs(sh.splits))
     return _FwdLaunch(
-        cfg, pl.band if band else pl.rows, grid, splits, tma, req.scale * LOG2E, kwargs, combine_kwargs,
+        cfg, sh.rows, sh.grid, sh.splits, sh.tma, req.scale * LOG2E, kwargs, kargs.pack(kwargs, kargs.DENSE_FWD),
+        combine_kwargs,
     )  # fmt: skip
 
 
@@ -437,15 +467,15 @@ def _launch_forward(
     splits = fl.splits
     if splits == 1:
         o_buf, l_buf = out, lse
-    else:  # fl.kwargs' o_split and l_split are these buffers' stride(0)
-        o_split, l_split = fl.kwargs["o_split"], fl.kwargs["l_split"]
+    else:  # fl.kwargs' split strides are these buffers' stride(0)
+        o_split, l_split = fl.kwargs["split_strides"]
         o_buf = torch.empty((splits, o_split), dtype=torch.float32, device=q.device)
         o_buf = o_buf[:, : b * hq * nq * dv].view(splits, b, hq, nq, dv)
         l_buf = torch.empty((splits, l_split), dtype=torch.float32, device=q.device)
         l_buf = l_buf[:, : b * hq * nq].view(splits, b, hq, nq)
     o_strides = out.stride() if splits == 1 else o_buf.stride()[1:]
     kk, vv = kv_descriptors(k, v, fl.cfg.bn) if fl.tma == DESCRIPTORS else (k, v)
-    rows, plan_b, plan_h, kwargs = fl.rows, 0, 0, fl.kwargs
+    rows, plan_b, plan_h, kwargs = fl.rows, 0, 0, fl.packed
     if mods.mask is not None:
         mp = mask_summary.mask_plan(
             mods.mask, plan_rule(req), req.seq_q, req.seq_k, req.sync, fl.kwargs["BM"], fl.cfg.bn
@@ -453,16 +483,16 @@ def _launch_forward(
         rows, plan_b, plan_h = mp.rows, mp.plan_b, mp.plan_h
         if fl.cfg.band and mp.band is not None and req.scale > 0:  # this mask's visits are bands
             rows = mp.band
-            kwargs = dict(kwargs, BAND=True, EVEN_K=_even_k(True, fl.tma, nk, fl.cfg.bn))
+            band = dict(fl.kwargs, BAND=True, EVEN_K=_even_k(True, fl.tma, nk, fl.cfg.bn))
+            kwargs = kargs.pack(band, kargs.DENSE_FWD)
     args = (
-        q, kk, vv, o_buf, l_buf, rows, rows.stride(0), *q.stride(), *k.stride(), *v.stride(),
-        *o_strides, hq, hq // hkv, nq, nk, fl.qk_scale,
-        *runtime_args(mods, q, plan_b, plan_h, extra=mods.sinks),
+        q, kk, vv, o_buf, l_buf, rows, rows.stride(0), q.stride(), k.stride(), v.stride(), o_strides,
+        (hq, hq // hkv), nq, nk, fl.qk_scale, *runtime_args(mods, q, plan_b, plan_h, extra=mods.sinks),
     )  # fmt: skip
     if mods.any:  # tensors whose layouts vary per call: Triton specialises each launch
         kern.fwd_kernel[fl.grid](*args, **kwargs)
     else:
-        fl.fwd_launcher(kern.fwd_kernel, fl.grid, args, fl.kwargs)
+        fl.fwd_launcher(kern.fwd_kernel, fl.grid, args, fl.packed)
     if splits > 1:
         args = (o_buf, l_buf, out, lse, splits, nq, hq, *out.stride(), o_buf.stride(0), l_buf.stride(0))
         fl.combine_launcher(kern.combine_kernel, (triton_cdiv(nq, 16), hq, b), args, fl.combine_kwargs)
@@ -544,10 +574,11 @@ def backward(
         grid = (triton_cdiv(nk, cfg.bn), *((b, hkv) if swap else (hkv, b)))
         kern.dkdv_kernel[grid](
             q, k, v, dout, lse2, delta, dk, dvv, rows, rows.stride(0),
-            *q.stride(), *k.stride(), *v.stride(), *dout.stride(),
-            hq, hkv, group, nq, nk, qk_scale, req.scale,
+            q.stride(), k.stride(), v.stride(), dout.stride(), (hq, hkv, group), nq, nk, qk_scale, req.scale,
             *runtime_args(mods, q, plan_b, plan_h, extra=False),
-            BM=cfg.bm, BN=cfg.bn, num_warps=cfg.warps, num_stages=cfg.stages, **common,
+            **kargs.pack(
+                dict(common, BM=cfg.bm, BN=cfg.bn, num_warps=cfg.warps, num_stages=cfg.stages), kargs.DENSE_BWD
+            ),
         )  # fmt: skip
 
     def run_dq(cfg: configs.Cfg) -> None:
@@ -556,10 +587,12 @@ def backward(
         grid = (triton_cdiv(nq, cfg.bm), *((b, hq) if swap else (hq, b)))
         kern.dq_kernel[grid](
             q, k, v, dout, lse2, delta, dq, rows, rows.stride(0),
-            *q.stride(), *k.stride(), *v.stride(), *dout.stride(),
-            hq, group, nq, nk, qk_scale, req.scale,
+            q.stride(), k.stride(), v.stride(), dout.stride(), (hq, group), nq, nk, qk_scale, req.scale,
             *runtime_args(mods, q, plan_b, plan_h, extra=dbias_full),
-            BM=cfg.bm, BN=cfg.bn, num_warps=cfg.warps, num_stages=cfg.stages, **common, **extra,
+            **kargs.pack(
+                dict(common, BM=cfg.bm, BN=cfg.bn, num_warps=cfg.warps, num_stages=cfg.stages, **extra),
+                kargs.DENSE_BWD,
+            ),
         )  # fmt: skip
 
     work, persist = _work(req), _persist(q)

@@ -17,7 +17,7 @@ from types import ModuleType
 
 from attnhub import settings
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # re-entrant: a kernel source loads tiles.py while it executes
 _LOADED: dict[tuple[str, bool], ModuleType] = {}
 
 

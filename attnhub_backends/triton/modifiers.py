@@ -1,9 +1,10 @@
 """SPEC §9 score modifiers and boolean masks as the kernels' runtime arguments and constexprs.
 
-The kernels take the same fourteen runtime arguments after ``qk_scale`` whether or not a modifier
-is used (dense calls pass placeholders that no compiled code reads, their constexprs off): the
-bias pointer and its four element strides (0 where it broadcasts), the mask (as bytes) and its
-strides, the sinks, softcap·log2(e) and the mask plan's row strides (``mask_summary``).
+The kernels take the same three runtime arguments after their scales whether or not a modifier is
+used (dense calls pass placeholders that no compiled code reads, their constexprs off): the tuple
+``mods`` of the bias pointer and its four element strides (0 where it broadcasts), the mask (as
+bytes) and its strides, the sinks (or the dq kernel's dbias buffer) and softcap·log2(e); then the
+mask plan's row strides (``mask_summary``), separate arguments that Triton does not specialise.
 """
 
 from __future__ import annotations
@@ -83,16 +84,17 @@ def strides4(x: Any) -> tuple[int, int, int, int]:
 
 
 def runtime_args(mods: Mods, dummy: Any, plan_b: int = 0, plan_h: int = 0, extra: Any = None) -> tuple:
-    """``BIAS, sbb, sbh, sbm, sbn, MASKP, smb, smh, smm, smn, <extra>, softcap2, plan_b, plan_h``;
-    ``extra`` is the forward's SINKS or the dq kernel's dbias buffer (``dummy`` where absent), and
-    the dk/dv kernel takes none (pass ``extra=False``)."""
+    """``(BIAS, (sbb, sbh, sbm, sbn), MASKP, (smb, smh, smm, smn), <extra>, softcap2), plan_b, plan_h``:
+    the kernels' ``mods`` tuple and the plan strides; ``extra`` is the forward's SINKS or the dq
+    kernel's dbias buffer (``dummy`` where absent), and the dk/dv kernel takes none (pass
+    ``extra=False``)."""
     bias = mods.bias if mods.bias is not None else dummy
     sb = strides4(mods.bias) if mods.bias is not None else (0, 0, 0, 0)
     mask = mods.mask if mods.mask is not None else dummy
     sm = strides4(mods.mask) if mods.mask is not None else (0, 0, 0, 0)
     softcap2 = mods.softcap * LOG2E if mods.softcap is not None else 1.0
     mid: tuple = () if extra is False else (dummy if extra is None else extra,)
-    return (bias, *sb, mask, *sm, *mid, softcap2, plan_b, plan_h)
+    return (bias, sb, mask, sm, *mid, softcap2), plan_b, plan_h
 
 
 def reasons(req: Request) -> list[str]:

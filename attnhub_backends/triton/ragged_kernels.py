@@ -16,13 +16,20 @@ and no length is read on the host.
 
 Logits are kept in the log2 domain (``log2(e)`` folded into ``qk_scale``) for ``exp2``. With
 ``SOFTCAP`` the logit is ``softcap * tanh(scale * q·k / softcap)``. This module is executed once
-per mode (compiled or ``TRITON_INTERPRET=1``) by ``ragged_launch._kernels``.
+per mode (compiled or ``TRITON_INTERPRET=1``) by ``ragged_launch._kernels``; the helpers it shares
+with the dense kernels (``_dot``) come from ``tiles.py``, loaded in the same mode.
 """
+
+import os
 
 import triton
 import triton.language as tl
 
-LN2 = tl.constexpr(0.6931471805599453)
+from attnhub_backends.triton.loader import load
+
+_tiles = load("tiles.py", os.environ.get("TRITON_INTERPRET") == "1")
+_dot = _tiles._dot
+LN2 = _tiles.LN2
 
 # Integer arguments that follow the lengths, which Triton must not specialise on (it compiles a
 # variant per integer equal to 1 or divisible by 16): the padded lengths, offsets and sequence
@@ -36,18 +43,6 @@ LSE_STRIDE_ARGS = ["slb", "slh"]
 TABLE_LENGTH_ARGS = ["S", "Lq", "Lk", "q_offset", "k_offset"]
 FWD_LENGTH_ARGS = ["MQ", "CHUNK", "Lq", "Lk", "q_offset", "k_offset", "window", "sbt", *LSE_STRIDE_ARGS]
 BWD_LENGTH_ARGS = ["window", *LSE_STRIDE_ARGS]
-
-
-@triton.jit
-def _dot(a, b, DOT_PRECISION: tl.constexpr, acc=None):
-    """a @ b (+ acc): "native" tensor cores, "ieee" exact float32, "ieee_upcast" float32 operands
-    (Triton's interpreter multiplies bfloat16 operands wrongly)."""
-    if DOT_PRECISION == "ieee":
-        return tl.dot(a, b, acc, input_precision="ieee")
-    elif DOT_PRECISION == "ieee_upcast":
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -82,10 +77,12 @@ def _count_below(pos, a):
 
 
 @triton.jit
-def _key_band(pq_lo, pq_hi, k_len, ak, bk, window, RULE: tl.constexpr, CAUSAL: tl.constexpr,
-              LOG2_STRIDE: tl.constexpr):  # fmt: skip
+def _key_band(pq_lo, pq_hi, k_len, ak, bk, window, R: tl.constexpr):
     """Keys reachable from query positions ``pq_lo..pq_hi``: ``[n_lo, n_hi)``, and ``n_full``: keys
     below it (from n_lo) are attended by every query of that range (no mask needed)."""
+    RULE: tl.constexpr = R.RULE
+    CAUSAL: tl.constexpr = R.CAUSAL
+    LOG2_STRIDE: tl.constexpr = R.LOG2_STRIDE
     n_lo = 0
     n_hi = k_len
     if CAUSAL:
@@ -104,10 +101,12 @@ def _key_band(pq_lo, pq_hi, k_len, ak, bk, window, RULE: tl.constexpr, CAUSAL: t
 
 
 @triton.jit
-def _query_band(pk_lo, pk_hi, q_len, aq, bq, window, RULE: tl.constexpr, CAUSAL: tl.constexpr,
-                LOG2_STRIDE: tl.constexpr):  # fmt: skip
+def _query_band(pk_lo, pk_hi, q_len, aq, bq, window, R: tl.constexpr):
     """Queries that reach key positions ``pk_lo..pk_hi``: ``[i_lo, i_hi)``, and ``i_full``: queries
     from it on attend every key of that range (causal and full rules; local: ``i_hi``)."""
+    RULE: tl.constexpr = R.RULE
+    CAUSAL: tl.constexpr = R.CAUSAL
+    LOG2_STRIDE: tl.constexpr = R.LOG2_STRIDE
     i_lo = 0
     i_hi = q_len
     if CAUSAL:
@@ -126,9 +125,11 @@ def _query_band(pk_lo, pk_hi, q_len, aq, bq, window, RULE: tl.constexpr, CAUSAL:
 
 
 @triton.jit
-def _keep(i, j, q_len, k_len, aq, bq, ak, bk, window, RULE: tl.constexpr, CAUSAL: tl.constexpr,
-          LOG2_STRIDE: tl.constexpr):  # fmt: skip
+def _keep(i, j, q_len, k_len, aq, bq, ak, bk, window, R: tl.constexpr):
     """(len(i), len(j)) booleans: valid query ``i`` attends valid key ``j`` by the rule."""
+    RULE: tl.constexpr = R.RULE
+    CAUSAL: tl.constexpr = R.CAUSAL
+    LOG2_STRIDE: tl.constexpr = R.LOG2_STRIDE
     keep = (i < q_len)[:, None] & (j < k_len)[None, :]
     pq = aq * i + bq
     pk = ak * j + bk
@@ -149,13 +150,15 @@ def _softcap(qk, qk_scale, cap):
 
 
 @triton.jit
-def _kv_rows(K, V, BT, s, hk, rows, skb, skh, skn, svb, svh, svn, sbt, k_start,
-             PAGED: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+def _kv_rows(K, V, BT, s, hk, rows, sk, sv, sbt, k_start, PAGED: tl.constexpr, BLOCK: tl.constexpr):
     """Row pointers of keys ``rows`` (within the sequence) in K and V.
 
     Contiguous: batch entry ``s``, rows ``k_start + rows``. ``PAGED``: key j is row ``j % BLOCK`` of
-    block ``BT[s, j // BLOCK]`` (``skb``/``svb`` are the block strides, ``skn``/``svn`` the rows').
+    block ``BT[s, j // BLOCK]`` (``sk``/``sv``: (block, head, row) strides; contiguous: (batch, head,
+    row) strides).
     """
+    skb, skh, skn = sk
+    svb, svh, svn = sv
     if PAGED:
         blk = tl.load(BT + s.to(tl.int64) * sbt + rows // BLOCK).to(tl.int64)
         r = rows % BLOCK
@@ -248,11 +251,7 @@ def table_kernel(
 @triton.jit
 def _fwd_tile(
     q, K, V, BT, s, hk, n0, i, m_i, l_i, acc, q_len, k_len, k_start, aq, bq, ak, bk, window,
-    skb, skh, skn, svb, svh, svn, sbt, qk_scale, cap,
-    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BN: tl.constexpr,
-    MASKED: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-    PAGED: tl.constexpr, BLOCK: tl.constexpr, SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    TMA: tl.constexpr = False, kv_b=0, POS_SCALE: tl.constexpr = False,
+    sk, sv, sbt, qk_scale, cap, kv_b, T: tl.constexpr, R: tl.constexpr, F: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """One key tile (keys ``n0 .. n0 + BN``) of the online softmax; the rule applied if ``MASKED``.
     ``POS_SCALE``: the scale is positive (unmasked tiles then fold it into exp2's argument).
@@ -261,6 +260,17 @@ def _fwd_tile(
     ``kv_b``, rows ``k_start + n0 ..`` (zero-filled past L). Rows past ``k_len`` inside L are the
     caller's padding and may hold anything: their logits are masked, their values zeroed (0·NaN
     would be NaN); only masked tiles reach past ``k_len``."""
+    DQK: tl.constexpr = T.DQK
+    DV: tl.constexpr = T.DV
+    BDQK: tl.constexpr = T.BDQK
+    BDV: tl.constexpr = T.BDV
+    BN: tl.constexpr = T.BN
+    DOT_PRECISION: tl.constexpr = T.DOT_PRECISION
+    PAGED: tl.constexpr = F.PAGED
+    BLOCK: tl.constexpr = F.BLOCK
+    SOFTCAP: tl.constexpr = F.SOFTCAP
+    TMA: tl.constexpr = F.TMA
+    POS_SCALE: tl.constexpr = F.POS_SCALE
     j = n0 + tl.arange(0, BN)
     dq_ = tl.arange(0, BDQK)
     dv_ = tl.arange(0, BDV)
@@ -271,9 +281,7 @@ def _fwd_tile(
         if MASKED:
             v = tl.where(j_ok[:, None], v, 0.0)
     else:
-        k_rows, v_rows = _kv_rows(
-            K, V, BT, s, hk, j, skb, skh, skn, svb, svh, svn, sbt, k_start, PAGED, BLOCK
-        )
+        k_rows, v_rows = _kv_rows(K, V, BT, s, hk, j, sk, sv, sbt, k_start, PAGED, BLOCK)
         check = MASKED or BDQK != DQK or BDV != DV  # unmasked tiles lie below k_len
         kt = _load(k_rows[None, :] + dq_[:, None], j_ok[None, :] & (dq_ < DQK)[:, None], 0.0, check)
         v = _load(v_rows[:, None] + dv_[None, :], j_ok[:, None] & (dv_ < DV)[None, :], 0.0, check)
@@ -292,7 +300,7 @@ def _fwd_tile(
     else:
         qk = qk * qk_scale
     if MASKED:
-        keep = _keep(i, j, q_len, k_len, aq, bq, ak, bk, window, RULE, CAUSAL, LOG2_STRIDE)
+        keep = _keep(i, j, q_len, k_len, aq, bq, ak, bk, window, R)
         qk = tl.where(keep, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -305,20 +313,19 @@ def _fwd_tile(
 
 @triton.jit(do_not_specialize=FWD_LENGTH_ARGS)
 def fwd_kernel(
-    Q, K, V, O, LSE, OP, LP, CNT, QL, KL, CUQ, CUK, BT, SINKS,
-    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, slb, slh, sbt, o_split, l_split,
+    Q, K, V, O, LSE, OP, LP, CNT, QL, KL, CUQ, CUK, BT, SINKS, sq, sk, sv, so, slb, slh, sbt, split_strides,
     GROUP, MQ, CHUNK, Lq, Lk, q_offset, k_offset, qk_scale, cap, window,
-    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr,
-    RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-    PACK: tl.constexpr, SPLIT: tl.constexpr, PAGED: tl.constexpr, BLOCK: tl.constexpr,
-    SOFTCAP: tl.constexpr, SINK: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    HAS_QL: tl.constexpr, HAS_KL: tl.constexpr, VARLEN: tl.constexpr, LEFT: tl.constexpr,
-    SYNC: tl.constexpr, BR: tl.constexpr = 16, BSP: tl.constexpr = 1, WRITE_LSE: tl.constexpr = True,
-    TMA: tl.constexpr = False, FILL_PADDED: tl.constexpr = False, POS_SCALE: tl.constexpr = False,
+    T: tl.constexpr, R: tl.constexpr, E: tl.constexpr, F: tl.constexpr,
 ):  # fmt: skip
     """One (query tile or key chunk, head, sequence) program: out and lse of its rows (lse only
     with ``WRITE_LSE``: a forward whose caller wants neither lse nor a backward skips it).
+
+    Strides come as (batch, head, row) tuples ``sq``, ``sk``, ``sv``, ``so`` (a paged cache's
+    ``sk``/``sv``: (block, head, row)), lse's as ``slb``/``slh`` and the block table's row as
+    ``sbt`` (separate: they follow the lengths and are not specialised), the partials' as
+    ``split_strides`` = (o_split, l_split); the constexprs as ``T``, ``R``, ``E`` (how entries are
+    computed) and ``F`` (the rest: ``args.RAGGED_FWD``), whose fields are named below without their
+    tuple.
 
     The program's table entry is computed in place from the lengths (:func:`_entry`), so a
     forward is one launch. ``PACK`` (few queries): axis 1 is the kv head and the tile's rows are
@@ -336,6 +343,27 @@ def fwd_kernel(
     ``q_start + i`` on the right and ``q_start + i - Lq`` on the left), so the host allocates the
     outputs without filling them.
     """
+    DQK: tl.constexpr = T.DQK
+    DV: tl.constexpr = T.DV
+    BDQK: tl.constexpr = T.BDQK
+    BDV: tl.constexpr = T.BDV
+    BM: tl.constexpr = T.BM
+    BN: tl.constexpr = T.BN
+    HAS_QL: tl.constexpr = E.HAS_QL
+    HAS_KL: tl.constexpr = E.HAS_KL
+    VARLEN: tl.constexpr = E.VARLEN
+    LEFT: tl.constexpr = E.LEFT
+    SYNC: tl.constexpr = E.SYNC
+    PACK: tl.constexpr = F.PACK
+    SPLIT: tl.constexpr = F.SPLIT
+    SINK: tl.constexpr = F.SINK
+    BR: tl.constexpr = F.BR
+    BSP: tl.constexpr = F.BSP
+    WRITE_LSE: tl.constexpr = F.WRITE_LSE
+    FILL_PADDED: tl.constexpr = F.FILL_PADDED
+    sqb, sqh, sqn = sq
+    sob, soh, son = so
+    o_split, l_split = split_strides
     s = tl.program_id(2)
     q_start, q_len, k_start, k_len, aq, bq, ak, bk = _entry(
         QL, KL, CUQ, CUK, s, s >= 0, Lq, Lk, q_offset, k_offset, HAS_QL, HAS_KL, VARLEN, LEFT, SYNC
@@ -370,8 +398,7 @@ def fwd_kernel(
             tl.store(lse_pad, tl.full([BM], float("-inf"), dtype=tl.float32), mask=pad)
     if i_first >= q_len:
         return  # past this sequence's queries (padded rows: written above, or by the host)
-    n_lo, n_hi, n_full = _key_band(aq * i_first + bq, aq * i_last + bq, k_len, ak, bk, window,
-                                   RULE, CAUSAL, LOG2_STRIDE)  # fmt: skip
+    n_lo, n_hi, n_full = _key_band(aq * i_first + bq, aq * i_last + bq, k_len, ak, bk, window, R)
     t_lo = n_lo // BN
     t_hi = tl.cdiv(n_hi, BN)
     t_full = tl.maximum(t_lo, n_full // BN)  # tiles t_lo .. t_full-1 need no mask
@@ -392,16 +419,12 @@ def fwd_kernel(
     for t in range(t_lo, t_full):
         m_i, l_i, acc = _fwd_tile(
             q, K, V, BT, s, hk, t * BN, i, m_i, l_i, acc, q_len, k_len, k_start, aq, bq, ak, bk, window,
-            skb, skh, skn, svb, svh, svn, sbt, qk_scale, cap,
-            DQK, DV, BDQK, BDV, BN, False, RULE, CAUSAL, LOG2_STRIDE, PAGED, BLOCK, SOFTCAP, DOT_PRECISION,
-            TMA, kv_b, POS_SCALE,
+            sk, sv, sbt, qk_scale, cap, kv_b, T, R, F, False,
         )  # fmt: skip
     for t in range(t_full, t_hi):
         m_i, l_i, acc = _fwd_tile(
             q, K, V, BT, s, hk, t * BN, i, m_i, l_i, acc, q_len, k_len, k_start, aq, bq, ak, bk, window,
-            skb, skh, skn, svb, svh, svn, sbt, qk_scale, cap,
-            DQK, DV, BDQK, BDV, BN, True, RULE, CAUSAL, LOG2_STRIDE, PAGED, BLOCK, SOFTCAP, DOT_PRECISION,
-            TMA, kv_b,
+            sk, sv, sbt, qk_scale, cap, kv_b, T, R, F, True,
         )  # fmt: skip
     if SINK and not SPLIT:  # the sink: a virtual key of logit sinks[h] and value 0
         sink2 = tl.load(SINKS + h, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
@@ -501,12 +524,18 @@ def _merge_splits(
 @triton.jit
 def _dkdv_tile(
     k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_len, aq, bq, ak, bk, window,
-    sqb, sqh, sqn, sdb, sdh, sdn, slb, slh, qk_scale, cap,
-    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BM: tl.constexpr,
-    MASKED: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    sq, sd, slb, slh, qk_scale, cap, T: tl.constexpr, R: tl.constexpr, M: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """One query tile's (rows ``m0 .. m0 + BM`` of head h) contribution to a key tile's dk, dv."""
+    DQK: tl.constexpr = T.DQK
+    DV: tl.constexpr = T.DV
+    BDQK: tl.constexpr = T.BDQK
+    BDV: tl.constexpr = T.BDV
+    BM: tl.constexpr = T.BM
+    DOT_PRECISION: tl.constexpr = T.DOT_PRECISION
+    SOFTCAP: tl.constexpr = M.SOFTCAP
+    sqb, sqh, sqn = sq
+    sdb, sdh, sdn = sd
     i = m0 + tl.arange(0, BM)
     ok = i < q_len
     dq_ = tl.arange(0, BDQK)
@@ -527,7 +556,7 @@ def _dkdv_tile(
         qkt = qkt * qk_scale
     pt = tl.math.exp2(qkt - lse2[None, :])
     if MASKED:
-        keep = _keep(i, j, q_len, k_len, aq, bq, ak, bk, window, RULE, CAUSAL, LOG2_STRIDE)
+        keep = _keep(i, j, q_len, k_len, aq, bq, ak, bk, window, R)
         pt = tl.where(tl.trans(keep), pt, 0.0)
     dv = _dot(pt.to(do.dtype), do, DOT_PRECISION, dv)
     dpt = _dot(v, tl.trans(do), DOT_PRECISION)
@@ -540,17 +569,22 @@ def _dkdv_tile(
 
 @triton.jit(do_not_specialize=BWD_LENGTH_ARGS)
 def dkdv_kernel(
-    Q, K, V, DO, LSE2, DELTA, DK, DV_, TAB,
-    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, slb, slh,
-    sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
-    GROUP, qk_scale, sm_scale, cap, window,
-    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr,
-    RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    Q, K, V, DO, LSE2, DELTA, DK, DV_, TAB, sq, sk, sv, sd, slb, slh, sdk, sdv,
+    GROUP, qk_scale, sm_scale, cap, window, T: tl.constexpr, R: tl.constexpr, M: tl.constexpr,
 ):  # fmt: skip
     """One (key tile, kv head, sequence) program: dk and dv summed over the group's query heads,
     visiting only the query tiles that reach the key tile."""
+    DQK: tl.constexpr = T.DQK
+    DV: tl.constexpr = T.DV
+    BDQK: tl.constexpr = T.BDQK
+    BDV: tl.constexpr = T.BDV
+    BM: tl.constexpr = T.BM
+    BN: tl.constexpr = T.BN
+    RULE: tl.constexpr = R.RULE
+    skb, skh, skn = sk
+    svb, svh, svn = sv
+    sdkb, sdkh, sdkn = sdk
+    sdvb, sdvh, sdvn = sdv
     s = tl.program_id(2)
     hk = tl.program_id(1)
     q_start, q_len, k_start, k_len, aq, bq, ak, bk = _seq(TAB, s)
@@ -567,8 +601,7 @@ def dkdv_kernel(
     v = tl.load(V + s.to(tl.int64) * svb + hk.to(tl.int64) * svh + k_rows[:, None] * svn + dv_[None, :],
                 mask=j_ok[:, None] & (dv_ < DV)[None, :], other=0.0)  # fmt: skip
     n_last = tl.minimum(k_len, n0 + BN) - 1
-    i_lo, i_hi, i_full = _query_band(ak * n0 + bk, ak * n_last + bk, q_len, aq, bq, window,
-                                     RULE, CAUSAL, LOG2_STRIDE)  # fmt: skip
+    i_lo, i_hi, i_full = _query_band(ak * n0 + bk, ak * n_last + bk, q_len, aq, bq, window, R)
     m_lo = (i_lo // BM) * BM
     # Query tiles from m_full on (whole tiles below q_len) attend every key of a whole key tile.
     m_full = tl.maximum(m_lo, tl.cdiv(i_full, BM) * BM)
@@ -584,20 +617,17 @@ def dkdv_kernel(
         for m0 in range(m_lo, m_full, BM):
             dk, dv = _dkdv_tile(
                 k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_len, aq, bq, ak, bk,
-                window, sqb, sqh, sqn, sdb, sdh, sdn, slb, slh, qk_scale, cap,
-                DQK, DV, BDQK, BDV, BM, True, RULE, CAUSAL, LOG2_STRIDE, SOFTCAP, DOT_PRECISION,
+                window, sq, sd, slb, slh, qk_scale, cap, T, R, M, True,
             )  # fmt: skip
         for m0 in range(m_full, m_end, BM):
             dk, dv = _dkdv_tile(
                 k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_len, aq, bq, ak, bk,
-                window, sqb, sqh, sqn, sdb, sdh, sdn, slb, slh, qk_scale, cap,
-                DQK, DV, BDQK, BDV, BM, False, RULE, CAUSAL, LOG2_STRIDE, SOFTCAP, DOT_PRECISION,
+                window, sq, sd, slb, slh, qk_scale, cap, T, R, M, False,
             )  # fmt: skip
         for m0 in range(m_end, tl.cdiv(i_hi, BM) * BM, BM):
             dk, dv = _dkdv_tile(
                 k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_len, aq, bq, ak, bk,
-                window, sqb, sqh, sqn, sdb, sdh, sdn, slb, slh, qk_scale, cap,
-                DQK, DV, BDQK, BDV, BM, True, RULE, CAUSAL, LOG2_STRIDE, SOFTCAP, DOT_PRECISION,
+                window, sq, sd, slb, slh, qk_scale, cap, T, R, M, True,
             )  # fmt: skip
     dk = dk * sm_scale
     tl.store(DK + s.to(tl.int64) * sdkb + hk.to(tl.int64) * sdkh + k_rows[:, None] * sdkn + dq_[None, :],
@@ -609,17 +639,21 @@ def dkdv_kernel(
 @triton.jit
 def _dq_tile(
     q, do, dq, lse2, delta, K, V, s, hk, n0, i, q_len, k_len, k_start, aq, bq, ak, bk, window,
-    skb, skh, skn, svb, svh, svn, qk_scale, cap,
-    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr, BN: tl.constexpr,
-    MASKED: tl.constexpr, RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    sk, sv, qk_scale, cap, T: tl.constexpr, R: tl.constexpr, M: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """One key tile's contribution to a query tile's dq."""
+    DQK: tl.constexpr = T.DQK
+    DV: tl.constexpr = T.DV
+    BDQK: tl.constexpr = T.BDQK
+    BDV: tl.constexpr = T.BDV
+    BN: tl.constexpr = T.BN
+    DOT_PRECISION: tl.constexpr = T.DOT_PRECISION
+    SOFTCAP: tl.constexpr = M.SOFTCAP
     j = n0 + tl.arange(0, BN)
     j_ok = j < k_len
     dq_ = tl.arange(0, BDQK)
     dv_ = tl.arange(0, BDV)
-    k_rows, v_rows = _kv_rows(K, V, K, s, hk, j, skb, skh, skn, svb, svh, svn, 0, k_start, False, 1)
+    k_rows, v_rows = _kv_rows(K, V, K, s, hk, j, sk, sv, 0, k_start, False, 1)
     check = MASKED or BDQK != DQK or BDV != DV  # unmasked tiles lie below k_len
     kt = _load(k_rows[None, :] + dq_[:, None], j_ok[None, :] & (dq_ < DQK)[:, None], 0.0, check)
     vt = _load(v_rows[None, :] + dv_[:, None], j_ok[None, :] & (dv_ < DV)[:, None], 0.0, check)
@@ -630,7 +664,7 @@ def _dq_tile(
         qk = qk * qk_scale
     p = tl.math.exp2(qk - lse2[:, None])
     if MASKED:
-        keep = _keep(i, j, q_len, k_len, aq, bq, ak, bk, window, RULE, CAUSAL, LOG2_STRIDE)
+        keep = _keep(i, j, q_len, k_len, aq, bq, ak, bk, window, R)
         p = tl.where(keep, p, 0.0)
     dp = _dot(do, vt, DOT_PRECISION)
     ds = p * (dp - delta[:, None])
@@ -641,15 +675,19 @@ def _dq_tile(
 
 @triton.jit(do_not_specialize=BWD_LENGTH_ARGS)
 def dq_kernel(
-    Q, K, V, DO, LSE2, DELTA, DQ, TAB,
-    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, slb, slh, sdqb, sdqh, sdqn,
-    GROUP, qk_scale, sm_scale, cap, window,
-    DQK: tl.constexpr, DV: tl.constexpr, BDQK: tl.constexpr, BDV: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr,
-    RULE: tl.constexpr, CAUSAL: tl.constexpr, LOG2_STRIDE: tl.constexpr,
-    SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    Q, K, V, DO, LSE2, DELTA, DQ, TAB, sq, sk, sv, sd, slb, slh, sdq,
+    GROUP, qk_scale, sm_scale, cap, window, T: tl.constexpr, R: tl.constexpr, M: tl.constexpr,
 ):  # fmt: skip
     """One (query tile, head, sequence) program: dq of its rows over the key tiles they reach."""
+    DQK: tl.constexpr = T.DQK
+    DV: tl.constexpr = T.DV
+    BDQK: tl.constexpr = T.BDQK
+    BDV: tl.constexpr = T.BDV
+    BM: tl.constexpr = T.BM
+    BN: tl.constexpr = T.BN
+    sqb, sqh, sqn = sq
+    sdb, sdh, sdn = sd
+    sdqb, sdqh, sdqn = sdq
     s = tl.program_id(2)
     h = tl.program_id(1)
     hk = h // GROUP
@@ -670,22 +708,19 @@ def dq_kernel(
     lse2 = tl.load(LSE2 + l_rows, mask=ok, other=float("inf"))
     delta = tl.load(DELTA + l_rows, mask=ok, other=0.0)
     i_last = tl.minimum(q_len, m0 + BM) - 1
-    n_lo, n_hi, n_full = _key_band(aq * m0 + bq, aq * i_last + bq, k_len, ak, bk, window,
-                                   RULE, CAUSAL, LOG2_STRIDE)  # fmt: skip
+    n_lo, n_hi, n_full = _key_band(aq * m0 + bq, aq * i_last + bq, k_len, ak, bk, window, R)
     t_lo = n_lo // BN
     t_full = tl.maximum(t_lo, n_full // BN)
     dq = tl.zeros([BM, BDQK], dtype=tl.float32)
     for t in range(t_lo, t_full):
         dq = _dq_tile(
             q, do, dq, lse2, delta, K, V, s, hk, t * BN, i, q_len, k_len, k_start, aq, bq, ak, bk, window,
-            skb, skh, skn, svb, svh, svn, qk_scale, cap,
-            DQK, DV, BDQK, BDV, BN, False, RULE, CAUSAL, LOG2_STRIDE, SOFTCAP, DOT_PRECISION,
+            sk, sv, qk_scale, cap, T, R, M, False,
         )  # fmt: skip
     for t in range(t_full, tl.cdiv(n_hi, BN)):
         dq = _dq_tile(
             q, do, dq, lse2, delta, K, V, s, hk, t * BN, i, q_len, k_len, k_start, aq, bq, ak, bk, window,
-            skb, skh, skn, svb, svh, svn, qk_scale, cap,
-            DQK, DV, BDQK, BDV, BN, True, RULE, CAUSAL, LOG2_STRIDE, SOFTCAP, DOT_PRECISION,
+            sk, sv, qk_scale, cap, T, R, M, True,
         )  # fmt: skip
     dq = dq * sm_scale
     tl.store(DQ + s.to(tl.int64) * sdqb + h.to(tl.int64) * sdqh + rows[:, None] * sdqn + dq_[None, :],

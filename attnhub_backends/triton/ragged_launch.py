@@ -17,6 +17,7 @@ import torch
 from attnhub import settings
 from attnhub.request import Request
 from attnhub.rules import Causal, Full, Local
+from attnhub_backends.triton import args as kargs
 from attnhub_backends.triton.launch import DESCRIPTORS, _dot_precision, _pad, _tma_mode, kv_descriptors
 from attnhub_backends.triton.loader import interpret_mode, load
 from attnhub_backends.triton.loader import kernels as dense_kernels
@@ -49,13 +50,13 @@ def _kernels() -> ModuleType:
 
 
 def _rule(req: Request) -> tuple[dict[str, Any], int]:
-    """(constexprs RULE, CAUSAL, LOG2_STRIDE; the window) of the request's rule."""
+    """(constexprs NDIM (1), RULE, CAUSAL, LOG2_STRIDE; the window) of the request's rule."""
     rule = req.rule
     kind = "full" if isinstance(rule, Full) else "causal" if isinstance(rule, Causal) else "local"
     causal = isinstance(rule, Causal) or (isinstance(rule, Local) and rule.causal)
     window = rule.windows(1)[0] if isinstance(rule, Local) else 1
     stride = rule.log2_stride if isinstance(rule, Local) else 0
-    return {"RULE": kind, "CAUSAL": causal, "LOG2_STRIDE": stride}, window
+    return {"NDIM": 1, "RULE": kind, "CAUSAL": causal, "LOG2_STRIDE": stride}, window
 
 
 @dataclass(frozen=True)
@@ -131,11 +132,11 @@ class _FwdPlan:
     out_dtype: torch.dtype
     zero_fill: bool  # padded query rows that no program writes: out and lse start at 0 and -inf
     need_lse: bool  # else the kernel writes no lse and the forward returns None for it
-    tma: bool  # K/V read through host-made tensor descriptors (block rows: fwd_meta["BN"])
+    tma: bool  # K/V read through host-made tensor descriptors (block rows: fwd_meta["T"].BN)
     splits: int
     grid: tuple[int, int, int]
-    fwd_tail: tuple  # fwd_kernel's scalars after its pointers
-    fwd_meta: dict[str, Any]
+    fwd_tail: tuple  # fwd_kernel's scalars (and stride tuples) after its pointers
+    fwd_meta: dict[str, Any]  # its constexprs (named tuples: args.pack) and launch options
     buf_split: tuple[int, int]  # split-KV partials, (splits, this) each: (S, Hq, MQ, Dv) and
     # (S, Hq, MQ) contiguous at the start of each split's row (see _split_strides)
     counters: int  # split-KV: one done-counter per (sequence, kv head)
@@ -425,12 +426,12 @@ def _plan_forward(
     else:
         o_split, l_split = 0, 0
     tail = (
-        *qs, kb, kh, kn, vb, vh, vn, *out_strides, *lse_strides, sbt, o_split, l_split, group, tp.max_q,
+        qs, (kb, kh, kn), (vb, vh, vn), out_strides, *lse_strides, sbt, (o_split, l_split), group, tp.max_q,
         chunk, *tp.scalars[1:], req.scale * LOG2E, cap, window,
     )  # fmt: skip
     return _FwdPlan(
         tp, (b, hq, nq, dv), out_dtype, req.q_lengths and not fill_padded, need_lse, tma, splits, grid, tail,
-        {**meta, **tp.meta},
+        kargs.pack({**meta, **tp.meta}, kargs.RAGGED_FWD),
         (o_split, l_split), tp.seqs * hkv if splits > 1 else 0,
     )  # fmt: skip
 
@@ -487,7 +488,7 @@ def _run_forward(
     sk = ops.sinks if req.sinks else spare
     o_buf, l_buf, cnt = _workspace(plan, dev) if plan.splits > 1 else (spare, spare, spare)
     if plan.tma:
-        k, v = kv_descriptors(k, v, plan.fwd_meta["BN"])
+        k, v = kv_descriptors(k, v, plan.fwd_meta["T"].BN)
     plan.fwd_launcher(
         _kernels().fwd_kernel, plan.grid, (q, k, v, out, spare if lse is None else lse, o_buf, l_buf, cnt, ql,
                                            kl, cuq, cuk, bt, sk, *plan.fwd_tail), plan.fwd_meta,
@@ -505,6 +506,12 @@ def forward_for_grad(
         return out, lse, out
     out32, lse = forward(q, k, v, req, ops, out_dtype=torch.float32)
     return out32.to(q.dtype), lse, out32
+
+
+def _rows3(x: torch.Tensor, batch: int) -> tuple[int, int, int]:
+    """(batch, head, row) element strides of a (B, H, L, D) tensor, the batch's times ``batch`` (0:
+    packed sequences, which all sit in batch entry 0)."""
+    return (x.stride(0) * batch, x.stride(1), x.stride(2))
 
 
 def _bwd_cfgs(x: torch.Tensor, d: int) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
@@ -558,23 +565,21 @@ def backward(
             DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), **consts, SOFTCAP=req.softcap is not None,
             DOT_PRECISION=_dot_precision(q),
         )  # fmt: skip
+        # (batch, head, row) strides of each tensor (batch 0 for packed sequences), then lse's and
+        # delta's (batch, head) strides, which follow the total token count: separate, unspecialised.
         strides = (
-            q.stride(0) * ss, q.stride(1), q.stride(2), k.stride(0) * ss, k.stride(1), k.stride(2),
-            v.stride(0) * ss, v.stride(1), v.stride(2), dout.stride(0) * ss, dout.stride(1), dout.stride(2),
-            delta.stride(0) * ss, delta.stride(1),
+            *(_rows3(x, ss) for x in (q, k, v, dout)), delta.stride(0) * ss, delta.stride(1),
         )  # fmt: skip
         (bm1, bn1, w1, s1), (bm2, bn2, w2, s2) = _bwd_cfgs(q, max(_pad(dqk), _pad(dv)))
         kern.dkdv_kernel[(-(-t.max_k // bn1), hkv, t.seqs)](
-            q, k, v, dout, lse2, delta, dk, dvv, t.tab, *strides,
-            dk.stride(0) * ss, dk.stride(1), dk.stride(2), dvv.stride(0) * ss, dvv.stride(1), dvv.stride(2),
+            q, k, v, dout, lse2, delta, dk, dvv, t.tab, *strides, _rows3(dk, ss), _rows3(dvv, ss),
             group, req.scale * LOG2E, req.scale, cap, window,
-            BM=bm1, BN=bn1, num_warps=w1, num_stages=s1, **common,
+            **kargs.pack(dict(common, BM=bm1, BN=bn1, num_warps=w1, num_stages=s1), kargs.RAGGED_BWD),
         )  # fmt: skip
         kern.dq_kernel[(-(-t.max_q // bm2), hq, t.seqs)](
-            q, k, v, dout, lse2, delta, dq, t.tab, *strides,
-            dq.stride(0) * ss, dq.stride(1), dq.stride(2),
+            q, k, v, dout, lse2, delta, dq, t.tab, *strides, _rows3(dq, ss),
             group, req.scale * LOG2E, req.scale, cap, window,
-            BM=bm2, BN=bn2, num_warps=w2, num_stages=s2, **common,
+            **kargs.pack(dict(common, BM=bm2, BN=bn2, num_warps=w2, num_stages=s2), kargs.RAGGED_BWD),
         )  # fmt: skip
     if not req.sinks:
         return dq, dk, dvv

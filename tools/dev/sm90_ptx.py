@@ -27,6 +27,7 @@ from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
 from attnhub.request import Request  # noqa: E402
 from attnhub.rules import Causal  # noqa: E402
+from attnhub_backends.triton import args as kargs  # noqa: E402
 from attnhub_backends.triton import configs, launch, loader  # noqa: E402
 from attnhub_backends.triton.modifiers import Mods  # noqa: E402
 
@@ -52,9 +53,8 @@ def _recording_module(backend, dense, out: list) -> object:
                             m.group(1) for line in k.asm["ptx"].splitlines() if (m := OPS.match(line))
                         )
                         keys = ("BM", "BN", "BAND", "CAP_MAX", "SOFTCAP")
-                        out.append(
-                            (name, {x: kwargs[x] for x in keys if x in kwargs}, dict(sorted(ops.items())))
-                        )
+                        flat = kargs.flat(kwargs)  # constexprs come as named tuples (args.py)
+                        out.append((name, {x: flat[x] for x in keys if x in flat}, dict(sorted(ops.items()))))
 
                     return call
 

@@ -31,6 +31,8 @@ def _arg_key(a: Any) -> Any:
         return "f"
     if isinstance(a, torch.Tensor):
         return ("t", str(a.dtype), a.data_ptr() % 16 == 0)
+    if isinstance(a, tuple):  # strides and operands as tuples: Triton specialises each member
+        return tuple(_arg_key(x) for x in a)
     return type(a).__name__
 
 

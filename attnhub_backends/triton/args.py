@@ -1,0 +1,141 @@
+"""The Triton kernels' compile-time switches as named tuples, and their packing from launch keywords.
+
+Each kernel takes its constexprs as a few named tuples (one ``tl.constexpr`` parameter each) instead
+of one parameter per switch, so that no signature grows past a few dozen parameters
+(tests/test_kernel_signatures.py). A named tuple is one constexpr value to Triton: two launches
+compile the same variant exactly when every field is equal, as with separate constexprs. Each
+kernel and helper names the fields it uses as local constexprs at its top (``BM: tl.constexpr =
+T.BM``): Triton 3.6 reads ``T.BM`` as a plain Python value, which it does not accept in a shape
+list (``tl.zeros([T.BM], ...)``) nor, for a string, as another jit function's argument; nor can it
+unpack a constexpr tuple (``BM, BN = ...``) or take nested targets (``a, (b, c) = t``).
+
+The host side keeps building one flat dict of keywords per launch (``{"BM": 64, "CAUSAL": True,
+..., "num_warps": 4}``, as the configs, rule and modifier helpers make them, and as tests read
+them); :func:`pack` turns it into the kernel's keywords once per launch plan. Runtime arguments
+that Triton must not specialise (lengths, offsets, windows: the kernels' ``*_LENGTH_ARGS``) stay
+separate parameters: Triton specialises every member of a tuple argument, whatever
+``do_not_specialize`` says.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+
+class TileC(NamedTuple):
+    """Head dims (``DQK``, ``DV``), their power-of-two tiles (``BDQK``, ``BDV``), the query and key
+    tiles (``BM``, ``BN``), how ``tl.dot`` multiplies (``DOT_PRECISION``, see ``kernels._dot``) and
+    the grid's axis order (``SWAP_HB``: (tiles, batch, heads), see ``kernels._head_batch``)."""
+
+    DQK: int
+    DV: int
+    BDQK: int
+    BDV: int
+    BM: int
+    BN: int
+    DOT_PRECISION: str
+    SWAP_HB: bool = False
+
+
+class RuleC(NamedTuple):
+    """The rule's constexprs (``launch.rule_args``): ``NDIM`` (1 or 2), ``RULE`` ("full", "causal"
+    or "local"), ``CAUSAL`` (a causal window too) and ``LOG2_STRIDE`` (a window's dilation)."""
+
+    NDIM: int
+    RULE: str
+    CAUSAL: bool
+    LOG2_STRIDE: int
+
+
+class ModsC(NamedTuple):
+    """SPEC §9 switches of the dense kernels: ``SOFTCAP``, ``HAS_BIAS``, ``HAS_MASK`` (a boolean
+    mask), ``HAS_SINKS`` (forward), ``CAP_MAX`` (forward: softcap's bound as every row's max,
+    ``launch._cap_max``) and ``DBIAS`` (dq kernel: dS stored for the bias gradient)."""
+
+    SOFTCAP: bool = False
+    HAS_BIAS: bool = False
+    HAS_MASK: bool = False
+    HAS_SINKS: bool = False
+    CAP_MAX: bool = False
+    DBIAS: bool = False
+
+
+class WalkC(NamedTuple):
+    """The dense forward's walk (see ``kernels.fwd_kernel``): ``NEG`` (a negative scale), ``PACK``
+    (GQA rows packed into one tile), ``TMA`` (K/V tensor descriptors), ``BAND`` (one loop over a
+    band of key tiles), ``EVEN_K`` (no bounds masks on the band walk's K/V loads), ``SPLIT``
+    (split-KV) and ``NQ1`` (one query row)."""
+
+    NEG: bool
+    PACK: bool
+    TMA: bool = False
+    BAND: bool = False
+    EVEN_K: bool = False
+    SPLIT: bool = False
+    NQ1: bool = False
+
+
+class EntryC(NamedTuple):
+    """How the ragged kernels compute a sequence's table entry (``ragged_kernels._entry``)."""
+
+    HAS_QL: bool
+    HAS_KL: bool
+    VARLEN: bool
+    LEFT: bool
+    SYNC: str
+
+
+class RaggedFwdC(NamedTuple):
+    """The ragged forward's switches (see ``ragged_kernels.fwd_kernel``)."""
+
+    PACK: bool
+    SPLIT: bool
+    PAGED: bool
+    BLOCK: int
+    SOFTCAP: bool
+    SINK: bool
+    BR: int = 16
+    BSP: int = 1
+    WRITE_LSE: bool = True
+    TMA: bool = False
+    FILL_PADDED: bool = False
+    POS_SCALE: bool = False
+
+
+#: The constexpr parameters of each kernel: (parameter name, its named tuple), by kernel.
+DENSE_FWD = (("T", TileC), ("R", RuleC), ("M", ModsC), ("W", WalkC))
+DENSE_BWD = (("T", TileC), ("R", RuleC), ("M", ModsC))
+RAGGED_FWD = (("T", TileC), ("R", RuleC), ("E", EntryC), ("F", RaggedFwdC))
+RAGGED_BWD = (("T", TileC), ("R", RuleC), ("M", ModsC))
+
+_FIELDS = {cls: frozenset(cls._fields) for cls in (TileC, RuleC, ModsC, WalkC, EntryC, RaggedFwdC)}
+
+
+def pack(flat: dict[str, Any], groups: tuple[tuple[str, type], ...]) -> dict[str, Any]:
+    """The kernel keywords of ``flat``: each group's fields gathered into its named tuple (fields
+    left out take the tuple's defaults), every other keyword (runtime arguments passed by name,
+    launch options such as ``num_warps``) as it is. A field that no group has is an error."""
+    out = dict(flat)
+    for name, cls in groups:
+        fields = _FIELDS[cls]
+        out[name] = cls(**{f: out.pop(f) for f in fields if f in flat})
+    stray = [k for k in out if k.isupper() and k not in dict(groups) and not _runtime(k)]
+    if stray:
+        raise TypeError(f"no kernel constexpr takes {stray}")
+    return out
+
+
+def _runtime(name: str) -> bool:
+    """Upper-case runtime arguments passed by name (the dense forward's split count)."""
+    return name == "SPLITS"
+
+
+def flat(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`pack`: every named tuple's fields as keywords of their own."""
+    out: dict[str, Any] = {}
+    for k, v in kwargs.items():
+        if isinstance(v, tuple) and hasattr(v, "_fields") and type(v) in _FIELDS:
+            out.update(v._asdict())
+        else:
+            out[k] = v
+    return out
