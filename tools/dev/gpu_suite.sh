@@ -26,7 +26,7 @@ if [ "$PART" = a ]; then
     for f in $OWN tests/test_distributed_multigpu.py; do ignores="$ignores --ignore=$f"; done
     step 480 tests-a.log python3 -m pytest -q -m gpu -n 16 -p no:cacheprovider -rfE tests/ $ignores
 else
-    step 300 tests-b.log python3 -m pytest -q -m gpu -n 16 -p no:cacheprovider -rfE $OWN tests/test_host_path_gpu.py
+    step 270 tests-b.log python3 -m pytest -q -m gpu -n 16 -p no:cacheprovider -rfE $OWN tests/test_host_path_gpu.py
     # The triton kernels before issue 38's argument packing (BASE, default 6572db0) against now, in
     # one process each, cuDNN as the drift reference: a copy of the tree with those six files.
     base=$(mktemp -d); git archive "${BASE:-6572db0}" attnhub_backends/triton | tar -xf - -C "$base"
@@ -35,8 +35,8 @@ else
     for f in kernels ragged_kernels launch ragged_launch modifiers loader; do cp "$base/attnhub_backends/triton/$f.py" "$before/attnhub_backends/triton/"; done
     for v in before after; do
         dir=$PWD; [ $v = before ] && dir=$before
-        (cd "$dir" && PYTHONPATH="$dir:${PYTHONPATH:-}" step 120 "bench-$v.log" python3 -m attnhub.cli bench --backends triton --peers sdpa-cudnn --family dense --direction fwd,bwd --lengths 4096,16384 --out "$(mktemp -d)")
+        (cd "$dir" && PYTHONPATH="$dir:${PYTHONPATH:-}" step 110 "bench-$v.log" python3 -m attnhub.cli bench --backends triton --peers sdpa-cudnn --family dense --direction fwd,bwd --lengths 4096,16384 --out "$(mktemp -d)")
     done
-    step 40 host.log python3 benchmarks/host_overhead.py --rounds 10
+    step 30 host.log python3 benchmarks/host_overhead.py --rounds 10
 fi
 grep -E "^(FAILED|ERROR)" "$DEST"/tests-*.log | head -40
