@@ -1,32 +1,38 @@
 #!/bin/bash
-# The GPU-marked tests (and what to time with them) in parts that fit one device call, on the
-# committed tree: run on the device machine from the repository root, the cudnn frontend wheel in .whl/.
+# The GPU-marked tests (and what to time with them) in parts that fit one device call. Run on the
+# device machine from the repository root, the cudnn frontend wheel in .whl/:
 #
-#   bash tools/dev/gpu_suite.sh PART   (logs in $OUT, else .)
+#   COMMIT=$(git rev-parse --short HEAD) bash tools/dev/gpu_suite.sh PART   (logs in $OUT, else .)
 #
-# PART a: every GPU test but the cuda and triton backends' own files (about 5 minutes);
+# The device machine's copy carries the working tree but not this checkout's git history (its
+# HEAD is stale), so the commit is passed in; commit first, so that the tree is that commit.
+#
+# PART a: every GPU test but the cuda and triton backends' own files (about 7 minutes on an H200);
 # PART b: the cuda and triton backends' files, then the dense triton kernels before and after
-# issue 38's argument packing (attnhub bench), and host overhead.
-# Uncommitted changes in the copied tree are stashed first, so a run measures a commit.
+#         issue 38's argument packing (attnhub bench), and host overhead;
+# PART core: one call's worth after a change to the backend contract and the kernels' arguments:
+#         the triton, cuda, sdpa, cudnn, jax and conformance GPU files, host overhead, the dense
+#         triton bench.
 set -u
 DEST="${OUT:-.}"
 PART="${1:-a}"
 export PYTHONUNBUFFERED=1
-git stash -u -q 2>/dev/null && echo "stashed uncommitted changes"
-git log --oneline -1 | tee "$DEST/commit-$PART.txt"
+echo "${COMMIT:-unknown commit}" | tee "$DEST/commit-$PART.txt"
 if ls .whl/nvidia_cudnn_frontend-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
         export PYTHONPATH=/tmp/site
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip install -e . failed"
-OWN="tests/test_cuda_gpu.py tests/test_cuda_modifiers_gpu.py tests/test_peaked_row_gradients.py tests/test_tiling_cuda_gpu.py tests/test_triton_gpu.py tests/test_triton_modifiers_gpu.py tests/test_triton_ragged_gpu.py tests/test_triton_compile.py tests/test_triton_ragged.py"
+TRITON_FILES="tests/test_triton_gpu.py tests/test_triton_modifiers_gpu.py tests/test_triton_ragged_gpu.py tests/test_triton_compile.py tests/test_triton_ragged.py tests/test_host_path_gpu.py"
+CUDA_FILES="tests/test_cuda_gpu.py tests/test_cuda_modifiers_gpu.py tests/test_peaked_row_gradients.py tests/test_tiling_cuda_gpu.py"
 step() { local limit=$1 log=$2; shift 2; echo "== $*"; timeout "$limit" "$@" >"$DEST/$log" 2>&1; echo "   rc $? -> $log"; tail -n 2 "$DEST/$log"; }
+pytest_gpu() { python3 -m pytest -q -m gpu -n 16 -p no:cacheprovider -rfE "$@"; }
 if [ "$PART" = a ]; then
     ignores=""
-    for f in $OWN tests/test_distributed_multigpu.py; do ignores="$ignores --ignore=$f"; done
-    step 480 tests-a.log python3 -m pytest -q -m gpu -n 16 -p no:cacheprovider -rfE tests/ $ignores
-else
-    step 270 tests-b.log python3 -m pytest -q -m gpu -n 16 -p no:cacheprovider -rfE $OWN tests/test_host_path_gpu.py
+    for f in $TRITON_FILES $CUDA_FILES tests/test_distributed_multigpu.py; do ignores="$ignores --ignore=$f"; done
+    step 480 tests-a.log pytest_gpu tests/ $ignores
+elif [ "$PART" = b ]; then
+    step 270 tests-b.log pytest_gpu $TRITON_FILES $CUDA_FILES
     # The triton kernels before issue 38's argument packing (BASE, default 6572db0) against now, in
     # one process each, cuDNN as the drift reference: a copy of the tree with those six files.
     base=$(mktemp -d); git archive "${BASE:-6572db0}" attnhub_backends/triton | tar -xf - -C "$base"
@@ -38,5 +44,9 @@ else
         (cd "$dir" && PYTHONPATH="$dir:${PYTHONPATH:-}" step 110 "bench-$v.log" python3 -m attnhub.cli bench --backends triton --peers sdpa-cudnn --family dense --direction fwd,bwd --lengths 4096,16384 --out "$(mktemp -d)")
     done
     step 30 host.log python3 benchmarks/host_overhead.py --rounds 10
+else
+    step 440 tests-core.log pytest_gpu $TRITON_FILES $CUDA_FILES tests/test_sdpa_backends.py tests/test_cudnn_backend.py tests/test_conformance_gpu.py tests/test_fast_path.py tests/test_jax_gpu.py tests/test_torch_compile.py tests/test_sdpa_nan.py
+    step 30 host.log python3 benchmarks/host_overhead.py --rounds 10
+    step 70 bench.log python3 -m attnhub.cli bench --backends triton --peers sdpa-cudnn --family dense --direction fwd,bwd --lengths 4096 --out "$(mktemp -d)"
 fi
 grep -E "^(FAILED|ERROR)" "$DEST"/tests-*.log | head -40
