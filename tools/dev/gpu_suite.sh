@@ -11,8 +11,8 @@
 # PART b: the cuda and triton backends' files, then the dense triton kernels before and after
 #         issue 38's argument packing (attnhub bench), and host overhead;
 # PART core: one call's worth after a change to the backend contract and the kernels' arguments:
-#         the triton, cuda, sdpa, cudnn, jax and conformance GPU files, host overhead, the dense
-#         triton bench.
+#         the triton, cuda, sdpa, cudnn, jax and conformance GPU files, then the dense triton
+#         kernels before and after (carry .baseline-triton).
 set -u
 DEST="${OUT:-.}"
 PART="${1:-a}"
@@ -26,27 +26,34 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 TRITON_FILES="tests/test_triton_gpu.py tests/test_triton_modifiers_gpu.py tests/test_triton_ragged_gpu.py tests/test_triton_compile.py tests/test_triton_ragged.py tests/test_host_path_gpu.py"
 CUDA_FILES="tests/test_cuda_gpu.py tests/test_cuda_modifiers_gpu.py tests/test_peaked_row_gradients.py tests/test_tiling_cuda_gpu.py"
 step() { local limit=$1 log=$2; shift 2; echo "== $*"; timeout "$limit" "$@" >"$DEST/$log" 2>&1; echo "   rc $? -> $log"; tail -n 2 "$DEST/$log"; }
-pytest_gpu() { python3 -m pytest -q -m gpu -n 16 -p no:cacheprovider -rfE "$@"; }
+PYTEST="python3 -m pytest -q -m gpu -n 16 -p no:cacheprovider -rfE"  # a program: timeout runs it
+# The dense triton kernels before issue 38's argument packing against now, one process each, cuDNN
+# as the drift reference: a copy of the tree with the six files of .baseline-triton/ (made here
+# before the call: git archive 6572db0 attnhub_backends/triton | tar -x -C .baseline-triton).
+bench_before_after() {
+    local limit=$1 lengths=$2 before
+    [ -d .baseline-triton/attnhub_backends/triton ] || { echo "no .baseline-triton: bench skipped"; return; }
+    before=$(mktemp -d); tar --exclude=.git --exclude=.baseline-triton -cf - . | tar -xf - -C "$before"
+    rm -f "$before"/attnhub_backends/triton/{args,tiles}.py
+    for f in kernels ragged_kernels launch ragged_launch modifiers loader; do
+        cp ".baseline-triton/attnhub_backends/triton/$f.py" "$before/attnhub_backends/triton/"
+    done
+    for v in before after; do
+        local dir=$PWD; [ $v = before ] && dir=$before
+        (cd "$dir" && PYTHONPATH="$dir:${PYTHONPATH:-}" step "$limit" "bench-$v.log" python3 -m attnhub.cli bench \
+            --backends triton --peers sdpa-cudnn --family dense --direction fwd,bwd $lengths --out "$(mktemp -d)")
+    done
+}
 if [ "$PART" = a ]; then
     ignores=""
     for f in $TRITON_FILES $CUDA_FILES tests/test_distributed_multigpu.py; do ignores="$ignores --ignore=$f"; done
-    step 480 tests-a.log pytest_gpu tests/ $ignores
+    step 480 tests-a.log $PYTEST tests/ $ignores
 elif [ "$PART" = b ]; then
-    step 270 tests-b.log pytest_gpu $TRITON_FILES $CUDA_FILES
-    # The triton kernels before issue 38's argument packing (BASE, default 6572db0) against now, in
-    # one process each, cuDNN as the drift reference: a copy of the tree with those six files.
-    base=$(mktemp -d); git archive "${BASE:-6572db0}" attnhub_backends/triton | tar -xf - -C "$base"
-    before=$(mktemp -d); tar --exclude=.git -cf - . | tar -xf - -C "$before"
-    rm -f "$before"/attnhub_backends/triton/{args,tiles}.py
-    for f in kernels ragged_kernels launch ragged_launch modifiers loader; do cp "$base/attnhub_backends/triton/$f.py" "$before/attnhub_backends/triton/"; done
-    for v in before after; do
-        dir=$PWD; [ $v = before ] && dir=$before
-        (cd "$dir" && PYTHONPATH="$dir:${PYTHONPATH:-}" step 110 "bench-$v.log" python3 -m attnhub.cli bench --backends triton --peers sdpa-cudnn --family dense --direction fwd,bwd --lengths 4096,16384 --out "$(mktemp -d)")
-    done
+    step 270 tests-b.log $PYTEST $TRITON_FILES $CUDA_FILES
+    bench_before_after 110 "--lengths 4096,16384"
     step 30 host.log python3 benchmarks/host_overhead.py --rounds 10
 else
-    step 440 tests-core.log pytest_gpu $TRITON_FILES $CUDA_FILES tests/test_sdpa_backends.py tests/test_cudnn_backend.py tests/test_conformance_gpu.py tests/test_fast_path.py tests/test_jax_gpu.py tests/test_torch_compile.py tests/test_sdpa_nan.py
-    step 30 host.log python3 benchmarks/host_overhead.py --rounds 10
-    step 70 bench.log python3 -m attnhub.cli bench --backends triton --peers sdpa-cudnn --family dense --direction fwd,bwd --lengths 4096 --out "$(mktemp -d)"
+    step 400 tests-core.log $PYTEST $TRITON_FILES $CUDA_FILES tests/test_sdpa_backends.py tests/test_cudnn_backend.py tests/test_conformance_gpu.py tests/test_fast_path.py tests/test_jax_gpu.py tests/test_torch_compile.py tests/test_sdpa_nan.py
+    bench_before_after 60 "--lengths 4096"
 fi
 grep -E "^(FAILED|ERROR)" "$DEST"/tests-*.log | head -40
