@@ -12,7 +12,8 @@
 #         issue 38's argument packing (attnhub bench), and host overhead;
 # PART core: one call's worth after a change to the backend contract and the kernels' arguments:
 #         the triton, cuda, sdpa, cudnn, jax and conformance GPU files, then the dense triton
-#         kernels before and after (carry .baseline-triton).
+#         kernels before and after (carry .baseline-triton). About 1 450 tests: more than its 400 s
+#         at -n 16 on an H200 (2026-11-29: cut at 73%); a and b together cover every GPU test.
 set -u
 DEST="${OUT:-.}"
 PART="${1:-a}"
@@ -26,7 +27,9 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 TRITON_FILES="tests/test_triton_gpu.py tests/test_triton_modifiers_gpu.py tests/test_triton_ragged_gpu.py tests/test_triton_compile.py tests/test_triton_ragged.py tests/test_host_path_gpu.py"
 CUDA_FILES="tests/test_cuda_gpu.py tests/test_cuda_modifiers_gpu.py tests/test_peaked_row_gradients.py tests/test_tiling_cuda_gpu.py"
 step() { local limit=$1 log=$2; shift 2; echo "== $*"; timeout "$limit" "$@" >"$DEST/$log" 2>&1; echo "   rc $? -> $log"; tail -n 2 "$DEST/$log"; }
-PYTEST="python3 -m pytest -q -m gpu -n 16 -p no:cacheprovider -rfE"  # a program: timeout runs it
+# A program (timeout runs it), -v: every result line names its test, so a run its limit cuts still
+# says which tests failed (-q printed only dots, and the -rfE summary comes at the very end).
+PYTEST="python3 -m pytest -v -m gpu -n 16 -p no:cacheprovider -rfE"
 # The dense triton kernels before issue 38's argument packing against now, one process each, cuDNN
 # as the drift reference: a copy of the tree with the six files of .baseline-triton/ (made here
 # before the call: git archive 6572db0 attnhub_backends/triton | tar -x -C .baseline-triton).
@@ -56,4 +59,4 @@ else
     step 400 tests-core.log $PYTEST $TRITON_FILES $CUDA_FILES tests/test_sdpa_backends.py tests/test_cudnn_backend.py tests/test_conformance_gpu.py tests/test_fast_path.py tests/test_jax_gpu.py tests/test_torch_compile.py tests/test_sdpa_nan.py
     bench_before_after 60 "--lengths 4096"
 fi
-grep -E "^(FAILED|ERROR)" "$DEST"/tests-*.log | head -40
+grep -hE "(^|\] )(FAILED|ERROR) " "$DEST"/tests-*.log | head -40
