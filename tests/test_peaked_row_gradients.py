@@ -150,7 +150,7 @@ def test_glue_hands_forward_for_grad_output_to_backward():
     req = Request(
         "torch", "cpu", "float32", "bhsd", 1, 1, 1, (3,), (3,), 4, 4, Full(), "none_front", 0.5, True
     )
-    out, _ = run_with_autograd(Probe(), q, k, v, req, None)
+    out, _ = run_with_autograd(Probe(), q, k, v, req, None, None)
     assert out.dtype == torch.float32
     out.sum().backward()
     assert seen["out"].dtype == torch.float64

@@ -8,6 +8,7 @@ import pytest
 
 import attnhub
 from attnhub import Causal, Full, Local, SpecError
+from attnhub.operands import Operands
 from attnhub.request import build_request
 from attnhub_backends.reference import kernel as ref
 from attnhub_backends.tf import tiles
@@ -55,10 +56,14 @@ def _reference(q, k, v, rule, sync, dout=None, mask=None):
         if mask is None
         else np.asarray(mask).reshape(req.bias if req.bias is not None else req.rule.shape)
     )
-    out, lse = ref.forward(_flat(q64), _flat(k64), _flat(v64), req, m)
+    # A float mask is the bias (SPEC §9): it travels as an operand, a boolean one as the mask.
+    ops = Operands(bias=m) if req.bias is not None else None
+    m = None if ops is not None else m
+    out, lse = ref.forward(_flat(q64), _flat(k64), _flat(v64), req, m, ops)
     grads = None
     if dout is not None:
-        grads = ref.backward(_flat(q64), _flat(k64), _flat(v64), _flat(np.asarray(dout, np.float64)), req, m)
+        d = _flat(np.asarray(dout, np.float64))
+        grads = ref.backward(_flat(q64), _flat(k64), _flat(v64), d, req, m, None, ops)[:3]
     return out, lse.reshape(req.batch, req.heads_q, -1), grads
 
 
