@@ -19,6 +19,7 @@ from attnhub.dispatch import backend_reasons
 from attnhub.errors import BackendUnsupported
 from attnhub.frameworks import numpy_dtype
 from attnhub_conformance import oracle
+from attnhub_conformance.checks import CaseFailure, compare, compare_grad, require_zero_rows, same_bits
 from attnhub_conformance.modifier_calls import Call
 from attnhub_conformance.modifier_data import ModData, bias_dtype, make_mod_data, to_blocks
 from attnhub_conformance.rounded import is_half, rounded_backward
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 
 def run_modified(cert: Certifier, case: Case, res: Result) -> None:
     """Run ``case`` against ``cert``'s backend; raise ``CaseFailure`` on a failed check."""
-    from attnhub_conformance.runner import CaseFailure, compare, compare_grad, require_zero_rows
 
     fw = cert.framework_of(case)
     ops, b = cert.ops_for(fw), cert.backend
@@ -129,7 +129,6 @@ def require_repeat(
     cert: Certifier, call: Call, greq, res: Result, modified: list[str], first: tuple, grads: dict | None
 ) -> None:
     """SPEC §5: a backend declaring ``deterministic`` repeats out, lse and every gradient bitwise."""
-    from attnhub_conformance.runner import CaseFailure
 
     ops, case = call.ops, call.case
     result = call.invoke(cert.name)
@@ -154,7 +153,6 @@ def require_repeat(
 def require_spec_error(cert: Certifier, call: Call, argument: str, res: Result) -> None:
     """The call must raise SpecError naming ``argument`` (SPEC §11's range, §12), before any kernel."""
     from attnhub.errors import SpecError
-    from attnhub_conformance.runner import CaseFailure
 
     if "offsets" not in cert.backend.features:
         res.status, res.reasons = "declined", ["does not take q_offset/k_offset"]
@@ -178,7 +176,6 @@ def gradients(
     cert: Certifier, call: Call, greq, res: Result, modified: list[str]
 ) -> dict[str, np.ndarray] | None:
     """name -> canonical float64 gradient, by the framework's autodiff (NumPy: backend.backward)."""
-    from attnhub_conformance.runner import CaseFailure
 
     case, ops, b = call.case, call.ops, cert.backend
     fw = ops.framework
@@ -253,7 +250,6 @@ def _dout_for(call: Call) -> np.ndarray:
 
 
 def same(a: np.ndarray, b: np.ndarray) -> bool:
-    from attnhub_conformance.runner import same_bits
 
     return same_bits(np.asarray(a), np.asarray(b))
 
@@ -273,7 +269,6 @@ def changed(ops, call: Call, before: list[tuple[str, np.ndarray]], when: str, no
 
 def honest_decline(cert: Certifier, call: Call, reasons: list[str]) -> None:
     """A declined request: ``backend=NAME`` raises with the same reasons; ``auto`` avoids it."""
-    from attnhub_conformance.runner import CaseFailure
 
     try:
         call.invoke(cert.name)
