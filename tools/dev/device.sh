@@ -53,7 +53,7 @@ PY
 }
 
 stage_precompile() {
-  "$PY" -m attnhub_backends.cuda.compiler "$ARCH"
+  "$PY" -m attnhub_backends.cuda.precompile "$ARCH"
 }
 
 stage_tests() {
