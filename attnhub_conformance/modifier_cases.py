@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from attnhub.rules import Causal, Full, Local
-from attnhub_conformance.cases import BIAS_SHAPES, DTYPES, SYNCS, Case
+from attnhub_conformance.case import BIAS_SHAPES, DTYPES, SYNCS, Case
 
 RULES = (Full(), Causal(), Local(3), Local(2, 1, causal=True))
 
