@@ -173,8 +173,8 @@ class _SoftcapInInputDtype(ReferenceBackend):
 
 
 class _PlainNumpy(Backend):
-    """A §1-§8 NumPy backend (backward, explicit masks, no §9-§11 feature): its methods take no
-    ``operands`` argument, as docs/writing-a-backend.md allows."""
+    """A §1-§8 NumPy backend (backward, boolean masks, no §9-§11 feature): its ``operands`` is
+    always None."""
 
     name: ClassVar[str] = "t_gap_plain"
     priority: ClassVar[int] = -50
@@ -183,7 +183,6 @@ class _PlainNumpy(Backend):
     features: ClassVar[frozenset[str]] = frozenset(
         {"1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward"}
     )
-    reads_additive_mask: ClassVar[bool] = True
 
     def forward(
         self, q: Any, k: Any, v: Any, req: Any, mask: Any = None, operands: Any = None
