@@ -83,8 +83,9 @@ def test_fully_masked_rows_with_sinks_give_zero_and_the_sink():
     bias[..., 1, :] = float("-inf")  # row 1 attends nothing
     out, lse = attnhub.attention(q, k, v, bias=bias, sinks=sinks, return_lse=True)
     assert torch.all(out[:, :, 1] == 0) and close(lse[0, :, 1], sinks.detach())
-    (ds,) = torch.autograd.grad(lse[0, :, 1].sum(), sinks) if lse.requires_grad else (None,)
-    assert ds is None  # torch's glue keeps lse non-differentiable (as before SPEC §9)
+    # lse is differentiable (the reference declares "dlse"): on that row lse = sinks[h], so d/dsinks = 1
+    (ds,) = torch.autograd.grad(lse[0, :, 1].sum(), sinks)
+    assert torch.equal(ds, torch.ones_like(ds))
 
 
 @pytest.mark.parametrize("side", ["right", "left"])

@@ -5,8 +5,10 @@ naming the backend and the request (the original is its ``__cause__``). A bias (
 requires grad is only ever given to a backend declaring ``dbias`` (the dispatcher declines it
 otherwise); its backward then returns ``(dq, dk, dv, dbias, dsinks)``, and a missing ``dbias`` is an
 error, never a dropped gradient (SPEC §9). :func:`call_backward` is that contract, shared with the
-custom ops that ``torch.compile`` traces (attnhub/torch_ops.py). lse is not differentiable here:
-the backward is called with ``dlse=None``.
+custom ops that ``torch.compile`` traces (attnhub/torch_ops.py). lse is differentiable: its upstream
+gradient reaches a backend declaring "dlse" as ``dlse``; for any other backend a gradient flowing
+into lse is an error naming the backends that take it, never dropped (lse only logged, or
+detached, passes None).
 """
 
 from __future__ import annotations
@@ -55,14 +57,24 @@ class _AttentionFunction(torch.autograd.Function):
             out, lse, saved = backend.forward_for_grad(q, k, v, req, mask, operands)
         ctx.save_for_backward(q, k, v, saved, lse)
         ctx.backend, ctx.req, ctx.mask, ctx.operands = backend, req, mask, operands
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # an output the loss does not use gets None, not zeros
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):  # type: ignore[override]
+    def backward(ctx, dout, dlse):  # type: ignore[override]
         q, k, v, out, lse = ctx.saved_tensors
+        if dlse is not None and "dlse" not in ctx.backend.features:
+            from attnhub.errors import backend_error
+
+            raise backend_error(
+                ctx.backend.name, ctx.req,
+                "cannot differentiate lse (its backward takes no dlse), and the loss uses lse: use a "
+                "backend declaring 'dlse' (the reference backend does), or detach lse",
+            )  # fmt: skip
+        if dout is None:  # only lse carries a gradient
+            dout = torch.zeros(out.shape, dtype=q.dtype, device=q.device)
         dq, dk, dv, dbias, dsinks = call_backward(
-            ctx.backend, ctx.req, q, k, v, out, lse, dout, ctx.mask, ctx.operands
+            ctx.backend, ctx.req, q, k, v, out, lse, dout, ctx.mask, ctx.operands, dlse
         )
         dbias = dbias if ctx.needs_input_grad[3] else None
         dsinks = dsinks if ctx.needs_input_grad[4] else None
