@@ -182,17 +182,21 @@ def _reduce_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return x.sum(axis=axes, keepdims=True).reshape(shape)
 
 
-def backward(p: Problem, dout: np.ndarray) -> tuple[Grads, Grads]:
-    """(gradients, magnitudes): d(sum(out·dout)) with respect to q, k, v, bias and sinks, and the
-    same terms summed in absolute value (the suite's cancellation floor, see runner.errors)."""
+def backward(p: Problem, dout: np.ndarray, dlse: np.ndarray | None = None) -> tuple[Grads, Grads]:
+    """(gradients, magnitudes): d(sum(out·dout) + sum(lse·dlse)) with respect to q, k, v, bias and
+    sinks (``dlse`` (B, Hq, Nq) or None: ∂lse/∂s = P), and the same terms summed in absolute value
+    (the suite's cancellation floor, see runner.errors)."""
     u, prob, psink, _, g = _parts(p)
     b, hq = p.q.shape[:2]
     k, v = _expand(p.k, g), _expand(p.v, g)
     out = prob @ v
     dp = dout @ np.swapaxes(v, -1, -2)
     delta = (dout * out).sum(axis=-1, keepdims=True)
-    ds = prob * (dp - delta)
     ds_mag = prob * (np.abs(dp) + np.abs(delta))
+    if dlse is not None:  # lse's term: the rows' softmax weights times dlse
+        ds_mag = ds_mag + prob * np.abs(dlse)[..., None]
+        delta = delta - dlse[..., None]
+    ds = prob * (dp - delta)
     tanh_d = 1.0 if u is None else 1.0 - u * u
 
     def per_kv(x: np.ndarray) -> np.ndarray:

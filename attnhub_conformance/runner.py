@@ -394,6 +394,8 @@ class Certifier:
             require_zero_rows("dq", grads[0], empty)
             if self._changed(ops, xs, kw, before, "the backward pass", modified):
                 xs, kw = self._inputs(ops, fw, case, data)
+            if case.lse:
+                self._check_lse_grad(ops, fw, xs, kw, greq, data, case, problem, grad_tol)
 
         if case.repeat:
             out2, lse2 = self._forward(ops, fw, xs, kw, req, case)
@@ -489,6 +491,45 @@ class Certifier:
                 raise CaseFailure(f"grad {name}", "the framework returned no gradient")
             self._hygiene(fw, f"grad {name}", g, tuple(int(s) for s in x.shape), case.dtype, req.device)
         return [from_layout(ops.to_f64(g), case.layout) for g in grads]
+
+    def _check_lse_grad(
+        self, ops: Ops, fw: str, xs, kw, greq: Request, data: Data, case: Case, problem: Problem, tol: float
+    ) -> None:  # fmt: skip
+        """SPEC §5: a gradient through the returned lse is the oracle's (``∂lse/∂s = P``), or the
+        call raises; a gradient that leaves lse's term out (zeros, or out's gradient only) fails.
+        NumPy: ``backend.backward`` with ``dlse``, for a backend declaring "dlse"."""
+        rng = np.random.default_rng([self.seed, zlib.crc32(f"{case.id}/dlse".encode())])
+        w = rng.standard_normal((case.batch, case.heads_q, greq.nq))
+        refs, mags = oracle.backward(problem, np.zeros_like(data.dout), w)
+        lse_dtype = "float64" if case.dtype == "float64" else "float32"
+        if fw == "numpy":
+            b = self.backend
+            if "dlse" not in b.features:
+                return
+            ad = adapter_for(xs[0])
+            qc, kc, vc = (to_canonical(ad, x, case.layout) for x in xs)
+            mc = None if data.mask is None else kw["mask"].reshape(greq.bias or greq.rule.shape)
+            mask_arg, operands = (None, Operands(bias=mc)) if greq.bias is not None else (mc, None)
+            out, lse = b.forward(qc, kc, vc, greq, mask_arg, operands)
+            zeros = np.zeros(out.shape, dtype=out.dtype)
+            dl = w.astype(numpy_dtype(lse_dtype))
+            got = [
+                np.asarray(g, np.float64)
+                for g in b.backward(qc, kc, vc, out, lse, zeros, greq, mask_arg, operands, dl)[:2]
+            ]
+        else:
+            lkw = dict(kw, return_lse=True)
+            dlse = ops.array(w.reshape(case.batch, case.heads_q, *case.seq_q), lse_dtype)
+            call = lambda q, k, v: attnhub.attention(q, k, v, backend=self.name, **lkw)[1]  # noqa: E731
+            try:
+                grads = ops.grads(call, xs, dlse)
+            except Exception:  # an error (the backend cannot differentiate lse) is no silent drop
+                return
+            if grads[0] is None or grads[1] is None:
+                raise CaseFailure("grad lse", "no gradient for q or k through lse, and no error either")
+            got = [from_layout(ops.to_f64(g), case.layout) for g in grads[:2]]
+        for name, g, r, f in zip(("dq", "dk"), got, (refs.dq, refs.dk), (mags.dq, mags.dk)):
+            compare_grad(f"grad lse {name}", g, r, tol, case.dtype, f)
 
     # -- checks ---------------------------------------------------------------------------------
     def _hygiene(self, fw: str, what: str, x: Any, shape: tuple[int, ...], dtype: str, device: str) -> None:
