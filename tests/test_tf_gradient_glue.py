@@ -178,3 +178,24 @@ def test_tf_backend_has_no_run_of_its_own():
 
     assert not hasattr(TFBackend, "run")
     assert "dlse" in TFBackend.features
+
+
+def test_backend_without_dlse_fails_when_the_loss_uses_lse(plugin):
+    """SPEC §5: lse's gradient is never dropped: a backend that cannot take it fails the gradient
+    (eagerly and in a tf.function) instead of leaving lse's term out."""
+    rng = np.random.default_rng(6)
+    q, k, v = _inputs(rng)
+    wo, wl = rng.standard_normal((2, 3, 7, 4)), rng.standard_normal((2, 3, 7))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cannot differentiate lse"):
+        _tf_grads(q, k, v, wo, wl, "causal", "glue-dense-tf-no-dlse")
+
+    @tf.function
+    def grads(qt, kt, vt):
+        with tf.GradientTape() as tape:
+            tape.watch([qt, kt, vt])
+            out, lse = attnhub.attention(qt, kt, vt, backend="glue-dense-tf-no-dlse", return_lse=True)
+            loss = tf.reduce_sum(out * wo) + tf.reduce_sum(lse * wl)
+        return tape.gradient(loss, [qt, kt, vt])
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cannot differentiate lse"):
+        grads(*(tf.constant(x) for x in (q, k, v)))

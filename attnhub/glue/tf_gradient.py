@@ -2,7 +2,8 @@
 
 The forward is ``forward_for_grad`` (a TensorFlow tape may ask for gradients whenever it watches
 the inputs), so ``backward`` receives the ``saved`` output it asked for. The upstream gradient of
-lse reaches backends declaring the feature "dlse" (see :meth:`Backend.backward`); others get None.
+lse reaches backends declaring the feature "dlse" (see :meth:`Backend.backward`); for others a
+nonzero one is an error (SPEC §5: never a dropped gradient).
 An exception in the backend's ``backward`` reaches the caller as :class:`attnhub.BackendError`.
 """
 
@@ -50,6 +51,16 @@ def run_with_gradient(
                     backend.name, req, f"backward raised {type(exc).__name__}: {exc}"
                 ) from exc
             grads = list(grads)
+            if dlse is not None and not with_dlse:
+                # TensorFlow hands zeros for an lse the loss does not use; anything else would be
+                # a dropped gradient (SPEC §5): fail, in eager mode and in a graph alike.
+                check = tf.debugging.assert_equal(
+                    dlse, tf.zeros_like(dlse),
+                    message=f"attnhub backend {backend.name!r} cannot differentiate lse (it does not "
+                    "declare 'dlse'), and the loss uses lse: use backend='tf' or detach lse",
+                )  # fmt: skip
+                with tf.control_dependencies([check]):
+                    grads = [tf.identity(g) for g in grads]
             if ops is None:
                 return grads[:3]
             found = {
