@@ -13,7 +13,8 @@
 # PART core: one call's worth after a change to the backend contract and the kernels' arguments:
 #         the triton, cuda, sdpa, cudnn, jax and conformance GPU files, then the dense triton
 #         kernels before and after (carry .baseline-triton). About 1 450 tests: more than its 400 s
-#         at -n 16 on an H200 (2026-11-29: cut at 73%); a and b together cover every GPU test.
+#         at -n 16 on an H200 (2026-11-29: cut at 73%); a and b together cover every GPU test;
+# PART cert NAME: NAME's full certification on the GPU (reports NAME-h200-full.json/.md).
 set -u
 DEST="${OUT:-.}"
 PART="${1:-a}"
@@ -55,6 +56,11 @@ elif [ "$PART" = b ]; then
     step 270 tests-b.log $PYTEST $TRITON_FILES $CUDA_FILES
     bench_before_after 110 "--lengths 4096,16384"
     step 30 host.log python3 benchmarks/host_overhead.py --rounds 10
+elif [ "$PART" = cert ]; then
+    # One backend's full certification (the triton one took 515 s on an H100: one call each).
+    name="${2:?which backend: gpu_suite.sh cert NAME}"
+    step 560 "certify-$name.log" attnhub certify "$name" --device cuda -j 16 --seed "${SEED:-20261129}" \
+        --report "$DEST/$name-h200-full"
 else
     step 400 tests-core.log $PYTEST $TRITON_FILES $CUDA_FILES tests/test_sdpa_backends.py tests/test_cudnn_backend.py tests/test_conformance_gpu.py tests/test_fast_path.py tests/test_jax_gpu.py tests/test_torch_compile.py tests/test_sdpa_nan.py
     bench_before_after 60 "--lengths 4096"
