@@ -53,8 +53,8 @@ if [ "$PART" = a ]; then
     for f in $TRITON_FILES $CUDA_FILES tests/test_distributed_multigpu.py; do ignores="$ignores --ignore=$f"; done
     step 480 tests-a.log $PYTEST tests/ $ignores
 elif [ "$PART" = b ]; then
-    step 270 tests-b.log $PYTEST $TRITON_FILES $CUDA_FILES
-    bench_before_after 110 "--lengths 4096,16384"
+    step 330 tests-b.log $PYTEST $TRITON_FILES $CUDA_FILES
+    bench_before_after 60 "--lengths 4096"
     step 30 host.log python3 benchmarks/host_overhead.py --rounds 10
 elif [ "$PART" = cert ]; then
     # One backend's full certification (the triton one took 515 s on an H100: one call each).
