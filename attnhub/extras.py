@@ -19,9 +19,6 @@ import numpy as np
 from attnhub.errors import SpecError
 from attnhub.frameworks import Adapter, adapter_for
 from attnhub.modifiers import ADDED, MODIFIERS, Call
-from attnhub.modifiers.arrays import check_float_array as check_float_array  # re-exported
-from attnhub.modifiers.softcap import effective_softcap as effective_softcap  # re-exported
-from attnhub.modifiers.softcap import softcap_float as softcap_float  # re-exported
 from attnhub.operands import Operands
 from attnhub.readings import check_readable, int32_like, reading
 from attnhub.readings import host_values as host_values  # re-exported (home: attnhub.readings)
@@ -82,8 +79,7 @@ class Extras:
     def from_keywords(cls, **kw: Any) -> Extras:
         """Extras from ``attention``'s keywords: an added modifier's (attnhub.modifiers) goes to
         ``more``; any other unknown keyword is a TypeError, as for a Python function."""
-        more = tuple((n, kw.pop(n)) for n in list(kw) if n in ADDED)
-        more = tuple((n, x) for n, x in more if not ADDED[n].absent(x))
+        more = added_modifiers("attention", {n: kw.pop(n) for n in list(kw) if n in ADDED})
         return cls(**kw, more=more)
 
     @property
@@ -100,8 +96,8 @@ class Extras:
         bias, sinks, ql, kl = self.bias, self.sinks, self.q_lengths, self.k_lengths
         cuq, cuk, table = self.cu_seqlens_q, self.cu_seqlens_k, self.block_table
         return (
-            None if bias is None else _array_key(bias), self.softcap, type(self.softcap),
-            None if sinks is None else _array_key(sinks), None if ql is None else _lengths_key(ql),
+            None if bias is None else _BIAS.key(bias), self.softcap, type(self.softcap),
+            None if sinks is None else _SINKS.key(sinks), None if ql is None else _lengths_key(ql),
             None if kl is None else _lengths_key(kl), self.padding_side, self.q_offset,
             type(self.q_offset), self.k_offset, type(self.k_offset),
             None if cuq is None else _lengths_key(cuq), None if cuk is None else _lengths_key(cuk),
@@ -111,6 +107,7 @@ class Extras:
 
 
 NONE = Extras()
+_BIAS, _SINKS = MODIFIERS["bias"], MODIFIERS["sinks"]
 
 
 def added_modifiers(fn: str, keywords: dict[str, Any]) -> tuple:
@@ -124,15 +121,6 @@ def added_modifiers(fn: str, keywords: dict[str, Any]) -> tuple:
 
 def _zero(x: Any) -> bool:
     return type(x) is int and x == 0
-
-
-def _array_key(x: Any) -> Any:
-    if x is None:
-        return None
-    if hasattr(x, "shape") and hasattr(x, "dtype"):
-        ad = adapter_for(x, "bias")
-        return (ad.mask_key(x), ad.mask_needs_grad(x))
-    raise TypeError  # not an array: validated (and rejected) without the cache
 
 
 def _lengths_key(x: Any) -> Any:

@@ -2,7 +2,7 @@
 
 A cap of 1e300 held in float32 is inf, and inf·tanh(t/inf) is NaN (tf, jax, triton and cuda
 returned NaN); the core drops a cap that no input of the dtype can make matter
-(``attnhub.extras.effective_softcap``), and a backend whose tanh loses small t/softcap declines
+(``attnhub.modifiers.softcap.effective_softcap``), and a backend whose tanh loses small t/softcap declines
 the caps it cannot compute within SPEC §6 (triton above 128 in float32).
 """
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import attnhub
-from attnhub.extras import effective_softcap
+from attnhub.modifiers.softcap import effective_softcap
 
 
 def test_a_cap_no_input_can_reach_is_dropped_below_float64():

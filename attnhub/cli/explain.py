@@ -9,7 +9,7 @@ import click
 from attnhub.cli.options import MASKS, SYNCS, parse_mask_option
 from attnhub.dispatch import explain_request
 from attnhub.errors import AttnhubError, SpecError
-from attnhub.extras import softcap_float
+from attnhub.modifiers.softcap import softcap_float
 from attnhub.positions import check_position_range
 from attnhub.request import Request
 from attnhub.shapes import parse_shape, request_from_shapes

@@ -27,13 +27,11 @@ def _discover() -> dict[str, ScoreModifier]:
     return found
 
 
-#: name -> modifier, the built-in ones first.
-MODIFIERS: dict[str, ScoreModifier] = dict(
-    sorted(
-        _discover().items(),
-        key=lambda kv: (kv[0] not in BUILT_IN, BUILT_IN.index(kv[0]) if kv[0] in BUILT_IN else 0, kv[0]),
-    )
-)
+_FOUND = _discover()
+#: name -> modifier, the built-in ones first (in SPEC's order), then the added ones by name.
+MODIFIERS: dict[str, ScoreModifier] = {n: _FOUND[n] for n in BUILT_IN} | {
+    n: m for n, m in sorted(_FOUND.items()) if n not in BUILT_IN
+}
 #: The modifiers added since the first edition: they travel in ``Request.more``/``Operands.more``.
 ADDED: dict[str, ScoreModifier] = {n: m for n, m in MODIFIERS.items() if n not in BUILT_IN}
 

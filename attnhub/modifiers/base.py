@@ -55,13 +55,9 @@ class ScoreModifier:
 
     def key(self, value: Any) -> Hashable:
         """The dispatch cache's key of ``value``, built without validating it (on every call):
-        everything :meth:`signature` depends on. Raise TypeError where none can be built."""
-        if hasattr(value, "shape") and hasattr(value, "dtype"):
-            ad = adapter_for(value, self.name)
-            return (ad.mask_key(value), ad.mask_needs_grad(value))
-        if isinstance(value, (int, float, str, bool)) or value is None:
-            return (value, type(value))
-        raise TypeError
+        everything :meth:`signature` depends on. Raise TypeError where none can be built (the
+        call is then validated, and rejected, without the cache). Default: an array's metadata."""
+        return array_key(value, self.name)
 
     def operand(self, value: Any, ad: Adapter, q: Any, sig: Hashable) -> Any:
         """What a backend receives in ``Operands.more[name]`` (default: ``value`` as given)."""
@@ -82,3 +78,12 @@ class ScoreModifier:
 
     def __repr__(self) -> str:
         return f"<score modifier {self.name!r}>"
+
+
+def array_key(value: Any, name: str) -> Hashable:
+    """An array's cache key (framework metadata and whether it requires grad); TypeError for
+    anything that is not an array."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        ad = adapter_for(value, name)
+        return (ad.mask_key(value), ad.mask_needs_grad(value))
+    raise TypeError

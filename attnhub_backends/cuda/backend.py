@@ -111,7 +111,7 @@ _ELSEWHERE = "use backend='triton' (or backend='auto', which picks a backend tha
 
 
 #: The largest softcap the float32 kernels take: far from float32's max, so that the cap and
-#: u/cap stay finite and normal (attnhub.extras.effective_softcap drops caps that cannot matter).
+#: u/cap stay finite and normal (attnhub.modifiers.softcap.effective_softcap drops caps that cannot matter).
 _SOFTCAP_MAX = 2.0**100
 
 
