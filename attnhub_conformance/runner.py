@@ -451,19 +451,11 @@ class Certifier:
         """(dq, dk, dv) canonical float64, by the framework's autodiff (NumPy: backend.backward)."""
         b = self.backend
         if fw == "numpy":
-            ad = adapter_for(xs[0])
-            qc, kc, vc = (to_canonical(ad, x, case.layout) for x in xs)
-            mc = (
-                None
-                if data.mask is None
-                else kw["mask"].reshape(req.bias if req.bias is not None else req.rule.shape)
-            )  # type: ignore[union-attr]
+            (qc, kc, vc), mc, mask_arg, operands = _numpy_call_args(xs, kw, data, greq, case)
             arrays = [qc, kc, vc] + ([] if mc is None else [mc])
             before = [x.copy() for x in arrays]
             dout = data.dout.astype(numpy_dtype(case.dtype))
             ops.poison(0)
-            # As the core calls it (attnhub.plan.Plan): a float mask is the bias, in ``operands``.
-            mask_arg, operands = (None, Operands(bias=mc)) if greq.bias is not None else (mc, None)
             out, lse = b.forward(qc, kc, vc, greq, mask_arg, operands)
             if self._changed_np(arrays, before, "backend.forward", modified):
                 for x, y in zip(arrays, before):
@@ -506,10 +498,7 @@ class Certifier:
             b = self.backend
             if "dlse" not in b.features:
                 return
-            ad = adapter_for(xs[0])
-            qc, kc, vc = (to_canonical(ad, x, case.layout) for x in xs)
-            mc = None if data.mask is None else kw["mask"].reshape(greq.bias or greq.rule.shape)
-            mask_arg, operands = (None, Operands(bias=mc)) if greq.bias is not None else (mc, None)
+            (qc, kc, vc), _, mask_arg, operands = _numpy_call_args(xs, kw, data, greq, case)
             out, lse = b.forward(qc, kc, vc, greq, mask_arg, operands)
             zeros = np.zeros(out.shape, dtype=out.dtype)
             dl = w.astype(numpy_dtype(lse_dtype))
@@ -616,6 +605,18 @@ def default_device(backend: Backend) -> str:
     if "cuda" in types:
         return "cuda"
     return "cpu"
+
+
+def _numpy_call_args(xs, kw, data: Data, req: Request, case: Case) -> tuple:  # noqa: ANN001
+    """((q, k, v) canonical, the caller's mask array reshaped or None, and the ``mask`` and
+    ``operands`` a NumPy backend's methods get, as the core passes them (attnhub.plan.Plan): a
+    float mask is the bias, in ``operands``)."""
+    ad = adapter_for(xs[0])
+    qkv = tuple(to_canonical(ad, x, case.layout) for x in xs)
+    mc = None if data.mask is None else kw["mask"].reshape(req.bias or req.rule.shape)
+    if req.bias is not None:
+        return qkv, mc, None, Operands(bias=mc)
+    return qkv, mc, mc, None
 
 
 def _reasons(b: Any, req: Any) -> list[str]:

@@ -17,6 +17,7 @@ for gradients: ``backend="auto"`` takes the next one able to; a named one raises
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -71,13 +72,20 @@ def _route(be: Any) -> str | None:
     return None
 
 
+def _candidates(backend: str) -> Iterator[str]:
+    """``backend``; after ``"auto"`` the gradient fallbacks, looked up only if auto's choice has no
+    exact route (every block's backward asks: the registry is not walked on the common path)."""
+    yield backend
+    if backend == "auto":
+        yield from grad_fallbacks()
+
+
 def _grad_plan(q, k, v, call: Call, scale: float, softcap: float | None, backend: str):
     from attnhub.plan import plan_for
 
     sync, ex = extras_for(call, softcap)
-    names = (backend,) if backend != "auto" else ("auto", *grad_fallbacks())
     reasons = []
-    for name in names:
+    for name in _candidates(backend):
         try:
             plan = plan_for(q, k, v, call.rule, sync, scale, "bhsd", True, name, ex)
         except BackendUnsupported as exc:
