@@ -15,8 +15,8 @@ bf16, forward and backward graphs, in three forms:
 
 Each runs twice on the same valid rows: padding filled with NaN, then with zeros. Printed: whether
 cuDNN built the graphs, NaN counts in the valid rows of out, dq, dk, dv, the largest difference
-between the two runs there, and do_bench times. Not yet run (written 2026-11-28 after the
-session's device time was spent).
+between the two runs there, and do_bench times. Last run: H200, 2026-11-29 00:42 UTC (the table
+in docs/backends/cudnn.md: both ragged forms keep the NaN out, 17% faster than the mask alone).
 """
 
 from __future__ import annotations
