@@ -58,8 +58,8 @@ class Plan:
         #: argument, no lse) gets a pre-bound callable (:func:`attnhub.fastpath.bind`).
         self.call = self.execute
         if not (
-            self.reshape_in or self.empty or self.mask_array or self.operands
-            or self.guard_bias or bias_from_mask or req.return_lse or req.modified
+            self.reshape_in or self.empty or self.mask_array or self.guard_bias or bias_from_mask
+            or req.return_lse or req.modified
         ):  # fmt: skip
             self.call = fastpath.bind(self)
 
