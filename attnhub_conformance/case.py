@@ -63,6 +63,8 @@ FEATURE_ROWS = (
     "softcap",
     "sinks",
     "dsinks",
+    "alibi",
+    "alibi per batch",
     "q_lengths",
     "k_lengths",
     "padding left",
@@ -148,6 +150,8 @@ class Case:
     softcap: float | None = None
     #: A (Hq,) sinks array; with ``grad`` it is differentiated (dsinks is checked).
     sinks: bool = False
+    #: ALiBi slopes (SPEC §9, ``alibi_slopes``): "" (none), "h" (Hq,) or "bh" (B, Hq); 1-d only.
+    alibi: str = ""
     # -- SPEC §10-§11: ragged sequences and offsets (1-d only) ------------------------------------
     q_lengths: tuple[int, ...] | None = None
     k_lengths: tuple[int, ...] | None = None
@@ -228,6 +232,7 @@ class Case:
              + ("ninf" if self.bias_neginf else "") + ("g" if self.bias_grad else "")),
             (self.softcap is not None, f"softcap{self.softcap:g}" if self.softcap else ""),
             (self.sinks, "sinks"),
+            (bool(self.alibi), f"alibi{self.alibi}"),
             (self.q_lengths is not None and self.entry == "attention", f"ql{lens(self.q_lengths or ())}"),
             (self.k_lengths is not None, f"kl{lens(self.k_lengths or ())}"),
             (self.padding_side != "right", f"pad{self.padding_side}"),
@@ -267,7 +272,7 @@ class Case:
     def modified(self) -> bool:
         """True when the case uses SPEC §9-§11 (it then runs through :mod:`modifier_runner`)."""
         return bool(
-            self.bias or self.softcap is not None or self.sinks or self.q_lengths is not None
+            self.bias or self.softcap is not None or self.sinks or self.alibi or self.q_lengths is not None
             or self.k_lengths is not None or self.q_offset or self.k_offset or self.entry != "attention"
             or self.mask_shape == "padding" or self.mask_shape.startswith("block")
         )  # fmt: skip
@@ -384,6 +389,10 @@ class Case:
             f.append("sinks")
             if self.grad:
                 f.append("dsinks")
+        if self.alibi:
+            f.append("alibi")
+            if self.alibi == "bh":
+                f.append("alibi per batch")
         if self.q_lengths is not None and self.entry == "attention":
             f.append("q_lengths")
         if self.k_lengths is not None:
@@ -398,7 +407,7 @@ class Case:
             f.append("kvcache paged" if self.paged else "kvcache contiguous")
         if self.q_offset or self.k_offset:
             f.append("offsets")
-        used = [bool(self.bias), self.softcap is not None, self.sinks,
+        used = [bool(self.bias), self.softcap is not None, self.sinks, bool(self.alibi),
                 self.entry == "attention" and (self.q_lengths is not None or self.k_lengths is not None),
                 bool(self.q_offset or self.k_offset), self.entry != "attention",
                 isinstance(self.rule, str)]  # fmt: skip

@@ -61,6 +61,8 @@ class Call:
             a["bias"] = ops.array(d.bias, bias_dtype(case), grad=torch_grad and case.bias_grad)
         if d.sinks is not None:
             a["sinks"] = ops.array(d.sinks, dt, grad=torch_grad)
+        if d.alibi is not None:  # constants: never differentiated (SPEC §9)
+            a["alibi_slopes"] = ops.array(d.alibi, "float32")
         for name in ("q_lengths", "k_lengths", "block_table"):
             if getattr(d, name) is not None:
                 a[name] = ops.int_array(getattr(d, name))
@@ -86,6 +88,8 @@ class Call:
             kw["softcap"] = c.softcap
         if "sinks" in arrays:
             kw["sinks"] = arrays["sinks"]
+        if "alibi_slopes" in arrays:
+            kw["alibi_slopes"] = arrays["alibi_slopes"]
         if c.entry == "kvcache":
             kw["mask"] = c.rule if rule is not None else Full()
             if "block_table" in arrays:
@@ -151,6 +155,8 @@ class Call:
             kw["softcap"] = c.softcap
         if "sinks" in a:
             kw["sinks"] = a["sinks"]
+        if "alibi_slopes" in a:
+            kw["alibi_slopes"] = a["alibi_slopes"]
         if c.entry == "varlen":
             ad = adapter_for(a["q"])
             q, k, v = (ad.reshape(a[n], (1, *(int(d) for d in a[n].shape))) for n in "qkv")
@@ -228,6 +234,9 @@ class Call:
         ops = Operands(
             bias=None if d.bias is None else d.bias.astype(numpy_dtype(bias_dtype(c))),
             sinks=None if d.sinks is None else d.sinks.astype(npdt),
+            more=None
+            if d.alibi is None
+            else {"alibi_slopes": d.alibi.reshape(-1, c.heads_q).astype(np.float32)},
             q_lengths=None if d.q_lengths is None else d.q_lengths.copy(),
             k_lengths=None if d.k_lengths is None else d.k_lengths.copy(),
             cu_seqlens_q=None if d.cu_seqlens_q is None else d.cu_seqlens_q.copy(),

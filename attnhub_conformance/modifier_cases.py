@@ -71,7 +71,70 @@ def quick_cases(main: str) -> list[Case]:
         kvcache(m, Causal(), 2, 48, (20, 33), paged=16, heads_q=4, heads_kv=2, lse=True, **t),
         Case(m, (6,), (14,), Local(3, causal=True), q_offset=8, k_offset=2, grad=True, lse=True, **t),
         *gap_cases(m),
+        *alibi_quick_cases(m),
     ]  # fmt: skip
+
+
+def alibi_quick_cases(m: str) -> list[Case]:
+    """ALiBi (SPEC §9, ``alibi_slopes``): positions of each sync mode (flash-attn's causal is
+    none_end), per-head and per-batch slopes, with a bias and softcap, lengths on the left, packed
+    sequences, a paged cache, offsets, and a 2-d request (a SpecError)."""
+    t = dict(dim_qk=16, dim_v=16)
+    return [
+        Case(m, (9,), (13,), Causal(), "none_end", alibi="h", grad=True, lse=True, heads_q=4, heads_kv=2, **t),
+        Case(m, (13,), (9,), Full(), "none_front", alibi="bh", bias="1hqk", softcap=30.0, grad=True,
+             bias_grad=True, lse=True, **t),
+        Case(m, (9,), (12,), Local(3), "scale_end", alibi="h", large_logits=True, grad=True, lse=True, **t),
+        Case(m, (9,), (13,), Causal(), "none_end", q_lengths=(7, 0), k_lengths=(13, 4), padding_side="left",
+             alibi="bh", grad=True, lse=True, **t),
+        varlen(m, Causal(), "none_front", (3, 0, 5, 2), (4, 2, 6, 0), alibi="h", grad=True, lse=True, **t),
+        kvcache(m, Causal(), 3, 48, (20, 33), paged=16, alibi="bh", heads_q=4, heads_kv=2, lse=True, **t),
+        Case(m, (6,), (14,), Causal(), q_offset=8, k_offset=2, alibi="h", sinks=True, grad=True, lse=True, **t),
+        RaggedCase(m, (3, 4), (3, 4), Causal(), alibi="h", expect_spec_error="alibi_slopes", **t),
+    ]  # fmt: skip
+
+
+def alibi_full_cases(m: str) -> list[Case]:
+    """ALiBi with every rule and sync mode (both slope shapes), composed with bias, softcap and
+    sinks, lengths on both sides, packing, caches, offsets (one pair far apart: float32 kernels
+    decline it, SPEC §9) and large logits."""
+    c: list[Case] = []
+    n = 0
+    seqs = (((19,), (45,)), ((45,), (19,)), ((37,), (37,)))
+    for rule in RULES:
+        for sync in SYNCS:
+            for shape in ("h", "bh"):
+                sq, sk = seqs[n % 3]
+                c.append(Case(m, sq, sk, rule, sync, alibi=shape, grad=n % 2 == 0, lse=n % 2 == 1,
+                              large_logits=n % 5 == 0, **_shape(n)))  # fmt: skip
+                n += 1
+    for combo in ({"bias": "full", "bias_grad": True}, {"softcap": 30.0}, {"sinks": True},
+                  {"bias": "b11k", "softcap": 50.0, "sinks": True, "bias_grad": True}):  # fmt: skip
+        for rule in (Causal(), Local(2, 1, causal=True)):
+            sq, sk = seqs[n % 3]
+            c.append(Case(m, sq, sk, rule, SYNCS[n % 4], alibi=("h", "bh")[n % 2], grad=True, lse=True, **combo,
+                          **_shape(n)))  # fmt: skip
+            n += 1
+    lens = (((19, 7), (27, 0)), ((5, 19), (13, 27)), (None, (20, 3)), ((11, 19), None))
+    for side in ("right", "left"):
+        for sync in SYNCS:
+            ql, kl = lens[n % len(lens)]
+            c.append(RaggedCase(m, (19,), (27,), (Causal(), Full())[n % 2], sync, q_lengths=ql, k_lengths=kl,
+                                padding_side=side, alibi=("h", "bh")[n % 2], grad=n % 2 == 0, lse=True, heads_q=4,
+                                heads_kv=2, nan_padding=n % 3 == 0))  # fmt: skip
+            n += 1
+    for rule in (Causal(), Full(), Local(3)):
+        c.append(varlen(m, rule, "none_end", (5, 0, 9, 3), (7, 4, 9, 0), alibi="h", grad=True, lse=True,
+                        heads_q=4, heads_kv=2, dim_qk=32, dim_v=16))  # fmt: skip
+    for paged, cap, kls in ((0, 40, (1, 40, 17)), (16, 64, (64, 1, 30))):
+        for lq in (1, 5):
+            c.append(kvcache(m, Causal(), lq, cap, kls, paged=paged, alibi=("h", "bh")[lq % 2], heads_q=4,
+                             heads_kv=2, lse=True))  # fmt: skip
+    for qo, ko in ((0, 5), (7, 0), (12, 3), (LIMIT - 13, -LIMIT)):
+        c.append(Case(m, (13,), (21,), Causal(), q_offset=qo, k_offset=ko, alibi="bh", grad=True, lse=True,
+                      **_shape(n)))  # fmt: skip
+        n += 1
+    return c
 
 
 def gap_cases(m: str) -> list[Case]:
@@ -271,7 +334,7 @@ def full_cases(main: str) -> list[Case]:
     c.append(
         Case(m, (13,), (21,), Causal(), q_offset=8, bias="b11k", softcap=30.0, grad=True, bias_grad=True)
     )
-    return c + gap_cases(m) + full_gap_cases(m)
+    return c + gap_cases(m) + full_gap_cases(m) + alibi_full_cases(m)
 
 
 def full_gap_cases(m: str) -> list[Case]:

@@ -33,6 +33,7 @@ class ModData:
     mask: np.ndarray | None = None  # bool (rank 4)
     bias: np.ndarray | None = None  # rank 4, rounded to bias_dtype
     sinks: np.ndarray | None = None  # (Hq,)
+    alibi: np.ndarray | None = None  # ALiBi slopes, float32 values: (Hq,) or (B, Hq) as passed
     q_lengths: np.ndarray | None = None  # (B,) int32
     k_lengths: np.ndarray | None = None
     cu_seqlens_q: np.ndarray | None = None  # (N + 1,) int32
@@ -57,7 +58,7 @@ class ModData:
             keep = keep & self.mask
         return oracle.Problem(
             self.q, self.k, self.v, keep, scale, bias=self.bias, softcap=case.softcap, sinks=self.sinks,
-            padded_q=padded,
+            padded_q=padded, alibi=None if self.alibi is None else oracle.alibi_term(case, self.alibi.reshape(-1, case.heads_q)),
         )  # fmt: skip
 
 
@@ -85,6 +86,9 @@ def make_mod_data(case: Case, rng: np.random.Generator) -> ModData:
         d.bias = round_to(bias, bias_dtype(case))
     if case.sinks:
         d.sinks = round_to(rng.standard_normal(hq) * 2.0, case.dtype)
+    if case.alibi:  # positive slopes around ALiBi's (2**-8 .. 0.5), large enough to matter at these lengths
+        shape = (hq,) if case.alibi == "h" else (batch, hq)
+        d.alibi = round_to(rng.uniform(0.05, 1.0, shape), "float32")
     if case.q_lengths is not None and case.entry == "attention":
         d.q_lengths = np.asarray(case.q_lengths, dtype=np.int32)
     if case.k_lengths is not None:

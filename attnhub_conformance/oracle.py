@@ -6,7 +6,8 @@ compares two independent implementations. The grid's sizes are small: everything
 The pairs a query may attend are a boolean ``keep`` (B, 1 | Hq, Nq, Nk) built from the rule
 evaluated on each batch entry's (or packed sequence's) valid segment, the offsets and an explicit
 bool mask; the logits are ``t = scale·q·k``, ``t = c·tanh(t / c)`` with softcap ``c``,
-``s = t + bias``; sinks add one virtual key of logit ``sinks[h]`` and value 0 to every softmax.
+``s = t + bias − slope[b, h]·|P(i) − R(j)|`` (ALiBi, on each segment's positions); sinks add one
+virtual key of logit ``sinks[h]`` and value 0 to every softmax.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class Problem:
     sinks: np.ndarray | None = None
     #: (B, Nq) True on padded query rows (lengths): out 0, lse -inf, no gradient, no sink.
     padded_q: np.ndarray | None = None
+    #: The ALiBi term ``−slope·|P − R|`` (B | 1, Hq, Nq, Nk), 0 outside the valid segments.
+    alibi: np.ndarray | None = None
 
 
 @dataclass
@@ -70,17 +73,38 @@ def segments(case) -> list[list[tuple[np.ndarray, np.ndarray]]]:
     return out
 
 
+def _segment_positions(sync: str, lq: int, lk: int, q_offset: int, k_offset: int):
+    """(pq, pk, fq, fk) of one 1-d segment of lq queries and lk keys (SPEC §2, §11)."""
+    pq, pk, fq, fk = grid_positions((lq,), (lk,), sync)
+    if q_offset or k_offset:
+        pq, pk = [pq[0] + q_offset], [pk[0] + k_offset]
+        fq, fk = pq[0], pk[0]
+    return pq, pk, fq, fk
+
+
 def _segment_keep(rule, sync: str, lq: int, lk: int, q_offset: int, k_offset: int) -> np.ndarray:
     """The rule on one 1-d segment of lq queries and lk keys (SPEC §2, §3, §11)."""
     if lq == 0 or lk == 0:
         return np.zeros((lq, lk), dtype=bool)
     if isinstance(rule, Full):
         return np.ones((lq, lk), dtype=bool)
-    pq, pk, fq, fk = grid_positions((lq,), (lk,), sync)
-    if q_offset or k_offset:
-        pq, pk = [pq[0] + q_offset], [pk[0] + k_offset]
-        fq, fk = pq[0], pk[0]
-    return rule_mask(rule, pq, pk, fq, fk)
+    return rule_mask(rule, *_segment_positions(sync, lq, lk, q_offset, k_offset))
+
+
+def alibi_term(case, slopes: np.ndarray) -> np.ndarray:
+    """SPEC §9's ALiBi term ``−slope[b, h]·|P(i) − R(j)|`` as a dense (B | 1, Hq, Nq, Nk) array:
+    positions of each valid segment (§2's sync, §10's lengths, §11's offsets), 0 elsewhere
+    (those pairs are excluded anyway). ``slopes`` is (1 | B, Hq)."""
+    batch = 1 if case.entry == "varlen" else case.batch
+    dist = np.zeros((batch, 1, case.nq, case.nk))
+    for b, segs in enumerate(segments(case)):
+        for rows, cols in segs:
+            if len(rows) and len(cols):
+                _, _, fq, fk = _segment_positions(
+                    case.sync, len(rows), len(cols), case.q_offset, case.k_offset
+                )
+                dist[b, 0, rows[:, None], cols[None, :]] = np.abs(fq[:, None] - fk[None, :])
+    return -slopes.astype(np.float64)[:, :, None, None] * dist
 
 
 def rule_keep(case) -> tuple[np.ndarray, np.ndarray | None]:
@@ -137,6 +161,8 @@ def _parts(p: Problem):
         u = np.tanh(t / p.softcap)
         t = p.softcap * u
     s = t if p.bias is None else t + p.bias
+    if p.alibi is not None:
+        s = s + p.alibi
     # A bias of −inf excludes a pair (SPEC §9); a NaN logit stays in its row (SPEC §4: NaN propagates).
     keep = p.keep & ~np.isneginf(s) if p.bias is not None else np.broadcast_to(p.keep, s.shape)
     with np.errstate(invalid="ignore", over="ignore"):

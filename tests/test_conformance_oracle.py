@@ -14,7 +14,7 @@ import pytest
 from attnhub.rules import Causal, Full, Local
 from attnhub_conformance import oracle
 from attnhub_conformance.cases import Case
-from attnhub_conformance.modifier_cases import full_cases, kvcache, quick_cases, varlen
+from attnhub_conformance.modifier_cases import alibi_full_cases, full_cases, kvcache, quick_cases, varlen
 from attnhub_conformance.modifier_data import make_mod_data, to_blocks
 from tests.brute import position
 
@@ -60,6 +60,13 @@ def second_reading(case: Case, d, scale: float):
                     s = case.softcap * torch.tanh(s / case.softcap)
                 if full_bias is not None:
                     s = s + full_bias[b, h][rows][:, cols]
+                if d.alibi is not None:  # SPEC §9: − slope·|P − R| on the segment's positions
+                    slopes = d.alibi.reshape(-1, hq)
+                    slope = float(slopes[min(b, slopes.shape[0] - 1), h])
+                    dist = [[abs(position(i, lq, lk, case.sync, True) + case.q_offset
+                                 - position(j, lq, lk, case.sync, False) - case.k_offset) for j in range(lk)]
+                            for i in range(lq)]  # fmt: skip
+                    s = s - slope * torch.tensor(dist, dtype=torch.float64).reshape(lq, lk)
                 keep = torch.tensor(
                     [[_attended(rule, case.sync, lq, lk, i, j, case.q_offset, case.k_offset) for j in range(lk)]
                      for i in range(lq)], dtype=torch.bool,
@@ -91,7 +98,8 @@ def second_reading(case: Case, d, scale: float):
 
 
 CASES = [
-    *quick_cases("float64"),
+    *(c for c in quick_cases("float64") if not (c.alibi and c.ndim > 1)),  # (2-d ALiBi: a SpecError)
+    *alibi_full_cases("float64")[1::6],  # every sync mode and rule, ragged entries, offsets
     Case("float64", (7,), (9,), Causal(), "scale_end", bias="b11k", softcap=5.0, sinks=True, grad=True,
          bias_grad=True, q_lengths=(7, 3), k_lengths=(2, 9), padding_side="left", large_logits=True),
     Case("float64", (5,), (8,), Local(2, 1, causal=True), q_offset=4, k_offset=1, bias="1hqk", sinks=True,

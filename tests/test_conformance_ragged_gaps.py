@@ -331,9 +331,9 @@ def test_offsets_at_the_edges_pass_the_reference():
     assert all(r.status == "pass" for r in results), [(r.id, r.message) for r in results]
 
 
-def test_one_past_the_offset_limits_must_be_a_spec_error():
+def test_one_past_the_offset_limits_and_2d_alibi_must_be_spec_errors():
     cases = _quick(lambda c: getattr(c, "expect_spec_error", ""))
-    assert {c.expect_spec_error for c in cases} == {"q_offset", "k_offset"}
+    assert {c.expect_spec_error for c in cases} == {"q_offset", "k_offset", "alibi_slopes"}
     results = run_all(Certifier("reference", seed=29), cases)
     assert all(r.status == "pass" for r in results), [(r.id, r.message) for r in results]
 

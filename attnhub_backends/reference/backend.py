@@ -22,7 +22,7 @@ class ReferenceBackend(Backend):
     features: ClassVar[frozenset[str]] = frozenset(
         {
             "1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward",
-            "deterministic", "dlse", "bias", "dbias", "softcap", "sinks", "lengths", "varlen", "paged",
+            "deterministic", "dlse", "bias", "dbias", "softcap", "sinks", "lengths", "varlen", "paged", "alibi",
             "offsets",
         }
     )  # fmt: skip

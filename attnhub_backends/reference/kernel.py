@@ -32,8 +32,11 @@ def _query_blocks(req: Request) -> int:
 class _Block:
     """One block of queries: its rows, the key columns it touches and the rule's mask there."""
 
-    def __init__(self, rows: slice, lo: int, hi: int, keep: np.ndarray) -> None:
+    def __init__(
+        self, rows: slice, lo: int, hi: int, keep: np.ndarray, fq: np.ndarray, fk: np.ndarray
+    ) -> None:
         self.rows, self.lo, self.hi, self.keep = rows, lo, hi, keep
+        self.fq, self.fk = fq, fk  # the rows' and columns' flat positions (1-d: P(i), R(j))
 
 
 def _blocks(req: Request) -> Iterator[_Block]:
@@ -51,10 +54,10 @@ def _blocks(req: Request) -> Iterator[_Block]:
         keep = rule_mask(rule, [p[rows] for p in pq], pk, fq[rows], fk)
         cols = np.flatnonzero(keep.any(axis=0))
         if cols.size == 0:
-            yield _Block(rows, 0, 0, keep[:, :0])
+            yield _Block(rows, 0, 0, keep[:, :0], fq[rows], fk[:0])
             continue
         lo, hi = int(cols[0]), int(cols[-1]) + 1
-        yield _Block(rows, lo, hi, keep[:, lo:hi])
+        yield _Block(rows, lo, hi, keep[:, lo:hi], fq[rows], fk[lo:hi])
 
 
 def _restrict(a: np.ndarray, req: Request, blk: _Block) -> np.ndarray:
@@ -74,6 +77,7 @@ class _Mods:
     mask: np.ndarray | None = None  # bool rank 4
     bias: np.ndarray | None = None  # float64 rank 4
     sinks: np.ndarray | None = None  # float64 (Hq,)
+    alibi: np.ndarray | None = None  # float64 (B | 1, Hq) ALiBi slopes
 
 
 def _logits(qg, k64, req: Request, blk: _Block, mods: _Mods):
@@ -89,6 +93,9 @@ def _logits(qg, k64, req: Request, blk: _Block, mods: _Mods):
         keep = keep & _restrict(mods.mask, req, blk)
     if mods.bias is not None:
         s = s + _restrict(mods.bias, req, blk)
+    if mods.alibi is not None:  # SPEC §9: − slope · |P(i) − R(j)| (1-d: flat index = position)
+        slopes = mods.alibi.reshape(mods.alibi.shape[0], req.heads_kv, req.group, 1, 1)
+        s = s - slopes * np.abs(blk.fq[:, None] - blk.fk[None, :]).astype(np.float64)
     return np.where(keep, s, -np.inf), dcap
 
 
@@ -137,7 +144,9 @@ def _kv(x: np.ndarray) -> np.ndarray:
 def _mods(req: Request, mask, ops) -> _Mods:
     bias = None if ops is None else ops.bias
     sinks = None if ops is None else ops.sinks
+    alibi = None if ops is None or not ops.more else ops.more.get("alibi_slopes")
     return _Mods(
+        alibi=None if alibi is None else np.asarray(alibi, dtype=np.float64),
         mask=None if mask is None else np.asarray(mask),
         bias=None if bias is None else np.asarray(bias, dtype=np.float64),
         sinks=None if sinks is None else np.asarray(sinks, dtype=np.float64),
@@ -251,6 +260,8 @@ def backend_ops(ops: Any, to_numpy) -> Any:
         return None
     conv = {f.name: getattr(ops, f.name) for f in dataclasses.fields(ops)}
     for name, x in conv.items():
-        if x is not None and not isinstance(x, (int, np.ndarray)):
+        if isinstance(x, dict):  # Operands.more: the added modifiers' arrays
+            conv[name] = {n: a if isinstance(a, np.ndarray) else to_numpy(a) for n, a in x.items()}
+        elif x is not None and not isinstance(x, (int, np.ndarray)):
             conv[name] = to_numpy(x)
     return type(ops)(**conv)

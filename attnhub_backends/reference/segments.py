@@ -96,7 +96,10 @@ def _sub_request(req: Request, seg: Segment, mods: Any) -> Request:
 
 
 def _sub_mods(mods: Any, seg: Segment) -> Any:
-    return dataclasses.replace(mods, mask=_slice4(mods.mask, seg), bias=_slice4(mods.bias, seg))
+    alibi = mods.alibi
+    if alibi is not None and alibi.shape[0] > 1:  # (B, Hq) slopes: the segment's batch entry
+        alibi = alibi[seg.b : seg.b + 1]
+    return dataclasses.replace(mods, mask=_slice4(mods.mask, seg), bias=_slice4(mods.bias, seg), alibi=alibi)
 
 
 def forward(dense: Callable, q, k, v, req: Request, mods: Any, ops: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 from attnhub.backend import Backend
 from attnhub.request import Request
 from attnhub.rules import Full
-from attnhub_backends.sdpa import rows
+from attnhub_backends.sdpa import alibi, rows
 from attnhub_backends.sdpa.masks import MAX_MASK_ELEMENTS, RulePlan, rule_plan, torch_rule_mask
 from attnhub_backends.sdpa.ragged import keep_mask, padded_slots, padding, zero_padded
 
@@ -188,7 +188,7 @@ class SdpaCpu(_SdpaBase):
     features: ClassVar[frozenset[str]] = frozenset(
         {
             "1d", "2d", "full", "causal", "local", "explicit_mask", "gqa", "lse", "backward",
-            "bias", "dbias", "lengths", "offsets", "varlen",
+            "bias", "dbias", "lengths", "offsets", "varlen", "alibi",
         }
     )  # fmt: skip
 
@@ -206,6 +206,8 @@ class SdpaCpu(_SdpaBase):
         plan = rule_plan(req)
         if plan.why_not:
             return [plan.why_not]
+        if why := alibi.reasons(req):
+            return why
         if _math_kernel(req) and plan.causal and req.nq * req.nk > MAX_MASK_ELEMENTS:
             return [
                 "a bias that requires grad runs SDPA's math kernel, which needs the causal rule as a "
@@ -220,6 +222,7 @@ class SdpaCpu(_SdpaBase):
             "rule mask" if plan.materialise or (plan.causal and _math_kernel(req)) else "",
             "lengths/offsets mask" if plan.ragged else "",
             "bias as attn_mask" if req.bias is not None else "",
+            "ALiBi term as attn_mask" if alibi.used(req) else "",
             "SDPA math kernel (dbias)" if _math_kernel(req) else "",
             "head dims padded with zeros to match" if req.dim_qk != req.dim_v else "",
         ]
@@ -250,6 +253,7 @@ class SdpaCpu(_SdpaBase):
             keep = torch_rule_mask(req, q.device, torch.bool)
         if mask is not None:
             keep = mask if keep is None else keep & mask
+        bias = alibi.with_alibi(bias, req, operands, q, mdtype)
         if bias is not None:
             bias = bias if bias.dtype == mdtype else bias.to(mdtype)
             attn_mask = bias if keep is None else torch.where(keep, bias, float("-inf"))
