@@ -13,6 +13,13 @@ JSON lines.
   cuDNN (forward, and forward+backward with dbias).
 - softcap: causal, L = 4k, 8k, 16k, D = 128: triton vs FlexAttention's tanh score_mod.
 - sinks: causal 8k with sinks against the same call without.
+- bias-padded: issue 39's T5 case, B=4, H=16, L=4096, D=128, 60% of the tokens valid (lengths
+  0.9/0.7/0.5/0.3·L), a (1, H, L, L) bias requiring grad: attnhub with ``q_lengths``/``k_lengths``
+  (triton's ragged kernels, padded tiles skipped) vs SDPA efficient given the same bias with the
+  padding as -inf ((B, H, L, L)), forward and forward+backward with dbias.
+- alibi: causal L=8192, B=2, H=16, D=128: ALiBi in the kernel (``alibi_slopes=``) vs attnhub's
+  triton with the term as an explicit (1, H, L, L) bias vs FlexAttention with an ALiBi
+  ``score_mod`` and a causal block mask.
 
 The triton calls go through the backend's ``forward_for_grad``/``backward`` in a small autograd
 function (the core's arguments for bias/softcap/sinks may not be on this tree yet). bfloat16
@@ -240,12 +247,69 @@ def case_sinks(out, quick: bool) -> None:
     _row(f"sinks causal L={n} B={b}", timings(fns, True, [q, k, v, sinks]), 2 * b * h * n * n * d, out)
 
 
+def case_bias_padded(out, quick: bool) -> None:
+    import attnhub
+
+    b, h, n, d = 4, 16, 4096, 128
+    lens = torch.tensor([int(f * n) for f in (0.9, 0.7, 0.5, 0.3)], device="cuda", dtype=torch.int32)
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=DT, requires_grad=True) for _ in range(3))
+    bias = torch.randn(1, h, n, n, device="cuda", dtype=DT, requires_grad=True)
+    i = torch.arange(n, device="cuda")
+    valid = i[None, :] < lens[:, None]
+    pair = (valid[:, :, None] & valid[:, None, :])[:, None]  # (B, 1, L, L)
+
+    def sdpa_padded():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            m = torch.where(pair, bias, float("-inf"))
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    fns = {
+        "triton": lambda: attnhub.attention(
+            q, k, v, bias=bias, q_lengths=lens, k_lengths=lens, backend="triton"
+        ),
+        "sdpa-efficient": sdpa_padded,
+    }
+    work = float((lens.double() ** 2).sum()) * h * d * 4
+    _row(f"bias (1,H,L,L) padded 60% B={b} H={h} L={n}", timings(fns, True, [q, k, v, bias]), work, out)
+
+
+def case_alibi(out, quick: bool) -> None:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    import attnhub
+    from attnhub.modifiers.alibi import alibi_slopes
+
+    b, h, n, d = 2, 16, 8192, 128
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=DT, requires_grad=True) for _ in range(3))
+    slopes = torch.tensor(alibi_slopes(h), device="cuda", dtype=torch.float32)
+    i = torch.arange(n, device="cuda")
+    term = (-slopes[:, None, None] * (i[:, None] - i[None, :]).abs()).to(DT)[None]  # (1, H, L, L)
+
+    def score_mod(score, bb, hh, qi, ki):
+        return score - slopes[hh] * (qi - ki).abs()
+
+    def causal(bb, hh, qi, ki):
+        return qi >= ki
+
+    bm = create_block_mask(causal, None, None, n, n, device="cuda")
+    fns = {
+        "triton": lambda: attnhub.attention(q, k, v, mask="causal", alibi_slopes=slopes, backend="triton"),
+        "triton-bias": lambda: attnhub.attention(q, k, v, mask="causal", bias=term, backend="triton"),
+        "flex": _flex(q, k, v, block_mask=bm, score_mod=score_mod),
+    }
+    _row(f"alibi causal L={n} B={b} H={h}", timings(fns, True, [q, k, v]), 2 * b * h * n * n * d, out)
+
+
 CASES = {
     "dense": case_dense,
     "mask": case_mask,
     "bias": case_bias,
     "softcap": case_softcap,
     "sinks": case_sinks,
+    "bias-padded": case_bias_padded,
+    "alibi": case_alibi,
 }
 
 

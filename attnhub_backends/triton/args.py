@@ -50,7 +50,8 @@ class RuleC(NamedTuple):
 class ModsC(NamedTuple):
     """SPEC §9 switches of the dense kernels: ``SOFTCAP``, ``HAS_BIAS``, ``HAS_MASK`` (a boolean
     mask), ``HAS_SINKS`` (forward), ``CAP_MAX`` (forward: softcap's bound as every row's max,
-    ``launch._cap_max``) and ``DBIAS`` (dq kernel: dS stored for the bias gradient)."""
+    ``launch._cap_max``), ``DBIAS`` (dq kernel: dS stored for the bias gradient) and ``HAS_ALIBI``
+    (ALiBi from the rule's positions, ``kernels._alibi_dist``)."""
 
     SOFTCAP: bool = False
     HAS_BIAS: bool = False
@@ -58,6 +59,7 @@ class ModsC(NamedTuple):
     HAS_SINKS: bool = False
     CAP_MAX: bool = False
     DBIAS: bool = False
+    HAS_ALIBI: bool = False
 
 
 class WalkC(NamedTuple):
@@ -100,6 +102,8 @@ class RaggedFwdC(NamedTuple):
     TMA: bool = False
     FILL_PADDED: bool = False
     POS_SCALE: bool = False
+    HAS_BIAS: bool = False
+    HAS_ALIBI: bool = False
 
 
 #: The constexpr parameters of each kernel: (parameter name, its named tuple), by kernel.

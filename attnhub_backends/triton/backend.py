@@ -40,6 +40,7 @@ class TritonBackend(Backend):
             "lengths",  # SPEC §10: ragged_launch
             "varlen",
             "paged",
+            "alibi",  # SPEC §9, dense kernels (modifiers.reasons says where not)
         }  # fmt: skip
     )
     max_head_dim: ClassVar[int | None] = 256
@@ -118,6 +119,10 @@ class TritonBackend(Backend):
             from attnhub_backends.triton.ragged_checks import reasons as ragged_reasons
 
             reasons.extend(ragged_reasons(req))
+            if req.more:
+                from attnhub_backends.triton.modifiers import alibi_reasons
+
+                reasons.extend(alibi_reasons(req))
         else:
             from attnhub_backends.triton import modifiers
 

@@ -190,6 +190,20 @@ def _modify_with(qk, qk_scale, bias, softcap2, SOFTCAP: tl.constexpr, HAS_BIAS: 
 
 
 @triton.jit
+def _alibi_dist(rows, cols, rule, KEYS_FIRST: tl.constexpr = False):
+    """(len(rows), len(cols)) float32 ``|P(i) − R(j)|`` of 1-d positions (SPEC §9's ALiBi distance:
+    the logits take ``− slope·log2(e)·dist``), (len(cols), len(rows)) with ``KEYS_FIRST``; the int32
+    difference is exact (SPEC §11's range)."""
+    (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
+     row_len, window_y, window_x) = rule  # fmt: skip
+    pq = qx_scale * rows + qx_shift
+    pk = kx_scale * cols + kx_shift
+    if KEYS_FIRST:
+        return tl.abs(pk[:, None] - pq[None, :]).to(tl.float32)
+    return tl.abs(pq[:, None] - pk[None, :]).to(tl.float32)
+
+
+@triton.jit
 def _head_batch(SWAP_HB: tl.constexpr):
     """(axis-1 id, batch) of a program: grid axes (tiles, heads, batch), or (tiles, batch, heads)
     with ``SWAP_HB``, so that the programs of one head's tiles for every batch entry run together
@@ -301,6 +315,7 @@ def _fwd_step(
     SOFTCAP: tl.constexpr = M.SOFTCAP
     HAS_BIAS: tl.constexpr = M.HAS_BIAS
     HAS_MASK: tl.constexpr = M.HAS_MASK
+    HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
     CAP_MAX: tl.constexpr = M.CAP_MAX
     NEG: tl.constexpr = W.NEG
     TMA: tl.constexpr = W.TMA
@@ -310,8 +325,8 @@ def _fwd_step(
         DQK, DV, BDQK, BDV, BN, MASKED, TMA,
     )  # fmt: skip
     qk = _dot(q, kt, DOT_PRECISION)
-    if SOFTCAP and not HAS_BIAS and not NEG:
-        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
+    if SOFTCAP and not HAS_BIAS and not HAS_ALIBI and not NEG:
+        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, slope2 = mod
         keep = None
         if MASKED:
             keep = _keep(offs_m, cols, Nk, rule, R)
@@ -319,13 +334,15 @@ def _fwd_step(
                 keep = keep & _mask_tile(mask_ptr + mrow[:, None] + (cols * smn)[None, :], row_ok, cols, Nk,
                                          start_n, BN)  # fmt: skip
         m_new, m_use, p = _softcap_probs(qk, m_i, qk_scale, softcap2, keep, MASKED, CAP_MAX)
-    elif SOFTCAP or HAS_BIAS:
-        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
+    elif SOFTCAP or HAS_BIAS or HAS_ALIBI:
+        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, slope2 = mod
         bias = 0.0
         if HAS_BIAS:
             bias = _row_tile(bias_ptr + brow[:, None] + (cols * sbn)[None, :], row_ok, cols, Nk, start_n, BN,
                              0.0, not MASKED)  # fmt: skip
         qk, _ = _modify_with(qk, qk_scale, bias, softcap2, SOFTCAP, HAS_BIAS)
+        if HAS_ALIBI:
+            qk = qk - slope2[:, None] * _alibi_dist(offs_m, cols, rule)
         if MASKED:
             keep = _keep(offs_m, cols, Nk, rule, R)
             if HAS_MASK:
@@ -338,7 +355,7 @@ def _fwd_step(
     elif MASKED:
         keep = _keep(offs_m, cols, Nk, rule, R)
         if HAS_MASK:
-            bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
+            bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, slope2 = mod
             keep = keep & _mask_tile(mask_ptr + mrow[:, None] + (cols * smn)[None, :], row_ok, cols, Nk,
                                      start_n, BN)  # fmt: skip
         qk = tl.where(keep, qk * qk_scale, float("-inf"))
@@ -380,6 +397,7 @@ def _fwd_band_step(
     SOFTCAP: tl.constexpr = M.SOFTCAP
     HAS_BIAS: tl.constexpr = M.HAS_BIAS
     HAS_MASK: tl.constexpr = M.HAS_MASK
+    HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
     TMA: tl.constexpr = W.TMA
     EVEN_K: tl.constexpr = W.EVEN_K
     start_n = t * BN
@@ -389,13 +407,15 @@ def _fwd_band_step(
         DQK, DV, BDQK, BDV, BN, not EVEN_K, TMA,
     )  # fmt: skip
     qk = _dot(q, kt, DOT_PRECISION)
-    if SOFTCAP or HAS_BIAS:
-        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
+    if SOFTCAP or HAS_BIAS or HAS_ALIBI:
+        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, slope2 = mod
         bias = 0.0
         if HAS_BIAS:
             bias = _row_tile(bias_ptr + brow[:, None] + (cols * sbn)[None, :], row_ok, cols, Nk, start_n, BN,
                              0.0, EVEN_K)  # fmt: skip
         qk, _ = _modify_with(qk, qk_scale, bias, softcap2, SOFTCAP, HAS_BIAS)
+        if HAS_ALIBI:
+            qk = qk - slope2[:, None] * _alibi_dist(offs_m, cols, rule)
         if (t < full_lo) | (t >= full_hi):
             keep = _keep(offs_m, cols, Nk, rule, R)
             if HAS_MASK:
@@ -409,7 +429,7 @@ def _fwd_band_step(
         if (t < full_lo) | (t >= full_hi):
             keep = _keep(offs_m, cols, Nk, rule, R)
             if HAS_MASK:
-                bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2 = mod
+                bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, slope2 = mod
                 keep = keep & _mask_tile(mask_ptr + mrow[:, None] + (cols * smn)[None, :], row_ok, cols, Nk,
                                          start_n, BN)  # fmt: skip
             qk = tl.where(keep, qk, float("-inf"))
@@ -462,6 +482,7 @@ def fwd_kernel(
     SWAP_HB: tl.constexpr = T.SWAP_HB
     HAS_MASK: tl.constexpr = M.HAS_MASK
     HAS_SINKS: tl.constexpr = M.HAS_SINKS
+    HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
     CAP_MAX: tl.constexpr = M.CAP_MAX
     PACK: tl.constexpr = W.PACK
     TMA: tl.constexpr = W.TMA
@@ -475,8 +496,9 @@ def fwd_kernel(
     svb, svh, svn, svd = sv
     sob, soh, son, sod = so
     H, GROUP = heads
-    BIAS, sb, MASKP, sm, SINKS, softcap2 = mods  # no nested targets: Triton 3.6 cannot parse them
+    BIAS, sb, MASKP, sm, SINKS, softcap2, ALIBI, sa = mods  # no nested targets: Triton 3.6 cannot parse them
     sbb, sbh, sbm, sbn = sb
+    sab, sah = sa
     smb, smh, smm, smn = sm
     o_split, l_split = split_strides
     n_splits = SPLITS if SPLIT else 1
@@ -530,7 +552,10 @@ def fwd_kernel(
     hrow64 = tl.cast(hrow, tl.int64)
     brow = b.to(tl.int64) * sbb + hrow64 * sbh + offs_m * sbm
     mrow = b.to(tl.int64) * smb + hrow64 * smh + offs_m * smm
-    mod = (BIAS, brow, sbn, MASKP, mrow, smn, softcap2)
+    slope2 = 0.0
+    if HAS_ALIBI:  # the rows' ALiBi slopes, log2 domain
+        slope2 = tl.load(ALIBI + b * sab + hrow * sah + offs_m * 0, mask=row_ok, other=0.0) * LOG2E
+    mod = (BIAS, brow, sbn, MASKP, mrow, smn, softcap2, slope2)
     if HAS_MASK:  # no PACK: hrow is one head; rows of plan.lists or plan.band_lists
         row = PLAN + (b * plan_b + hrow * plan_h + pid_m).to(tl.int64) * plan_stride
     else:
@@ -705,6 +730,7 @@ def _dkdv_step(
     SOFTCAP: tl.constexpr = M.SOFTCAP
     HAS_BIAS: tl.constexpr = M.HAS_BIAS
     HAS_MASK: tl.constexpr = M.HAS_MASK
+    HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
     PADQ: tl.constexpr = BDQK != DQK
     PADV: tl.constexpr = BDV != DV
     rows = start_m + offs_mb
@@ -722,14 +748,16 @@ def _dkdv_step(
         lse2 = tl.load(lse2_base + rows)
         delta = tl.load(delta_base + rows)
     qkt = _dot(k, tl.trans(q), DOT_PRECISION)  # (BN, BM)
-    if SOFTCAP or HAS_BIAS or HAS_MASK:
-        bias_base, sbm, sbn, mask_base, smm, smn, softcap2 = mod
+    if SOFTCAP or HAS_BIAS or HAS_MASK or HAS_ALIBI:
+        bias_base, sbm, sbn, mask_base, smm, smn, softcap2, slope2 = mod
         ld = (offs_n < Nk)[:, None] & ok[None, :]
-    if SOFTCAP or HAS_BIAS:
+    if SOFTCAP or HAS_BIAS or HAS_ALIBI:
         st, th = _modify(
             qkt, qk_scale, bias_base + (offs_n * sbn)[:, None] + (rows * sbm)[None, :], ld, softcap2,
             SOFTCAP, HAS_BIAS,
         )  # fmt: skip
+        if HAS_ALIBI:
+            st = st - slope2 * _alibi_dist(rows, offs_n, rule, True)
         pt = tl.math.exp2(st - lse2[None, :])
     else:
         pt = tl.math.exp2(qkt * qk_scale - lse2[None, :])
@@ -768,6 +796,7 @@ def dkdv_kernel(
     BN: tl.constexpr = T.BN
     SWAP_HB: tl.constexpr = T.SWAP_HB
     HAS_MASK: tl.constexpr = M.HAS_MASK
+    HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
     rule = (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
             row_len, window_y, window_x)  # fmt: skip
     sqb, sqh, sqn, sqd = sq
@@ -775,8 +804,9 @@ def dkdv_kernel(
     svb, svh, svn, svd = sv
     sdb, sdh, sdn, sdd = sd
     HQ, HKV, GROUP = heads
-    BIAS, sb, MASKP, sm, softcap2 = mods
+    BIAS, sb, MASKP, sm, softcap2, ALIBI, sa = mods
     sbb, sbh, sbm, sbn = sb
+    sab, sah = sa
     smb, smh, smm, smn = sm
     pid_n = tl.program_id(0)
     hk, b = _head_batch(SWAP_HB)
@@ -809,9 +839,12 @@ def dkdv_kernel(
         delta_base = DELTA + (b.to(tl.int64) * HQ + h) * Nq
         q_ptrs = q_base + offs_mb[:, None] * sqn + offs_dq[None, :] * sqd
         do_ptrs = do_base + offs_mb[:, None] * sdn + offs_dv[None, :] * sdd
+        slope2 = 0.0
+        if HAS_ALIBI:
+            slope2 = tl.load(ALIBI + b * sab + h * sah) * LOG2E
         mod = (
             BIAS + b.to(tl.int64) * sbb + h.to(tl.int64) * sbh, sbm, sbn,
-            MASKP + b.to(tl.int64) * smb + h.to(tl.int64) * smh, smm, smn, softcap2,
+            MASKP + b.to(tl.int64) * smb + h.to(tl.int64) * smh, smm, smn, softcap2, slope2,
         )  # fmt: skip
         if HAS_MASK:
             row = PLAN + (b * plan_b + h * plan_h + pid_n).to(tl.int64) * plan_stride
@@ -862,6 +895,7 @@ def _dq_step(
     SOFTCAP: tl.constexpr = M.SOFTCAP
     HAS_BIAS: tl.constexpr = M.HAS_BIAS
     HAS_MASK: tl.constexpr = M.HAS_MASK
+    HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
     DBIAS: tl.constexpr = M.DBIAS
     PADQ: tl.constexpr = BDQK != DQK
     PADV: tl.constexpr = BDV != DV
@@ -870,10 +904,10 @@ def _dq_step(
     kt = _load_tile(k_ptrs + tl.cast(start_n, tl.int64) * skn, ok, (offs_dq < DQK)[:, None], MASKED, PADQ)
     vt = _load_tile(v_ptrs + tl.cast(start_n, tl.int64) * svn, ok, (offs_dv < DV)[:, None], MASKED, PADV)
     qk = _dot(q, kt, DOT_PRECISION)
-    if SOFTCAP or HAS_BIAS or HAS_MASK:
-        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, db_ptr, dbrow = mod
+    if SOFTCAP or HAS_BIAS or HAS_MASK or HAS_ALIBI:
+        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, db_ptr, dbrow, slope2 = mod
         ld = row_ok[:, None] & (cols < Nk)[None, :]
-    if SOFTCAP or HAS_BIAS:
+    if SOFTCAP or HAS_BIAS or HAS_ALIBI:
         s, th = _modify(
             qk,
             qk_scale,
@@ -883,6 +917,8 @@ def _dq_step(
             SOFTCAP,
             HAS_BIAS,
         )
+        if HAS_ALIBI:
+            s = s - slope2 * _alibi_dist(offs_m, cols, rule)
         p = tl.math.exp2(s - lse2[:, None])
     else:
         p = tl.math.exp2(qk * qk_scale - lse2[:, None])
@@ -919,6 +955,7 @@ def dq_kernel(
     BN: tl.constexpr = T.BN
     SWAP_HB: tl.constexpr = T.SWAP_HB
     HAS_MASK: tl.constexpr = M.HAS_MASK
+    HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
     rule = (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
             row_len, window_y, window_x)  # fmt: skip
     sqb, sqh, sqn, sqd = sq
@@ -926,8 +963,9 @@ def dq_kernel(
     svb, svh, svn, svd = sv
     sdb, sdh, sdn, sdd = sd
     HQ, GROUP = heads
-    BIAS, sb, MASKP, sm, DB, softcap2 = mods
+    BIAS, sb, MASKP, sm, DB, softcap2, ALIBI, sa = mods
     sbb, sbh, sbm, sbn = sb
+    sab, sah = sa
     smb, smh, smm, smn = sm
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     h, b = _head_batch(SWAP_HB)
@@ -956,10 +994,13 @@ def dq_kernel(
     k_ptrs = k_base + offs_n[None, :] * skn + offs_dq[:, None] * skd
     v_ptrs = v_base + offs_n[None, :] * svn + offs_dv[:, None] * svd
     b64 = b.to(tl.int64)
+    slope2 = 0.0
+    if HAS_ALIBI:
+        slope2 = tl.load(ALIBI + b * sab + h * sah) * LOG2E
     mod = (
         BIAS, b64 * sbb + h.to(tl.int64) * sbh + offs_m * sbm, sbn,
         MASKP, b64 * smb + h.to(tl.int64) * smh + offs_m * smm, smn, softcap2,
-        DB, (row_base + offs_m) * Nk,
+        DB, (row_base + offs_m) * Nk, slope2,
     )  # fmt: skip
     if HAS_MASK:
         row = PLAN + (b * plan_b + h * plan_h + pid_m).to(tl.int64) * plan_stride

@@ -17,7 +17,7 @@ from attnhub.rules import Causal, ExplicitMask, Full, Local
 from attnhub_backends.triton import args as kargs
 from attnhub_backends.triton import configs, mask_summary, plan
 from attnhub_backends.triton.loader import interpret_mode, kernels
-from attnhub_backends.triton.modifiers import Mods, plan_rule, runtime_args
+from attnhub_backends.triton.modifiers import Mods, plan_rule, runtime_args, uses_alibi
 from attnhub_backends.triton.relaunch import Relauncher
 
 LOG2E = 1.4426950408889634
@@ -371,7 +371,7 @@ def _make_launch(
     if req.modified or has_mask:
         kwargs.update(
             SOFTCAP=req.softcap is not None, HAS_BIAS=req.bias is not None, HAS_MASK=has_mask,
-            HAS_SINKS=req.sinks, CAP_MAX=_cap_max(req, q),
+            HAS_SINKS=req.sinks, CAP_MAX=_cap_max(req, q), HAS_ALIBI=uses_alibi(req),
         )  # fmt: skip
     if cfg.maxnreg:
         kwargs["maxnreg"] = cfg.maxnreg
@@ -395,7 +395,7 @@ def _cap_max(req: Request, q: torch.Tensor) -> bool:
     P's dtype: bfloat16 (float32's exponent range) and float32 only, softcap·log2 e ≤ 60 (softcap
     up to about 41; Grok's 30 yes, Gemma 2's 50 no); no bias (it moves the bound), positive scale."""
     return (
-        req.softcap is not None and req.bias is None and req.scale > 0
+        req.softcap is not None and req.bias is None and not uses_alibi(req) and req.scale > 0
         and q.dtype in (torch.bfloat16, torch.float32) and req.softcap * LOG2E <= CAP_MAX_LOG2
     )  # fmt: skip
 

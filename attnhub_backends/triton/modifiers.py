@@ -13,10 +13,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from attnhub.modifiers.alibi import float32_alibi_problem
 from attnhub.request import Request
 from attnhub.rules import ExplicitMask, Full, Rule
 
 LOG2E = 1.4426950408889634
+#: SPEC §9's ALiBi keyword (attnhub/modifiers/alibi.py): its slopes are ``Operands.more[ALIBI]``.
+ALIBI = "alibi_slopes"
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class Mods:
     mask: Any = None  # rank-4 bool, viewed as uint8
     sinks: Any = None
     softcap: float | None = None
+    alibi: Any = None  # (B | 1, Hq) float32 ALiBi slopes
 
     @property
     def any(self) -> bool:
@@ -35,6 +39,7 @@ class Mods:
             or self.mask is not None
             or self.sinks is not None
             or (self.softcap is not None)
+            or self.alibi is not None
         )
 
     def consts(self) -> dict[str, bool]:
@@ -43,6 +48,7 @@ class Mods:
             "SOFTCAP": self.softcap is not None,
             "HAS_BIAS": self.bias is not None,
             "HAS_MASK": self.mask is not None,
+            "HAS_ALIBI": self.alibi is not None,
         }
 
 
@@ -58,7 +64,14 @@ def from_call(req: Request, mask: Any, operands: Any) -> Mods:
         bmask = bmask.view(_u8())
     if bias is not None and bias.dim() != 4:
         bias = bias.reshape(req.bias)
-    return Mods(bias=bias, mask=bmask, sinks=sinks, softcap=req.softcap)
+    alibi = operands.more.get(ALIBI) if req.more and operands is not None and operands.more else None
+    if alibi is not None and not alibi.is_contiguous():
+        alibi = alibi.contiguous()
+    return Mods(bias=bias, mask=bmask, sinks=sinks, softcap=req.softcap, alibi=alibi)
+
+
+def uses_alibi(req: Request) -> bool:
+    return any(n == ALIBI for n, _ in req.more)
 
 
 def _bool_dtype() -> Any:
@@ -84,17 +97,23 @@ def strides4(x: Any) -> tuple[int, int, int, int]:
 
 
 def runtime_args(mods: Mods, dummy: Any, plan_b: int = 0, plan_h: int = 0, extra: Any = None) -> tuple:
-    """``(BIAS, (sbb, sbh, sbm, sbn), MASKP, (smb, smh, smm, smn), <extra>, softcap2), plan_b, plan_h``:
-    the kernels' ``mods`` tuple and the plan strides; ``extra`` is the forward's SINKS or the dq
-    kernel's dbias buffer (``dummy`` where absent), and the dk/dv kernel takes none (pass
-    ``extra=False``)."""
+    """``(BIAS, (sbb, sbh, sbm, sbn), MASKP, (smb, smh, smm, smn), <extra>, softcap2, ALIBI, (sab, sah)),
+    plan_b, plan_h``: the kernels' ``mods`` tuple and the plan strides; ``extra`` is the forward's
+    SINKS or the dq kernel's dbias buffer (``dummy`` where absent), and the dk/dv kernel takes none
+    (pass ``extra=False``); ALIBI the (B | 1, Hq) slopes (stride 0 along a broadcast batch)."""
     bias = mods.bias if mods.bias is not None else dummy
     sb = strides4(mods.bias) if mods.bias is not None else (0, 0, 0, 0)
     mask = mods.mask if mods.mask is not None else dummy
     sm = strides4(mods.mask) if mods.mask is not None else (0, 0, 0, 0)
     softcap2 = mods.softcap * LOG2E if mods.softcap is not None else 1.0
     mid: tuple = () if extra is False else (dummy if extra is None else extra,)
-    return (bias, sb, mask, sm, *mid, softcap2), plan_b, plan_h
+    alibi = mods.alibi if mods.alibi is not None else dummy
+    sa = (
+        (0 if mods.alibi.shape[0] == 1 else mods.alibi.stride(0), mods.alibi.stride(1))
+        if mods.alibi is not None
+        else (0, 0)
+    )
+    return (bias, sb, mask, sm, *mid, softcap2, alibi, sa), plan_b, plan_h
 
 
 def reasons(req: Request) -> list[str]:
@@ -107,13 +126,20 @@ def reasons(req: Request) -> list[str]:
         out.append("takes q_offset/k_offset for 1-d sequences with sync none_front only")
     if req.softcap is not None and not (math.isfinite(req.softcap) and req.softcap > 0):
         out.append("applies a finite positive softcap only")
-    elif req.softcap is not None and req.softcap > (cap := softcap_limit(req.dtype)):
+    out.extend(alibi_reasons(req))
+    if req.softcap is not None and req.softcap > (cap := softcap_limit(req.dtype)):
         out.append(
             f"computes tanh as 1 − 2/(e^2x + 1), which loses t/softcap below float32's rounding for a "
             f"softcap above {cap:g} with {req.dtype} inputs (logit error ~ softcap·2**-23); the cuda "
             "backend computes it exactly"
         )
     return out
+
+
+def alibi_reasons(req: Request) -> list[str]:
+    """Why the kernels' float32 ALiBi term cannot serve ``req`` within SPEC §6 (empty when it can)."""
+    why = float32_alibi_problem(req) if uses_alibi(req) else None
+    return [why] if why else []
 
 
 def softcap_limit(dtype: str) -> float:

@@ -9,17 +9,12 @@ from attnhub.rules import ExplicitMask
 def reasons(req: Request) -> list[str]:
     """Why the ragged kernels cannot serve ``req`` (empty when they can)."""
     out = []
-    if req.bias is not None:
-        out.append(
-            "does not combine a bias with q_lengths/k_lengths, attention_varlen or a paged cache; "
-            "pad the batch and put the lengths into the bias as -inf, or use backend='reference'"
-        )
     if isinstance(req.rule, ExplicitMask):
         out.append(
             "does not combine a mask array with q_lengths/k_lengths, attention_varlen or a paged cache; "
             "put the lengths into the bool mask, or use backend='reference'"
         )
-    if req.paged and (req.needs_grad or req.sinks_grad):
+    if req.paged and (req.needs_grad or req.sinks_grad or req.bias_grad):
         out.append("reads paged KV caches forward only; call attention_kvcache under torch.no_grad()")
     if req.ndim != 1:
         out.append("takes ragged sequences (lengths, varlen, paged) in 1-d only")

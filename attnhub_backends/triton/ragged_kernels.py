@@ -150,6 +150,51 @@ def _softcap(qk, qk_scale, cap):
 
 
 @triton.jit
+def _add_mods(x, xm, i, j, q_len, k_len, k_start, aq, bq, ak, bk,
+              HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr, KEYS_FIRST: tl.constexpr = False):  # fmt: skip
+    """SPEC §9's bias and ALiBi added to log2-domain logits ``x`` of valid queries ``i`` and keys
+    ``j`` ((len(i), len(j)), or (len(j), len(i)) with ``KEYS_FIRST``). ``xm`` = (bias row pointers
+    of the rows ``i`` (their batch, head and padded row folded in), the bias's key stride, the rows'
+    ALiBi slopes·log2(e), which rows exist). The bias is read at the padded key row ``k_start + j``,
+    only for valid pairs (padding may hold anything); ALiBi is ``slope·|P(i) − R(j)|`` on the
+    segment's positions."""
+    brow, sbn, slope2, row_ok = xm
+    if HAS_BIAS:
+        ld = (row_ok & (i < q_len))[:, None] & (j < k_len)[None, :]
+        ptrs = brow[:, None] + ((k_start + j).to(tl.int64) * sbn)[None, :]
+        b = tl.load(ptrs, mask=ld, other=0.0).to(tl.float32) * 1.4426950408889634
+        if KEYS_FIRST:  # noqa: SIM108 (a constexpr branch, which Triton resolves at compile time)
+            x = x + tl.trans(b)
+        else:
+            x = x + b
+    if HAS_ALIBI:
+        pq = aq * i + bq
+        pk = ak * j + bk
+        if KEYS_FIRST:
+            x = x - slope2[None, :] * tl.abs(pk[:, None] - pq[None, :]).to(tl.float32)
+        else:
+            x = x - slope2[:, None] * tl.abs(pq[:, None] - pk[None, :]).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _row_mods(mods, s, h, rows, row_ok, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """What :func:`_add_mods` reads for rows ``rows`` (padded or packed rows) of head(s) ``h`` of
+    sequence ``s``: ``mods`` = (BIAS, its (batch, head, row, key) strides, ALIBI, its (batch, head)
+    strides, the dq kernel's dS buffer and its strides), strides 0 where broadcast."""
+    BIAS, sb, ALIBI, sa, DB, sdb = mods
+    sbb, sbh, sbm, sbn = sb
+    sab, sah = sa
+    brow = BIAS
+    if HAS_BIAS:
+        brow = BIAS + s.to(tl.int64) * sbb + h.to(tl.int64) * sbh + rows.to(tl.int64) * sbm
+    slope2 = 0.0
+    if HAS_ALIBI:
+        slope2 = tl.load(ALIBI + s * sab + h * sah + rows * 0, mask=row_ok, other=0.0) * 1.4426950408889634
+    return brow, sbn, slope2, row_ok
+
+
+@triton.jit
 def _kv_rows(K, V, BT, s, hk, rows, sk, sv, sbt, k_start, PAGED: tl.constexpr, BLOCK: tl.constexpr):
     """Row pointers of keys ``rows`` (within the sequence) in K and V.
 
@@ -251,7 +296,7 @@ def table_kernel(
 @triton.jit
 def _fwd_tile(
     q, K, V, BT, s, hk, n0, i, m_i, l_i, acc, q_len, k_len, k_start, aq, bq, ak, bk, window,
-    sk, sv, sbt, qk_scale, cap, kv_b, T: tl.constexpr, R: tl.constexpr, F: tl.constexpr, MASKED: tl.constexpr,
+    sk, sv, sbt, qk_scale, cap, kv_b, xm, T: tl.constexpr, R: tl.constexpr, F: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """One key tile (keys ``n0 .. n0 + BN``) of the online softmax; the rule applied if ``MASKED``.
     ``POS_SCALE``: the scale is positive (unmasked tiles then fold it into exp2's argument).
@@ -271,6 +316,8 @@ def _fwd_tile(
     SOFTCAP: tl.constexpr = F.SOFTCAP
     TMA: tl.constexpr = F.TMA
     POS_SCALE: tl.constexpr = F.POS_SCALE
+    HAS_BIAS: tl.constexpr = F.HAS_BIAS
+    HAS_ALIBI: tl.constexpr = F.HAS_ALIBI
     j = n0 + tl.arange(0, BN)
     dq_ = tl.arange(0, BDQK)
     dv_ = tl.arange(0, BDV)
@@ -286,7 +333,7 @@ def _fwd_tile(
         kt = _load(k_rows[None, :] + dq_[:, None], j_ok[None, :] & (dq_ < DQK)[:, None], 0.0, check)
         v = _load(v_rows[:, None] + dv_[None, :], j_ok[:, None] & (dv_ < DV)[None, :], 0.0, check)
     qk = _dot(q, kt, DOT_PRECISION)
-    if not MASKED and not SOFTCAP and POS_SCALE:
+    if not MASKED and not SOFTCAP and POS_SCALE and not HAS_BIAS and not HAS_ALIBI:
         # Every logit of an unmasked tile is finite: the scale folds into exp2's argument (one
         # FMA per logit) and the row max needs no -inf guard (max(qk)·scale: scale > 0).
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
@@ -299,6 +346,8 @@ def _fwd_tile(
         qk, _ = _softcap(qk, qk_scale, cap)
     else:
         qk = qk * qk_scale
+    if HAS_BIAS or HAS_ALIBI:
+        qk = _add_mods(qk, xm, i, j, q_len, k_len, k_start, aq, bq, ak, bk, HAS_BIAS, HAS_ALIBI)
     if MASKED:
         keep = _keep(i, j, q_len, k_len, aq, bq, ak, bk, window, R)
         qk = tl.where(keep, qk, float("-inf"))
@@ -313,7 +362,7 @@ def _fwd_tile(
 
 @triton.jit(do_not_specialize=FWD_LENGTH_ARGS)
 def fwd_kernel(
-    Q, K, V, O, LSE, OP, LP, CNT, QL, KL, CUQ, CUK, BT, SINKS, sq, sk, sv, so, slb, slh, sbt, split_strides,
+    Q, K, V, O, LSE, OP, LP, CNT, QL, KL, CUQ, CUK, BT, SINKS, mods, sq, sk, sv, so, slb, slh, sbt, split_strides,
     GROUP, MQ, CHUNK, Lq, Lk, q_offset, k_offset, qk_scale, cap, window,
     T: tl.constexpr, R: tl.constexpr, E: tl.constexpr, F: tl.constexpr,
 ):  # fmt: skip
@@ -361,6 +410,8 @@ def fwd_kernel(
     BSP: tl.constexpr = F.BSP
     WRITE_LSE: tl.constexpr = F.WRITE_LSE
     FILL_PADDED: tl.constexpr = F.FILL_PADDED
+    HAS_BIAS: tl.constexpr = F.HAS_BIAS
+    HAS_ALIBI: tl.constexpr = F.HAS_ALIBI
     sqb, sqh, sqn = sq
     sob, soh, son = so
     o_split, l_split = split_strides
@@ -416,15 +467,16 @@ def fwd_kernel(
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, BDV], dtype=tl.float32)
+    xm = _row_mods(mods, s, h, q_start + i, row_ok, HAS_BIAS, HAS_ALIBI)
     for t in range(t_lo, t_full):
         m_i, l_i, acc = _fwd_tile(
             q, K, V, BT, s, hk, t * BN, i, m_i, l_i, acc, q_len, k_len, k_start, aq, bq, ak, bk, window,
-            sk, sv, sbt, qk_scale, cap, kv_b, T, R, F, False,
+            sk, sv, sbt, qk_scale, cap, kv_b, xm, T, R, F, False,
         )  # fmt: skip
     for t in range(t_full, t_hi):
         m_i, l_i, acc = _fwd_tile(
             q, K, V, BT, s, hk, t * BN, i, m_i, l_i, acc, q_len, k_len, k_start, aq, bq, ak, bk, window,
-            sk, sv, sbt, qk_scale, cap, kv_b, T, R, F, True,
+            sk, sv, sbt, qk_scale, cap, kv_b, xm, T, R, F, True,
         )  # fmt: skip
     if SINK and not SPLIT:  # the sink: a virtual key of logit sinks[h] and value 0
         sink2 = tl.load(SINKS + h, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
@@ -523,8 +575,9 @@ def _merge_splits(
 
 @triton.jit
 def _dkdv_tile(
-    k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_len, aq, bq, ak, bk, window,
-    sq, sd, slb, slh, qk_scale, cap, T: tl.constexpr, R: tl.constexpr, M: tl.constexpr, MASKED: tl.constexpr,
+    k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_start, k_len, aq, bq, ak, bk, window,
+    sq, sd, slb, slh, qk_scale, cap, mods,
+    T: tl.constexpr, R: tl.constexpr, M: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """One query tile's (rows ``m0 .. m0 + BM`` of head h) contribution to a key tile's dk, dv."""
     DQK: tl.constexpr = T.DQK
@@ -534,6 +587,8 @@ def _dkdv_tile(
     BM: tl.constexpr = T.BM
     DOT_PRECISION: tl.constexpr = T.DOT_PRECISION
     SOFTCAP: tl.constexpr = M.SOFTCAP
+    HAS_BIAS: tl.constexpr = M.HAS_BIAS
+    HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
     sqb, sqh, sqn = sq
     sdb, sdh, sdn = sd
     i = m0 + tl.arange(0, BM)
@@ -554,6 +609,9 @@ def _dkdv_tile(
         qkt, th = _softcap(qkt, qk_scale, cap)
     else:
         qkt = qkt * qk_scale
+    if HAS_BIAS or HAS_ALIBI:
+        xm = _row_mods(mods, s, h, rows, ok, HAS_BIAS, HAS_ALIBI)
+        qkt = _add_mods(qkt, xm, i, j, q_len, k_len, k_start, aq, bq, ak, bk, HAS_BIAS, HAS_ALIBI, True)
     pt = tl.math.exp2(qkt - lse2[None, :])
     if MASKED:
         keep = _keep(i, j, q_len, k_len, aq, bq, ak, bk, window, R)
@@ -569,7 +627,7 @@ def _dkdv_tile(
 
 @triton.jit(do_not_specialize=BWD_LENGTH_ARGS)
 def dkdv_kernel(
-    Q, K, V, DO, LSE2, DELTA, DK, DV_, TAB, sq, sk, sv, sd, slb, slh, sdk, sdv,
+    Q, K, V, DO, LSE2, DELTA, DK, DV_, TAB, mods, sq, sk, sv, sd, slb, slh, sdk, sdv,
     GROUP, qk_scale, sm_scale, cap, window, T: tl.constexpr, R: tl.constexpr, M: tl.constexpr,
 ):  # fmt: skip
     """One (key tile, kv head, sequence) program: dk and dv summed over the group's query heads,
@@ -616,18 +674,18 @@ def dkdv_kernel(
         h = hk * GROUP + g
         for m0 in range(m_lo, m_full, BM):
             dk, dv = _dkdv_tile(
-                k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_len, aq, bq, ak, bk,
-                window, sq, sd, slb, slh, qk_scale, cap, T, R, M, True,
+                k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_start, k_len, aq, bq, ak, bk,
+                window, sq, sd, slb, slh, qk_scale, cap, mods, T, R, M, True,
             )  # fmt: skip
         for m0 in range(m_full, m_end, BM):
             dk, dv = _dkdv_tile(
-                k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_len, aq, bq, ak, bk,
-                window, sq, sd, slb, slh, qk_scale, cap, T, R, M, False,
+                k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_start, k_len, aq, bq, ak, bk,
+                window, sq, sd, slb, slh, qk_scale, cap, mods, T, R, M, False,
             )  # fmt: skip
         for m0 in range(m_end, tl.cdiv(i_hi, BM) * BM, BM):
             dk, dv = _dkdv_tile(
-                k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_len, aq, bq, ak, bk,
-                window, sq, sd, slb, slh, qk_scale, cap, T, R, M, True,
+                k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_start, k_len, aq, bq, ak, bk,
+                window, sq, sd, slb, slh, qk_scale, cap, mods, T, R, M, True,
             )  # fmt: skip
     dk = dk * sm_scale
     tl.store(DK + s.to(tl.int64) * sdkb + hk.to(tl.int64) * sdkh + k_rows[:, None] * sdkn + dq_[None, :],
@@ -639,9 +697,11 @@ def dkdv_kernel(
 @triton.jit
 def _dq_tile(
     q, do, dq, lse2, delta, K, V, s, hk, n0, i, q_len, k_len, k_start, aq, bq, ak, bk, window,
-    sk, sv, qk_scale, cap, T: tl.constexpr, R: tl.constexpr, M: tl.constexpr, MASKED: tl.constexpr,
+    sk, sv, qk_scale, cap, xm, dbrow, sdbn,
+    T: tl.constexpr, R: tl.constexpr, M: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
-    """One key tile's contribution to a query tile's dq."""
+    """One key tile's contribution to a query tile's dq; with ``DBIAS`` its dS (natural units, the
+    bias's gradient) stored at ``dbrow`` (the rows' pointers) and key stride ``sdbn``."""
     DQK: tl.constexpr = T.DQK
     DV: tl.constexpr = T.DV
     BDQK: tl.constexpr = T.BDQK
@@ -649,6 +709,9 @@ def _dq_tile(
     BN: tl.constexpr = T.BN
     DOT_PRECISION: tl.constexpr = T.DOT_PRECISION
     SOFTCAP: tl.constexpr = M.SOFTCAP
+    HAS_BIAS: tl.constexpr = M.HAS_BIAS
+    HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
+    DBIAS: tl.constexpr = M.DBIAS
     j = n0 + tl.arange(0, BN)
     j_ok = j < k_len
     dq_ = tl.arange(0, BDQK)
@@ -662,12 +725,18 @@ def _dq_tile(
         qk, th = _softcap(qk, qk_scale, cap)
     else:
         qk = qk * qk_scale
+    if HAS_BIAS or HAS_ALIBI:
+        qk = _add_mods(qk, xm, i, j, q_len, k_len, k_start, aq, bq, ak, bk, HAS_BIAS, HAS_ALIBI)
     p = tl.math.exp2(qk - lse2[:, None])
     if MASKED:
         keep = _keep(i, j, q_len, k_len, aq, bq, ak, bk, window, R)
         p = tl.where(keep, p, 0.0)
     dp = _dot(do, vt, DOT_PRECISION)
     ds = p * (dp - delta[:, None])
+    if DBIAS:
+        ld = (i < q_len)[:, None] & j_ok[None, :]
+        dptrs = dbrow[:, None] + ((k_start + j).to(tl.int64) * sdbn)[None, :]
+        tl.store(dptrs, ds.to(dbrow.dtype.element_ty), mask=ld)
     if SOFTCAP:
         ds = ds * (1.0 - th * th)
     return _dot(ds.to(kt.dtype), tl.trans(kt), DOT_PRECISION, dq)
@@ -675,16 +744,19 @@ def _dq_tile(
 
 @triton.jit(do_not_specialize=BWD_LENGTH_ARGS)
 def dq_kernel(
-    Q, K, V, DO, LSE2, DELTA, DQ, TAB, sq, sk, sv, sd, slb, slh, sdq,
+    Q, K, V, DO, LSE2, DELTA, DQ, TAB, mods, sq, sk, sv, sd, slb, slh, sdq,
     GROUP, qk_scale, sm_scale, cap, window, T: tl.constexpr, R: tl.constexpr, M: tl.constexpr,
 ):  # fmt: skip
-    """One (query tile, head, sequence) program: dq of its rows over the key tiles they reach."""
+    """One (query tile, head, sequence) program: dq of its rows over the key tiles they reach;
+    with ``DBIAS`` also dS of every pair it visits into the dS buffer of ``mods``."""
     DQK: tl.constexpr = T.DQK
     DV: tl.constexpr = T.DV
     BDQK: tl.constexpr = T.BDQK
     BDV: tl.constexpr = T.BDV
     BM: tl.constexpr = T.BM
     BN: tl.constexpr = T.BN
+    HAS_BIAS: tl.constexpr = M.HAS_BIAS
+    HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
     sqb, sqh, sqn = sq
     sdb, sdh, sdn = sd
     sdqb, sdqh, sdqn = sdq
@@ -712,15 +784,19 @@ def dq_kernel(
     t_lo = n_lo // BN
     t_full = tl.maximum(t_lo, n_full // BN)
     dq = tl.zeros([BM, BDQK], dtype=tl.float32)
+    xm = _row_mods(mods, s, h, rows, ok, HAS_BIAS, HAS_ALIBI)
+    BIAS, sb, ALIBI, sa, DB, sdbs = mods
+    sdbb, sdbh, sdbm, sdbn = sdbs
+    dbrow = DB + s.to(tl.int64) * sdbb + h.to(tl.int64) * sdbh + rows * sdbm
     for t in range(t_lo, t_full):
         dq = _dq_tile(
             q, do, dq, lse2, delta, K, V, s, hk, t * BN, i, q_len, k_len, k_start, aq, bq, ak, bk, window,
-            sk, sv, qk_scale, cap, T, R, M, False,
+            sk, sv, qk_scale, cap, xm, dbrow, sdbn, T, R, M, False,
         )  # fmt: skip
     for t in range(t_full, tl.cdiv(n_hi, BN)):
         dq = _dq_tile(
             q, do, dq, lse2, delta, K, V, s, hk, t * BN, i, q_len, k_len, k_start, aq, bq, ak, bk, window,
-            sk, sv, qk_scale, cap, T, R, M, True,
+            sk, sv, qk_scale, cap, xm, dbrow, sdbn, T, R, M, True,
         )  # fmt: skip
     dq = dq * sm_scale
     tl.store(DQ + s.to(tl.int64) * sdqb + h.to(tl.int64) * sdqh + rows[:, None] * sdqn + dq_[None, :],

@@ -21,6 +21,7 @@ from attnhub_backends.triton import args as kargs
 from attnhub_backends.triton.launch import DESCRIPTORS, _dot_precision, _pad, _tma_mode, kv_descriptors
 from attnhub_backends.triton.loader import interpret_mode, load
 from attnhub_backends.triton.loader import kernels as dense_kernels
+from attnhub_backends.triton.modifiers import ALIBI, strides4, uses_alibi
 from attnhub_backends.triton.relaunch import Relauncher
 
 LOG2E = 1.4426950408889634
@@ -57,6 +58,29 @@ def _rule(req: Request) -> tuple[dict[str, Any], int]:
     window = rule.windows(1)[0] if isinstance(rule, Local) else 1
     stride = rule.log2_stride if isinstance(rule, Local) else 0
     return {"NDIM": 1, "RULE": kind, "CAUSAL": causal, "LOG2_STRIDE": stride}, window
+
+
+def _mods(req: Request, ops: Any, spare: torch.Tensor, dbias: torch.Tensor | None = None) -> tuple:
+    """The kernels' ``mods`` tuple (``ragged_kernels._row_mods``): the bias and its rank-4 element
+    strides, the ALiBi slopes and their (batch, head) strides (0 where broadcast: packed sequences
+    have one batch entry), the dq kernel's dS buffer and its strides; ``spare`` where absent."""
+    bias = ops.bias if ops is not None and req.bias is not None else None
+    if bias is not None and bias.dim() != 4:
+        bias = bias.reshape(req.bias)
+    slopes = ops.more.get(ALIBI) if ops is not None and ops.more else None
+    if slopes is not None and not slopes.is_contiguous():
+        slopes = slopes.contiguous()
+    sb = strides4(bias) if bias is not None else (0, 0, 0, 0)
+    sa = (0 if slopes.shape[0] == 1 else slopes.stride(0), slopes.stride(1)) if slopes is not None else (0, 0)
+    sd = strides4(dbias) if dbias is not None else (0, 0, 0, 0)
+    return (
+        spare if bias is None else bias, sb, spare if slopes is None else slopes, sa,
+        spare if dbias is None else dbias, sd,
+    )  # fmt: skip
+
+
+def _mod_consts(req: Request) -> dict[str, bool]:
+    return {"HAS_BIAS": req.bias is not None, "HAS_ALIBI": uses_alibi(req)}
 
 
 @dataclass(frozen=True)
@@ -415,7 +439,8 @@ def _plan_forward(
         BR=br, BSP=bsp, DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), BM=bm, BN=bn, **consts, PACK=pack,
         SPLIT=splits > 1, PAGED=bool(req.paged), BLOCK=req.paged or 1, SOFTCAP=req.softcap is not None,
         SINK=req.sinks, DOT_PRECISION=_dot_precision(q), WRITE_LSE=need_lse, TMA=tma,
-        FILL_PADDED=fill_padded, POS_SCALE=req.scale > 0, num_warps=warps, num_stages=stages,
+        FILL_PADDED=fill_padded, POS_SCALE=req.scale > 0, **_mod_consts(req), num_warps=warps,
+        num_stages=stages,
     )  # fmt: skip
     qs = (q.stride(0) * seq_stride, q.stride(1), q.stride(2))
     # Outputs are allocated contiguous: (B, Hq, Nq, Dv) and (B, Hq, Nq); partials likewise.
@@ -489,10 +514,12 @@ def _run_forward(
     o_buf, l_buf, cnt = _workspace(plan, dev) if plan.splits > 1 else (spare, spare, spare)
     if plan.tma:
         k, v = kv_descriptors(k, v, plan.fwd_meta["T"].BN)
-    plan.fwd_launcher(
-        _kernels().fwd_kernel, plan.grid, (q, k, v, out, spare if lse is None else lse, o_buf, l_buf, cnt, ql,
-                                           kl, cuq, cuk, bt, sk, *plan.fwd_tail), plan.fwd_meta,
-    )  # fmt: skip
+    args = (q, k, v, out, spare if lse is None else lse, o_buf, l_buf, cnt, ql, kl, cuq, cuk, bt, sk,
+            _mods(req, ops, spare), *plan.fwd_tail)  # fmt: skip
+    if req.bias is not None or req.more:  # tensors whose layouts vary per call: Triton binds each launch
+        _kernels().fwd_kernel[plan.grid](*args, **plan.fwd_meta)
+    else:
+        plan.fwd_launcher(_kernels().fwd_kernel, plan.grid, args, plan.fwd_meta)
     return out, lse
 
 
@@ -537,8 +564,9 @@ def backward(
     req: Request,
     ops: Any,
 ) -> tuple:
-    """(dq, dk, dv), plus (dbias None, dsinks) for a request with sinks. Padded rows and keys get
-    zero gradients (they are never visited; their gradient buffers start at zero)."""
+    """(dq, dk, dv), plus (dbias, dsinks) for a request with a bias or sinks (each None where not
+    differentiated). Padded rows and keys get zero gradients (they are never visited; their
+    gradient buffers start at zero), and so do the padded pairs of dbias."""
     kern = _kernels()
     q, k, v, dout = _unit_last(q), _unit_last(k), _unit_last(v), _unit_last(dout)
     t = seq_table(req, q, k, ops)
@@ -549,6 +577,12 @@ def backward(
     delta = torch.empty((b, hq, nq), dtype=torch.float32, device=q.device)
     lse2 = torch.empty_like(delta)
     alloc = torch.zeros if (req.q_lengths or req.k_lengths) else torch.empty
+    dbias_full = None
+    if req.bias is not None and req.bias_grad:
+        # dS per pair (float32, or the bias's 16-bit dtype): pairs no program visits (padding,
+        # the rule's skipped tiles, other packed sequences) stay 0.
+        bdt = ops.bias.dtype if ops.bias.dtype in (torch.float16, torch.bfloat16) else torch.float32
+        dbias_full = torch.zeros((b, hq, nq, nk), dtype=bdt, device=q.device)
     dq = alloc((b, hq, nq, dqk), dtype=q.dtype, device=q.device)
     dk = alloc((b, hkv, nk, dqk), dtype=q.dtype, device=q.device)
     dvv = alloc((b, hkv, nk, dv), dtype=q.dtype, device=q.device)
@@ -563,7 +597,7 @@ def backward(
         cap = float(req.softcap) if req.softcap is not None else 1.0
         common = dict(
             DQK=dqk, DV=dv, BDQK=_pad(dqk), BDV=_pad(dv), **consts, SOFTCAP=req.softcap is not None,
-            DOT_PRECISION=_dot_precision(q),
+            DOT_PRECISION=_dot_precision(q), **_mod_consts(req),
         )  # fmt: skip
         # (batch, head, row) strides of each tensor (batch 0 for packed sequences), then lse's and
         # delta's (batch, head) strides, which follow the total token count: separate, unspecialised.
@@ -571,22 +605,28 @@ def backward(
             *(_rows3(x, ss) for x in (q, k, v, dout)), delta.stride(0) * ss, delta.stride(1),
         )  # fmt: skip
         (bm1, bn1, w1, s1), (bm2, bn2, w2, s2) = _bwd_cfgs(q, max(_pad(dqk), _pad(dv)))
+        mods = _mods(req, ops, delta, dbias_full)
         kern.dkdv_kernel[(-(-t.max_k // bn1), hkv, t.seqs)](
-            q, k, v, dout, lse2, delta, dk, dvv, t.tab, *strides, _rows3(dk, ss), _rows3(dvv, ss),
+            q, k, v, dout, lse2, delta, dk, dvv, t.tab, mods, *strides, _rows3(dk, ss), _rows3(dvv, ss),
             group, req.scale * LOG2E, req.scale, cap, window,
             **kargs.pack(dict(common, BM=bm1, BN=bn1, num_warps=w1, num_stages=s1), kargs.RAGGED_BWD),
         )  # fmt: skip
+        dq_consts = dict(common, BM=bm2, BN=bn2, num_warps=w2, num_stages=s2, DBIAS=dbias_full is not None)
         kern.dq_kernel[(-(-t.max_q // bm2), hq, t.seqs)](
-            q, k, v, dout, lse2, delta, dq, t.tab, *strides, _rows3(dq, ss),
-            group, req.scale * LOG2E, req.scale, cap, window,
-            **kargs.pack(dict(common, BM=bm2, BN=bn2, num_warps=w2, num_stages=s2), kargs.RAGGED_BWD),
+            q, k, v, dout, lse2, delta, dq, t.tab, mods, *strides, _rows3(dq, ss),
+            group, req.scale * LOG2E, req.scale, cap, window, **kargs.pack(dq_consts, kargs.RAGGED_BWD),
         )  # fmt: skip
-    if not req.sinks:
+    if not req.sinks and req.bias is None:
         return dq, dk, dvv
+    dbias = None
+    if dbias_full is not None:
+        dims = [d for d in range(4) if req.bias[d] == 1 and dbias_full.shape[d] != 1]
+        red = dbias_full.sum(dim=dims, keepdim=True) if dims else dbias_full
+        dbias = red.reshape(req.bias).to(ops.bias.dtype)
     dsinks = None
     if req.sinks_grad:
         # d lse / d sink = p_sink = exp(sink - lse); dL/dsink = -sum over rows of p_sink * delta.
         s32 = ops.sinks.float()[None, :, None]
         p_sink = torch.where(torch.isfinite(lse), torch.exp(s32 - lse), 0.0)
         dsinks = (-(p_sink * delta).sum(dim=(0, 2))).to(ops.sinks.dtype)
-    return dq, dk, dvv, None, dsinks
+    return dq, dk, dvv, dbias, dsinks
