@@ -377,6 +377,19 @@ profile.on_reload.append(CACHE.clear)
 Measure = Callable[[Request, Explanation], Explanation]
 
 
+def _next_step(req: Request) -> str:
+    """What a user can do about a request no backend serves, where the reasons alone leave it to
+    them to piece together (float64 on a GPU: each kernel gives its own half of the answer)."""
+    if req.dtype == "float64" and req.device_type == "cuda":
+        return (
+            "float64 on a CUDA device: no GPU kernel here computes float64 with this request's arguments "
+            "(the cuda backend does for plain requests, softcap and offsets). Cast q, k, v to float32 "
+            "(SPEC §6's float32 tolerance), or move them to the CPU, where the reference computes every "
+            "SPEC argument in float64."
+        )
+    return ""
+
+
 class Dispatcher:
     """Chooses the backend for a request, through :data:`CACHE`; safe to share across threads.
     ``measure`` (None: never) is asked about an auto choice the profile cannot make."""
@@ -411,7 +424,7 @@ class Dispatcher:
             if name is not None:
                 reasons = next(v.reasons for v in exp.verdicts if v.name == name)
                 raise BackendUnsupported(name, reasons)
-            raise NoBackendError({v.name: v.reasons for v in exp.verdicts})
+            raise NoBackendError({v.name: v.reasons for v in exp.verdicts}, _next_step(req))
         chosen = REGISTRY.backends()[exp.chosen]
         self.cache.put(key, chosen)
         return chosen

@@ -72,7 +72,8 @@ class BackendUnsupported(AttnhubError):
 
 
 class NoBackendError(AttnhubError):
-    """``backend="auto"`` found no backend able to serve the request; ``reasons`` by backend."""
+    """``backend="auto"`` found no backend able to serve the request; ``reasons`` by backend, and
+    optionally a line on what to do (``next_step``)."""
 
     __init__ = Exception.__init__
 
@@ -86,6 +87,8 @@ class NoBackendError(AttnhubError):
         parts = [f"  {name}: " + "; ".join(rs) for name, rs in self.reasons.items()]
         body = "\n".join(parts) if parts else "  (no backend is registered)"
         self._message = f"no backend can run this request:\n{body}"
+        if rest and isinstance(rest[0], str) and rest[0]:
+            self._message += f"\nnext step: {rest[0]}"
         return self
 
     def __str__(self) -> str:

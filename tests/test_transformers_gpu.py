@@ -132,13 +132,20 @@ def test_t5_left_padded_cuda():
         relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
         initializer_factor=4.0,
     )  # fmt: skip
+    import copy
+
     torch.manual_seed(0)
-    eager = transformers.T5ForConditionalGeneration._from_config(config, attn_implementation="eager")
+    eager = transformers.T5ForConditionalGeneration._from_config(
+        copy.deepcopy(config), attn_implementation="eager"
+    )
     eager = eager.to("cuda", torch.float32).eval()
-    ours = transformers.T5ForConditionalGeneration._from_config(config, attn_implementation="eager")
-    ours = ours.to("cuda", torch.float32).eval()
+    # built with attnhub from the start (T5's stacks keep copies of the config)
+    ours = transformers.T5ForConditionalGeneration._from_config(
+        copy.deepcopy(config), attn_implementation="attnhub"
+    )
     ours.load_state_dict(eager.state_dict())
-    ours.set_attn_implementation("attnhub")
+    ours = ours.to("cuda", torch.float32).eval()
+    assert ours.config._attn_implementation == "attnhub"
     ids, mask = _ids(3, 12).cuda(), _left_mask(3, 12).cuda()
     dec = _ids(3, 6, seed=3).cuda()
     with CallCounter(ours, "T5Attention"):

@@ -98,10 +98,17 @@ def float32_alibi_problem(req: Any) -> str | None:
     gap = nearest_key_gap(req)
     if gap <= most:
         return None
+    if req.ragged:
+        where = (
+            f"where an entry's queries may sit up to {gap} positions from its nearest key (its lengths "
+            "are not known when a backend is chosen; a causal rule with sync none_end keeps them at 0)"
+        )
+    else:
+        where = f"where a query {gap} positions from its nearest key"
     return (
-        f"computes ALiBi in float32, where a query {gap} positions from its nearest key loses the "
-        f"logits' differences (about slope·{gap}·2**-24 each; at most {most} with {req.dtype} inputs); "
-        "pass the ALiBi term as bias=, or use backend='reference'"
+        f"computes ALiBi in float32, {where} loses the logits' differences (about slope·distance·2**-24 "
+        f"each; at most {most} with {req.dtype} inputs); pass the ALiBi term as bias= (padded batches), "
+        "cast to bfloat16, or use backend='reference'"
     )
 
 

@@ -134,6 +134,7 @@ class TritonBackend(Backend):
     ) -> tuple[Any, Any]:
         req, operands = _as_lengths(req, mask, operands)
         if req.ragged:
+            req, operands = _mask_as_bias(req, mask, operands)
             return _ragged().forward(q, k, v, req, operands, need_lse=req.return_lse)
         from attnhub_backends.triton import launch, modifiers
 
@@ -148,6 +149,7 @@ class TritonBackend(Backend):
         there on the H100), which read the same lse."""
         req, operands = _as_lengths(req, mask, operands)
         if req.ragged:
+            req, operands = _mask_as_bias(req, mask, operands)
             return _ragged().forward_for_grad(q, k, v, req, operands)
         import torch
 
@@ -176,7 +178,13 @@ class TritonBackend(Backend):
         """(dq, dk, dv), or (dq, dk, dv, dbias, dsinks) for a request with a bias or sinks (``dlse``
         is always None: the backend does not declare "dlse")."""
         if req.ragged:
-            return _ragged().backward(q, k, v, out, lse, dout, req, operands)
+            combined, ops = _mask_as_bias(req, mask, operands)
+            grads = _ragged().backward(q, k, v, out, lse, dout, combined, ops)
+            if combined is req:
+                return grads
+            from attnhub_backends.triton import mask_bias
+
+            return mask_bias.user_dbias(grads, req, combined, operands)
         from attnhub_backends.triton import launch, modifiers
 
         return launch.backward(q, k, v, out, lse, dout, req, mods=modifiers.from_call(req, mask, operands))
@@ -200,6 +208,15 @@ def _as_lengths(req: Request, mask: Any, operands: Any) -> tuple[Request, Any]:
     if reasons(as_lengths):
         return req, operands
     return as_lengths, form.operands()
+
+
+def _mask_as_bias(req: Request, mask: Any, operands: Any) -> tuple[Request, Any]:
+    """A boolean mask with lengths as an additive bias (mask_bias.py), else (req, operands)."""
+    if mask is None or not req.ragged:
+        return req, operands
+    from attnhub_backends.triton import mask_bias
+
+    return mask_bias.as_bias(req, mask, operands) if mask_bias.applies(req) else (req, operands)
 
 
 _ragged_launch: ModuleType | None = None

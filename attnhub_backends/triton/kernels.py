@@ -198,9 +198,11 @@ def _alibi_dist(rows, cols, rule, KEYS_FIRST: tl.constexpr = False):
      row_len, window_y, window_x) = rule  # fmt: skip
     pq = qx_scale * rows + qx_shift
     pk = kx_scale * cols + kx_shift
-    if KEYS_FIRST:
-        return tl.abs(pk[:, None] - pq[None, :]).to(tl.float32)
-    return tl.abs(pq[:, None] - pk[None, :]).to(tl.float32)
+    if KEYS_FIRST:  # one return: Triton 3.6 types both returns of a constexpr branch alike
+        d = tl.abs(pk[:, None] - pq[None, :])
+    else:
+        d = tl.abs(pq[:, None] - pk[None, :])
+    return d.to(tl.float32)
 
 
 @triton.jit

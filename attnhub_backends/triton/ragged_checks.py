@@ -9,10 +9,10 @@ from attnhub.rules import ExplicitMask
 def reasons(req: Request) -> list[str]:
     """Why the ragged kernels cannot serve ``req`` (empty when they can)."""
     out = []
-    if isinstance(req.rule, ExplicitMask):
+    if isinstance(req.rule, ExplicitMask) and (req.rule.kind != "bool" or req.varlen or req.paged):
         out.append(
-            "does not combine a mask array with q_lengths/k_lengths, attention_varlen or a paged cache; "
-            "put the lengths into the bool mask, or use backend='reference'"
+            "combines only a boolean mask array with q_lengths/k_lengths (as an additive bias), not "
+            "with attention_varlen or a paged cache; use backend='reference'"
         )
     if req.paged and (req.needs_grad or req.sinks_grad or req.bias_grad):
         out.append("reads paged KV caches forward only; call attention_kvcache under torch.no_grad()")

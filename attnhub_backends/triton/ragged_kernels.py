@@ -178,23 +178,6 @@ def _add_mods(x, xm, i, j, q_len, k_len, k_start, aq, bq, ak, bk,
 
 
 @triton.jit
-def _row_mods(mods, s, h, rows, row_ok, HAS_BIAS: tl.constexpr, HAS_ALIBI: tl.constexpr):
-    """What :func:`_add_mods` reads for rows ``rows`` (padded or packed rows) of head(s) ``h`` of
-    sequence ``s``: ``mods`` = (BIAS, its (batch, head, row, key) strides, ALIBI, its (batch, head)
-    strides, the dq kernel's dS buffer and its strides), strides 0 where broadcast."""
-    BIAS, sb, ALIBI, sa, DB, sdb = mods
-    sbb, sbh, sbm, sbn = sb
-    sab, sah = sa
-    brow = BIAS
-    if HAS_BIAS:
-        brow = BIAS + s.to(tl.int64) * sbb + h.to(tl.int64) * sbh + rows.to(tl.int64) * sbm
-    slope2 = 0.0
-    if HAS_ALIBI:
-        slope2 = tl.load(ALIBI + s * sab + h * sah + rows * 0, mask=row_ok, other=0.0) * 1.4426950408889634
-    return brow, sbn, slope2, row_ok
-
-
-@triton.jit
 def _kv_rows(K, V, BT, s, hk, rows, sk, sv, sbt, k_start, PAGED: tl.constexpr, BLOCK: tl.constexpr):
     """Row pointers of keys ``rows`` (within the sequence) in K and V.
 
@@ -412,6 +395,12 @@ def fwd_kernel(
     FILL_PADDED: tl.constexpr = F.FILL_PADDED
     HAS_BIAS: tl.constexpr = F.HAS_BIAS
     HAS_ALIBI: tl.constexpr = F.HAS_ALIBI
+    # ``mods`` = (BIAS, its (batch, head, row, key) strides, ALIBI, its (batch, head) strides, the dq
+    # kernel's dS buffer and its strides), strides 0 where broadcast. Unpacked before any early
+    # return: Triton 3.6 turns a specialised tuple member unpacked after one into None.
+    BIAS, sb, ALIBI, sa, DB, sdbs = mods
+    sbb, sbh, sbm, sbn = sb
+    sab, sah = sa
     sqb, sqh, sqn = sq
     sob, soh, son = so
     o_split, l_split = split_strides
@@ -467,7 +456,14 @@ def fwd_kernel(
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, BDV], dtype=tl.float32)
-    xm = _row_mods(mods, s, h, q_start + i, row_ok, HAS_BIAS, HAS_ALIBI)
+    # §9's bias and ALiBi (``_add_mods``): the rows' bias pointers and slopes.
+    brow = BIAS
+    if HAS_BIAS:
+        brow = BIAS + s.to(tl.int64) * sbb + h.to(tl.int64) * sbh + (q_start + i).to(tl.int64) * sbm
+    slope2 = 0.0
+    if HAS_ALIBI:
+        slope2 = tl.load(ALIBI + s * sab + h * sah, mask=row_ok, other=0.0) * 1.4426950408889634
+    xm = (brow, sbn, slope2, row_ok)
     for t in range(t_lo, t_full):
         m_i, l_i, acc = _fwd_tile(
             q, K, V, BT, s, hk, t * BN, i, m_i, l_i, acc, q_len, k_len, k_start, aq, bq, ak, bk, window,
@@ -576,7 +572,7 @@ def _merge_splits(
 @triton.jit
 def _dkdv_tile(
     k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_start, k_len, aq, bq, ak, bk, window,
-    sq, sd, slb, slh, qk_scale, cap, mods,
+    sq, sd, slb, slh, qk_scale, cap, xk,
     T: tl.constexpr, R: tl.constexpr, M: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """One query tile's (rows ``m0 .. m0 + BM`` of head h) contribution to a key tile's dk, dv."""
@@ -610,7 +606,11 @@ def _dkdv_tile(
     else:
         qkt = qkt * qk_scale
     if HAS_BIAS or HAS_ALIBI:
-        xm = _row_mods(mods, s, h, rows, ok, HAS_BIAS, HAS_ALIBI)
+        bh, sbm, sbn, sl2 = xk  # head h's bias pointer and strides, its slope (dkdv_kernel)
+        brow = bh
+        if HAS_BIAS:
+            brow = bh + rows * sbm
+        xm = (brow, sbn, sl2 + tl.zeros([BM], dtype=tl.float32), ok)
         qkt = _add_mods(qkt, xm, i, j, q_len, k_len, k_start, aq, bq, ak, bk, HAS_BIAS, HAS_ALIBI, True)
     pt = tl.math.exp2(qkt - lse2[None, :])
     if MASKED:
@@ -639,6 +639,11 @@ def dkdv_kernel(
     BM: tl.constexpr = T.BM
     BN: tl.constexpr = T.BN
     RULE: tl.constexpr = R.RULE
+    HAS_BIAS: tl.constexpr = M.HAS_BIAS
+    HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
+    BIAS, sb, ALIBI, sa, DB, sdbs = mods  # before any early return (see fwd_kernel)
+    sbb, sbh, sbm, sbn = sb
+    sab, sah = sa
     skb, skh, skn = sk
     svb, svh, svn = sv
     sdkb, sdkh, sdkn = sdk
@@ -672,20 +677,27 @@ def dkdv_kernel(
     dv = tl.zeros([BN, BDV], dtype=tl.float32)
     for g in range(0, GROUP):
         h = hk * GROUP + g
+        bh = BIAS
+        if HAS_BIAS:
+            bh = BIAS + s.to(tl.int64) * sbb + h.to(tl.int64) * sbh
+        sl2 = 0.0
+        if HAS_ALIBI:
+            sl2 = tl.load(ALIBI + s * sab + h * sah) * 1.4426950408889634
+        xk = (bh, sbm, sbn, sl2)
         for m0 in range(m_lo, m_full, BM):
             dk, dv = _dkdv_tile(
                 k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_start, k_len, aq, bq, ak, bk,
-                window, sq, sd, slb, slh, qk_scale, cap, mods, T, R, M, True,
+                window, sq, sd, slb, slh, qk_scale, cap, xk, T, R, M, True,
             )  # fmt: skip
         for m0 in range(m_full, m_end, BM):
             dk, dv = _dkdv_tile(
                 k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_start, k_len, aq, bq, ak, bk,
-                window, sq, sd, slb, slh, qk_scale, cap, mods, T, R, M, False,
+                window, sq, sd, slb, slh, qk_scale, cap, xk, T, R, M, False,
             )  # fmt: skip
         for m0 in range(m_end, tl.cdiv(i_hi, BM) * BM, BM):
             dk, dv = _dkdv_tile(
                 k, v, dk, dv, Q, DO, LSE2, DELTA, s, h, m0, j, q_start, q_len, k_start, k_len, aq, bq, ak, bk,
-                window, sq, sd, slb, slh, qk_scale, cap, mods, T, R, M, True,
+                window, sq, sd, slb, slh, qk_scale, cap, xk, T, R, M, True,
             )  # fmt: skip
     dk = dk * sm_scale
     tl.store(DK + s.to(tl.int64) * sdkb + hk.to(tl.int64) * sdkh + k_rows[:, None] * sdkn + dq_[None, :],
@@ -757,6 +769,10 @@ def dq_kernel(
     BN: tl.constexpr = T.BN
     HAS_BIAS: tl.constexpr = M.HAS_BIAS
     HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
+    BIAS, sb, ALIBI, sa, DB, sdbs = mods  # before any early return (see fwd_kernel)
+    sbb, sbh, sbm, sbn = sb
+    sab, sah = sa
+    sdbb, sdbh, sdbm, sdbn = sdbs
     sqb, sqh, sqn = sq
     sdb, sdh, sdn = sd
     sdqb, sdqh, sdqn = sdq
@@ -784,9 +800,13 @@ def dq_kernel(
     t_lo = n_lo // BN
     t_full = tl.maximum(t_lo, n_full // BN)
     dq = tl.zeros([BM, BDQK], dtype=tl.float32)
-    xm = _row_mods(mods, s, h, rows, ok, HAS_BIAS, HAS_ALIBI)
-    BIAS, sb, ALIBI, sa, DB, sdbs = mods
-    sdbb, sdbh, sdbm, sdbn = sdbs
+    brow = BIAS
+    if HAS_BIAS:
+        brow = BIAS + s.to(tl.int64) * sbb + h.to(tl.int64) * sbh + rows * sbm
+    slope2 = 0.0
+    if HAS_ALIBI:
+        slope2 = tl.load(ALIBI + s * sab + h * sah + rows * 0, mask=ok, other=0.0) * 1.4426950408889634
+    xm = (brow, sbn, slope2, ok)
     dbrow = DB + s.to(tl.int64) * sdbb + h.to(tl.int64) * sdbh + rows * sdbm
     for t in range(t_lo, t_full):
         dq = _dq_tile(
