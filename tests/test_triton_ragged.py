@@ -120,14 +120,15 @@ else:
                    grad=True)  # fmt: skip
 
     def test_declines() -> None:
-        """A bias with lengths and a differentiated paged cache are declined with a reason."""
+        """A bias with lengths is served (issue 39); a differentiated paged cache is declined with a
+        reason."""
         from dataclasses import replace
 
         from attnhub_backends.triton.backend import TritonBackend
 
         req = case_request("float32", 2, 2, 1, 8, 8, 16, 16, Causal(), "none_end", q_lengths=True)
         assert TritonBackend().check(req) == []
-        assert any("bias" in r for r in TritonBackend().check(replace(req, bias=(1, 1, 8, 8))))
+        assert TritonBackend().check(replace(req, bias=(1, 1, 8, 8), bias_grad=True, needs_grad=True)) == []
         paged = replace(req, q_lengths=False, k_lengths=True, paged=16, needs_grad=True)
         assert any("no_grad" in r for r in TritonBackend().check(paged))
 
@@ -213,12 +214,22 @@ else:
         _close(out_p, o_r, 2e-5, "paged out")
         _close(lse_p, lse_r, 2e-5, "paged lse")
 
-    def test_api_declines_bias_with_lengths() -> None:
+    def test_api_bias_with_lengths_against_reference() -> None:
+        """A bias requiring grad with left-padded lengths (T5's padded batches, issue 39): the ragged
+        kernels' out, lse, dq, dk, dv and dbias against the reference (float64)."""
         import attnhub
 
-        q = torch.randn(2, 2, 8, 16)
-        with pytest.raises(attnhub.BackendUnsupported, match="bias"):
-            attnhub.attention(q, q, q, bias=torch.randn(1, 1, 8, 8), k_lengths=[8, 3], backend="triton")
+        g = torch.Generator().manual_seed(6)
+        inputs = dict(q=torch.randn(2, 4, 11, 16, generator=g), k=torch.randn(2, 2, 11, 16, generator=g),
+                      v=torch.randn(2, 2, 11, 16, generator=g), bias=torch.randn(1, 4, 11, 11, generator=g))  # fmt: skip
+        (o, lse, gr), (o_r, lse_r, gr_r) = _api_pair(
+            attnhub.attention, inputs, ("q", "k", "v", "bias"), mask=Full(), k_lengths=[11, 4], q_lengths=[11, 6],
+            padding_side="left",
+        )  # fmt: skip
+        _close(o, o_r, 2e-5, "out")
+        _close(lse, lse_r, 2e-5, "lse")
+        for name, a, b in zip(("dq", "dk", "dv", "dbias"), gr, gr_r, strict=True):
+            _close(a, b, 1e-4, name)
 
     def test_repeated_signature_new_data(monkeypatch) -> None:
         """The forward plan is kept per call signature: later calls with new tensors and lengths of
