@@ -43,7 +43,7 @@ def _cases(dt: str) -> list[Case]:
                    bias_grad=True, grad=True, lse=True, batch=2, nan_padding=True, **H),
         RaggedCase(dt, (600,), (600,), Causal(), "none_end", q_lengths=(400, 600), k_lengths=(400, 600),
                    padding_side="left", bias="full", bias_grad=True, sinks=True, grad=True, lse=True, batch=2, **H),
-        Case(dt, (512,), (700,), Local(64), q_lengths=(640, 0), k_lengths=(17, 700), bias="b11k", bias_neginf=True,
+        Case(dt, (512,), (700,), Local(64), q_lengths=(512, 0), k_lengths=(17, 700), bias="b11k", bias_neginf=True,
              bias_grad=True, softcap=30.0, grad=True, lse=True, batch=2, **H),
         # a bias with ALiBi and offsets (a chunk of a longer sequence)
         Case(dt, (256,), (512,), Causal(), q_offset=256, bias="1hqk", alibi="h", bias_grad=True, grad=True, lse=True,
