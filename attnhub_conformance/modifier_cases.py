@@ -134,7 +134,7 @@ def alibi_full_cases(m: str) -> list[Case]:
                               ("full", "right", {"bias": "b11k", "bias_grad": True, "bias_neginf": True})):  # fmt: skip
         c.append(RaggedCase(m, (19,), (27,), "bool", mask_shape=shape, mask_empty_rows=side == "left",
                             q_lengths=(19, 7), k_lengths=(0, 27), padding_side=side, grad=True, lse=True, heads_q=4,
-                            heads_kv=2, **mods))  # fmt: skip
+                            heads_kv=2, nan_padding=not mods, **mods))  # fmt: skip
     for qo, ko in ((0, 5), (7, 0), (12, 3), (LIMIT - 13, -LIMIT)):
         c.append(Case(m, (13,), (21,), Causal(), q_offset=qo, k_offset=ko, alibi="bh", grad=True, lse=True,
                       **_shape(n)))  # fmt: skip
@@ -162,8 +162,7 @@ def gap_cases(m: str) -> list[Case]:
         *offset_edge_cases(m, 6, 9, t),
         # a bool mask array with lengths (issue 39: the GPU kernels run it as an additive bias)
         RaggedCase(m, (9,), (13,), "bool", mask_shape="full", q_lengths=(7, 3), k_lengths=(13, 5),
-                   padding_side="left", bias="1hqk", grad=True, bias_grad=True, lse=True, nan_padding=True,
-                   **g, **t),
+                   padding_side="left", bias="1hqk", grad=True, bias_grad=True, lse=True, **g, **t),
         # 1e39: beyond float32's max, yet float32 logits can reach it (the core keeps it, SPEC §9)
         Case(m, (9,), (13,), Causal(), "scale_end", softcap=1e39, grad=True, lse=True, **g, **t),
         Case(m, (9,), (13,), Causal(), "scale_end", softcap=1e3, grad=True, lse=True, **g, **t),

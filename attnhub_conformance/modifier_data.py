@@ -54,11 +54,14 @@ class ModData:
     def problem(self, case: Case, scale: float) -> oracle.Problem:
         """The oracle's dense problem for these inputs."""
         keep, padded = oracle.rule_keep(case)
+        alibi = shift = None
+        if self.alibi is not None:
+            alibi, shift = oracle.alibi_term(case, self.alibi.reshape(-1, case.heads_q))
         if self.mask is not None:
             keep = keep & self.mask
         return oracle.Problem(
             self.q, self.k, self.v, keep, scale, bias=self.bias, softcap=case.softcap, sinks=self.sinks,
-            padded_q=padded, alibi=None if self.alibi is None else oracle.alibi_term(case, self.alibi.reshape(-1, case.heads_q)),
+            padded_q=padded, alibi=alibi, alibi_shift=shift,
         )  # fmt: skip
 
 

@@ -38,8 +38,11 @@ class Problem:
     sinks: np.ndarray | None = None
     #: (B, Nq) True on padded query rows (lengths): out 0, lse -inf, no gradient, no sink.
     padded_q: np.ndarray | None = None
-    #: The ALiBi term ``−slope·|P − R|`` (B | 1, Hq, Nq, Nk), 0 outside the valid segments.
+    #: The ALiBi term ``−slope·|P − R|`` (B | 1, Hq, Nq, Nk), 0 outside the valid segments, less each
+    #: row's constant ``alibi_shift`` (B | 1, Hq, Nq): the term at its nearest key, added back to lse
+    #: (at SPEC §11's positions the term reaches 1e9, where float64 loses the logits' differences).
     alibi: np.ndarray | None = None
+    alibi_shift: np.ndarray | None = None
 
 
 @dataclass
@@ -91,20 +94,27 @@ def _segment_keep(rule, sync: str, lq: int, lk: int, q_offset: int, k_offset: in
     return rule_mask(rule, *_segment_positions(sync, lq, lk, q_offset, k_offset))
 
 
-def alibi_term(case, slopes: np.ndarray) -> np.ndarray:
-    """SPEC §9's ALiBi term ``−slope[b, h]·|P(i) − R(j)|`` as a dense (B | 1, Hq, Nq, Nk) array:
-    positions of each valid segment (§2's sync, §10's lengths, §11's offsets), 0 elsewhere
-    (those pairs are excluded anyway). ``slopes`` is (1 | B, Hq)."""
+def alibi_term(case, slopes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """SPEC §9's ALiBi term ``−slope[b, h]·|P(i) − R(j)|`` as a dense (B | 1, Hq, Nq, Nk) array on
+    the positions of each valid segment (§2's sync, §10's lengths, §11's offsets), 0 elsewhere (those
+    pairs are excluded anyway), split exactly as (term − row constant, row constant (B | 1, Hq, Nq)):
+    the row constant is the term at the row's nearest key of its segment (integer distances, so the
+    split is exact), which softmax ignores and lse adds back. ``slopes`` is (1 | B, Hq)."""
     batch = 1 if case.entry == "varlen" else case.batch
-    dist = np.zeros((batch, 1, case.nq, case.nk))
+    dist = np.zeros((batch, 1, case.nq, case.nk), dtype=np.int64)
+    near = np.zeros((batch, 1, case.nq), dtype=np.int64)
     for b, segs in enumerate(segments(case)):
         for rows, cols in segs:
             if len(rows) and len(cols):
                 _, _, fq, fk = _segment_positions(
                     case.sync, len(rows), len(cols), case.q_offset, case.k_offset
                 )
-                dist[b, 0, rows[:, None], cols[None, :]] = np.abs(fq[:, None] - fk[None, :])
-    return -slopes.astype(np.float64)[:, :, None, None] * dist
+                d = np.abs(fq[:, None] - fk[None, :])
+                c = d.min(axis=1)
+                dist[b, 0, rows[:, None], cols[None, :]] = d - c[:, None]
+                near[b, 0, rows] = c
+    s = -slopes.astype(np.float64)
+    return s[:, :, None, None] * dist.astype(np.float64), s[:, :, None] * near.astype(np.float64)
 
 
 def rule_keep(case) -> tuple[np.ndarray, np.ndarray | None]:
@@ -165,15 +175,21 @@ def _parts(p: Problem):
         s = s + p.alibi
     # A bias of −inf excludes a pair (SPEC §9); a NaN logit stays in its row (SPEC §4: NaN propagates).
     keep = p.keep & ~np.isneginf(s) if p.bias is not None else np.broadcast_to(p.keep, s.shape)
+    # The sink's logit against the logits as they are here: less ALiBi's row constant.
+    sink = (
+        None
+        if p.sinks is None
+        else p.sinks[None, :, None] - (0.0 if p.alibi_shift is None else p.alibi_shift)
+    )
     with np.errstate(invalid="ignore", over="ignore"):
         s = np.where(keep, s, -np.inf)
         m = s.max(axis=-1)
-        if p.sinks is not None:
-            m = np.maximum(m, p.sinks[None, :, None])
+        if sink is not None:
+            m = np.maximum(m, sink)
         m_safe = np.where(np.isfinite(m), m, 0.0)
         e = np.exp(s - m_safe[..., None])
         z = e.sum(axis=-1)
-        zs = np.zeros_like(z) if p.sinks is None else np.exp(p.sinks[None, :, None] - m_safe)
+        zs = np.zeros_like(z) if sink is None else np.exp(sink - m_safe)
         if p.padded_q is not None:
             zs = np.where(p.padded_q[:, None, :], 0.0, zs)
         total = z + zs
@@ -184,6 +200,8 @@ def _parts(p: Problem):
         # A +Inf logit: lse is +Inf as a limit and NaN as Inf − Inf (its row's out is NaN); the
         # suite reads NaN and accepts either (runner.inf_logit_lse).
         lse = np.where(np.isposinf(m), np.nan, lse)
+        if p.alibi_shift is not None:
+            lse = lse + p.alibi_shift
     return u, prob, psink, lse, g
 
 

@@ -186,3 +186,41 @@ def test_certify_fails_alibi_on_indices_instead_of_positions():
     ]
     good = run_all(Certifier("reference", seed=5, framework="numpy"), cases)
     assert all(r.status == "pass" for r in good), [(r.id, r.status, r.message) for r in good]
+
+
+class DenseFloat64Alibi(IndexAlibi):
+    """ALiBi on SPEC's positions (dense requests), as one float64 bias −slope·|P − R|: right until
+    the term is ~1e9 (SPEC §11's edge offsets), where float64 loses the logits' differences."""
+
+    name = "t_dense_alibi"
+
+    def _as_bias(self, req, operands):
+        from attnhub.positions import axis_affine
+
+        slopes = operands.more["alibi_slopes"] if operands is not None and operands.more else None
+        if slopes is None:
+            return req, operands
+        (nq,), (nk,) = req.seq_q, req.seq_k
+        aq, bq, ak, bk = axis_affine(nq, nk, req.sync)
+        pq = aq * np.arange(nq) + bq + req.q_offset
+        pk = ak * np.arange(nk) + bk + req.k_offset
+        term = -np.asarray(slopes, np.float64)[:, :, None, None] * np.abs(pq[:, None] - pk[None, :])
+        bias = term if operands.bias is None else np.asarray(operands.bias, np.float64) + term
+        req = dataclasses.replace(req, bias=bias.shape, more=())
+        ops = Operands(**{**{f: getattr(operands, f) for f in operands.__dataclass_fields__}, "bias": bias,
+                          "more": None})  # fmt: skip
+        return req, ops
+
+
+def test_certify_fails_a_float64_alibi_term_at_the_edge_offsets():
+    """The oracle (and the reference) split the term into a row constant and the rest, exactly;
+    a float64 term of 1e9 is off by ~1e-7, which certify's float64 tolerance (1e-10) catches."""
+    cases = [c for c in alibi_full_cases("float64") if c.q_offset or c.k_offset]
+    edge = [c for c in cases if abs(c.q_offset - c.k_offset) > 2**29]
+    assert edge and len(cases) > len(edge)
+    with plugged_in(DenseFloat64Alibi()):
+        results = {r.id: r for r in run_all(Certifier("t_dense_alibi", seed=7, framework="numpy"), cases)}
+    assert all(results[c.id].status == "FAIL" for c in edge), [(c.id, results[c.id].status) for c in edge]
+    assert all(results[c.id].status == "pass" for c in cases if c not in edge)
+    good = run_all(Certifier("reference", seed=7, framework="numpy"), cases)
+    assert all(r.status == "pass" for r in good), [(r.id, r.message) for r in good]

@@ -60,13 +60,22 @@ def second_reading(case: Case, d, scale: float):
                     s = case.softcap * torch.tanh(s / case.softcap)
                 if full_bias is not None:
                     s = s + full_bias[b, h][rows][:, cols]
-                if d.alibi is not None:  # SPEC §9: − slope·|P − R| on the segment's positions
+                shift = 0.0
+                if d.alibi is not None:  # SPEC §9: − slope·|P − R| on the segment's positions, less
+                    # the row's value at its nearest key (exact integers), which lse adds back: at
+                    # SPEC §11's edge offsets the term is ~1e9, where float64 loses the differences
                     slopes = d.alibi.reshape(-1, hq)
                     slope = float(slopes[min(b, slopes.shape[0] - 1), h])
-                    dist = [[abs(position(i, lq, lk, case.sync, True) + case.q_offset
-                                 - position(j, lq, lk, case.sync, False) - case.k_offset) for j in range(lk)]
-                            for i in range(lq)]  # fmt: skip
-                    s = s - slope * torch.tensor(dist, dtype=torch.float64).reshape(lq, lk)
+                    dist = torch.tensor(
+                        [[abs(position(i, lq, lk, case.sync, True) + case.q_offset
+                              - position(j, lq, lk, case.sync, False) - case.k_offset) for j in range(lk)]
+                         for i in range(lq)], dtype=torch.int64,
+                    ).reshape(lq, lk)  # fmt: skip
+                    near = (
+                        dist.min(dim=1, keepdim=True).values if lk else torch.zeros(lq, 1, dtype=torch.int64)
+                    )
+                    s = s - slope * (dist - near).to(torch.float64)
+                    shift = -slope * near[:, 0].to(torch.float64)
                 keep = torch.tensor(
                     [[_attended(rule, case.sync, lq, lk, i, j, case.q_offset, case.k_offset) for j in range(lk)]
                      for i in range(lq)], dtype=torch.bool,
@@ -75,13 +84,13 @@ def second_reading(case: Case, d, scale: float):
                     mb = d.mask[min(b, d.mask.shape[0] - 1), min(h, d.mask.shape[1] - 1)]
                     keep = keep & torch.tensor(mb[np.ix_(rows, cols)])
                 s = torch.where(keep, s, torch.tensor(float("-inf"), dtype=torch.float64))
-                if sinks is not None:
-                    s = torch.cat([s, sinks[h].expand(lq, 1)], dim=1)
+                if sinks is not None:  # (its logit against the logits less ALiBi's row constant)
+                    s = torch.cat([s, (sinks[h] - shift).expand(lq).reshape(lq, 1)], dim=1)
                     vs = torch.cat([vs, torch.zeros(1, vs.shape[1], dtype=torch.float64)])
                 m = torch.logsumexp(s, dim=1)
                 p = torch.where(torch.isfinite(m)[:, None], torch.exp(s - m[:, None]), torch.zeros_like(s))
                 outs[(b, h, tuple(rows))] = p @ vs
-                lses[(b, h, tuple(rows))] = m
+                lses[(b, h, tuple(rows))] = m + shift
     for (b, h, rows), o in outs.items():
         out = out.index_put((torch.tensor(b), torch.tensor(h), torch.tensor(rows, dtype=torch.long)), o)
         lse = lse.index_put(

@@ -67,6 +67,10 @@ MODIFIER = Alibi()
 #: (ALiBi's are at most 0.5): float32 4·64·2**-24 = 1.5e-5 against 2e-5; float16 4·4096·2**-24 =
 #: 1e-3 against 2e-3; bfloat16 4·32768·2**-24 = 8e-3 against 1.6e-2.
 FLOAT32_TERM_GAP = {"float32": 64, "float16": 4096, "bfloat16": 32768}
+#: The same for a term computed in float64 with float64 inputs (SPEC §6: 1e-10): 4·2**17·2**-53 =
+#: 5.8e-11. Beyond it only a split of the term into a row constant and the rest is exact (the
+#: reference's): at SPEC §11's edge offsets the term reaches 1e9.
+FLOAT64_TERM_GAP = 2**17
 
 
 def nearest_key_gap(req: Any) -> int:
@@ -87,6 +91,19 @@ def nearest_key_gap(req: Any) -> int:
     p_lo, p_hi, r_lo, r_hi = bq, aq * (nq - 1) + bq, bk, ak * (nk - 1) + bk
     before = 0 if causal else r_lo - p_lo  # causal: queries before every key attend none
     return max(0, before, p_hi - r_hi)
+
+
+def float64_alibi_problem(req: Any) -> str | None:
+    """Why a backend that adds the ALiBi term in float64 cannot serve a float64 ``req`` within SPEC
+    §6 (None when it can)."""
+    gap = nearest_key_gap(req)
+    if gap <= FLOAT64_TERM_GAP:
+        return None
+    return (
+        f"adds the ALiBi term in float64, where a query {gap} positions from its nearest key (SPEC §11's "
+        "offsets) loses the logits' differences below float64's tolerance; use backend='reference', "
+        "which splits the term exactly"
+    )
 
 
 def float32_alibi_problem(req: Any) -> str | None:

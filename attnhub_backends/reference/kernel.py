@@ -93,10 +93,25 @@ def _logits(qg, k64, req: Request, blk: _Block, mods: _Mods):
         keep = keep & _restrict(mods.mask, req, blk)
     if mods.bias is not None:
         s = s + _restrict(mods.bias, req, blk)
-    if mods.alibi is not None:  # SPEC §9: − slope · |P(i) − R(j)| (1-d: flat index = position)
-        slopes = mods.alibi.reshape(mods.alibi.shape[0], req.heads_kv, req.group, 1, 1)
-        s = s - slopes * np.abs(blk.fq[:, None] - blk.fk[None, :]).astype(np.float64)
+    if mods.alibi is not None:  # SPEC §9: − slope · |P(i) − R(j)|, less the row's constant (_alibi_shift)
+        d = np.abs(blk.fq[:, None] - blk.fk[None, :])
+        s = s - _slopes(req, mods) * (d - d.min(axis=1, keepdims=True)).astype(np.float64)
     return np.where(keep, s, -np.inf), dcap
+
+
+def _slopes(req: Request, mods: _Mods) -> np.ndarray:
+    return mods.alibi.reshape(mods.alibi.shape[0], req.heads_kv, req.group, 1, 1)  # type: ignore[union-attr]
+
+
+def _alibi_shift(req: Request, blk: _Block, mods: _Mods) -> np.ndarray | float:
+    """The ALiBi term of each row of a block at its nearest column, (B | 1, Hkv, G, rows, 1), which
+    :func:`_logits` leaves out: at SPEC §11's positions the term reaches 1e9, where float64 would
+    lose the logits' differences; distances are integers, so the split is exact. Softmax ignores
+    it; lse adds it back and the sink's logit is compared against it. 0 without ALiBi."""
+    if mods.alibi is None or blk.hi == blk.lo:
+        return 0.0
+    near = np.abs(blk.fq[:, None] - blk.fk[None, :]).min(axis=1).astype(np.float64)
+    return -_slopes(req, mods) * near[:, None]
 
 
 def _sink_logits(req: Request, mods: _Mods) -> np.ndarray | None:
@@ -174,10 +189,11 @@ def _dense_forward(q, k, v, req: Request, mods: _Mods) -> tuple[np.ndarray, np.n
             if blk.hi == blk.lo:
                 continue
             s, _ = _logits(qg, k64, req, blk, mods)
-            p, l, m = _softmax_parts(s, sink)
+            shift = _alibi_shift(req, blk, mods)
+            p, l, m = _softmax_parts(s, None if sink is None else sink - shift)
             pv = _weighted_values(p, s, v64[:, :, :, blk.lo : blk.hi, :])
             out[:, :, :, blk.rows, :] = np.where(l == 0, 0.0, pv / l)
-            lse[:, :, :, blk.rows] = np.where(l == 0, -np.inf, m + np.log(l))[..., 0]
+            lse[:, :, :, blk.rows] = np.where(l == 0, -np.inf, m + np.log(l) + shift)[..., 0]
     shape = (req.batch, req.heads_q, req.nq)
     return out.reshape(*shape, req.dim_v), lse.reshape(shape)
 
@@ -213,7 +229,8 @@ def _dense_backward(q, k, v, dout, req: Request, mods: _Mods, dlse=None) -> tupl
                 continue
             covered[blk.rows] = True
             s, dcap = _logits(qg, k64, req, blk, mods)
-            p, l, m = _softmax_parts(s, sink)
+            blk_sink = None if sink is None else sink - _alibi_shift(req, blk, mods)
+            p, l, m = _softmax_parts(s, blk_sink)
             p = np.where(l == 0, 0.0, p / l)
             vb = v64[:, :, :, blk.lo : blk.hi, :]
             kb = k64[:, :, :, blk.lo : blk.hi, :]
@@ -225,7 +242,7 @@ def _dense_backward(q, k, v, dout, req: Request, mods: _Mods, dlse=None) -> tupl
                 delta = delta - dlg[:, :, :, blk.rows, :]
             ds = p * (dp - delta)  # dL/ds: the gradient of the biased logits
             if sink is not None:
-                p_sink = np.where(l == 0, 0.0, np.exp(sink - m) / l)
+                p_sink = np.where(l == 0, 0.0, np.exp(blk_sink - m) / l)
                 dsinks += (-(p_sink * delta)[..., 0]).sum(axis=-1)
             if dbias is not None:
                 _accumulate_bias(dbias, ds, req, blk)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnhub.modifiers.alibi import float32_alibi_problem
+from attnhub.modifiers.alibi import float32_alibi_problem, float64_alibi_problem
 from attnhub.positions import axis_affine
 from attnhub.request import Request
 
@@ -29,9 +29,7 @@ def reasons(req: Request) -> list[str]:
             "adds ALiBi (alibi_slopes=) to dense batches only, not with q_lengths/k_lengths or "
             "attention_varlen; use backend='reference'"
         ]
-    if req.dtype == "float64":
-        return []  # the term in float64: exact
-    why = float32_alibi_problem(req)
+    why = float64_alibi_problem(req) if req.dtype == "float64" else float32_alibi_problem(req)
     return [why] if why else []
 
 

@@ -198,7 +198,8 @@ def _alibi_dist(rows, cols, rule, KEYS_FIRST: tl.constexpr = False):
      row_len, window_y, window_x) = rule  # fmt: skip
     pq = qx_scale * rows + qx_shift
     pk = kx_scale * cols + kx_shift
-    if KEYS_FIRST:  # one return: Triton 3.6 types both returns of a constexpr branch alike
+    # One return, no ternary: Triton 3.6 types both returns of a constexpr branch alike.
+    if KEYS_FIRST:  # noqa: SIM108
         d = tl.abs(pk[:, None] - pq[None, :])
     else:
         d = tl.abs(pq[:, None] - pk[None, :])

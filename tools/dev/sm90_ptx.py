@@ -97,11 +97,10 @@ def main() -> None:
 def modified(part: str, out: list, dense_module: object) -> None:
     """ALiBi (and a bias) through the dense or the ragged launches, forward and backward."""
     import dataclasses
+    import sys
 
     from attnhub.operands import Operands
     from attnhub_backends.triton import ragged_launch
-
-    import sys
 
     b, h, n, d = 2, 8, 1024, 64
     dtype = getattr(torch, sys.argv[2] if len(sys.argv) > 2 else "bfloat16")
@@ -131,7 +130,12 @@ def modified(part: str, out: list, dense_module: object) -> None:
         ragged_launch.dense_kernels = lambda: dense_module
         lens = torch.empty((b,), dtype=torch.int32, device="meta")
         req = dataclasses.replace(req, q_lengths=True, k_lengths=True, padding_side="left")
-        ops = Operands(bias=bias, q_lengths=lens, k_lengths=lens, more=None if slopes is None else {"alibi_slopes": slopes})
+        ops = Operands(
+            bias=bias,
+            q_lengths=lens,
+            k_lengths=lens,
+            more=None if slopes is None else {"alibi_slopes": slopes},
+        )
         ragged_launch.forward(q, q, q, req, ops)
         ragged_launch.backward(q, q, q, q, lse, q, req, ops)
     for name, consts, ops_ in out:
