@@ -1,4 +1,4 @@
-"""launch.kv_descriptors without a GPU: a call's descriptors are copies of a checked template with
+"""device.kv_descriptors without a GPU: a call's descriptors are copies of a checked template with
 the call's tensor as base, equal field for field to freshly built ones, and the template cache
 keeps no caller's tensor alive."""
 
@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from attnhub_backends.triton import launch  # noqa: E402
+from attnhub_backends.triton import device  # noqa: E402
 
 
 def _fields(d: TensorDescriptor) -> dict:
@@ -21,31 +21,31 @@ def _fields(d: TensorDescriptor) -> dict:
 
 
 def test_descriptors_match_fresh_ones_and_take_the_call_tensor(monkeypatch) -> None:
-    monkeypatch.setattr(launch, "_DESCRIPTORS", {})
+    monkeypatch.setattr(device, "_DESCRIPTORS", {})
     k = torch.randn(2, 4, 40, 64, dtype=torch.bfloat16)
     v = torch.randn(2, 4, 40, 64, dtype=torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)
     for bn in (64, 32):
-        kd, vd = launch.kv_descriptors(k, v, bn)
+        kd, vd = device.kv_descriptors(k, v, bn)
         for got, x in ((kd, k), (vd, v)):
             fresh = TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, bn, x.shape[-1]])
             assert got.base is x
             assert _fields(got) == _fields(fresh)
     # a second call with other tensors of the same layout reuses the templates, with its own bases
     k2, v2 = torch.randn_like(k), v.clone()
-    kd2, vd2 = launch.kv_descriptors(k2, v2, 64)
+    kd2, vd2 = device.kv_descriptors(k2, v2, 64)
     assert kd2.base is k2 and vd2.base is v2 and kd2 is not kd
-    assert len(launch._DESCRIPTORS) == 4  # (k layout, v layout) x two block sizes
+    assert len(device._DESCRIPTORS) == 4  # (k layout, v layout) x two block sizes
 
 
 def test_template_cache_keeps_no_tensor_alive(monkeypatch) -> None:
-    monkeypatch.setattr(launch, "_DESCRIPTORS", {})
+    monkeypatch.setattr(device, "_DESCRIPTORS", {})
     k = torch.randn(1, 2, 16, 64, dtype=torch.float16)
     ref = weakref.ref(k)
-    launch.kv_descriptors(k, k, 16)
+    device.kv_descriptors(k, k, 16)
     del k
     gc.collect()
     assert ref() is None
-    assert all(t.base is None for t in launch._DESCRIPTORS.values())
+    assert all(t.base is None for t in device._DESCRIPTORS.values())
 
 
 def test_a_small_decode_cache_loads_through_pointers() -> None:

@@ -34,7 +34,7 @@ import torch
 from attnhub.operands import Operands
 from attnhub.request import Request
 from attnhub.rules import Causal, ExplicitMask, Full, Local
-from attnhub_backends.triton import configs, launch, loader, ragged_launch
+from attnhub_backends.triton import configs, device, launch, loader, ragged_launch, shape
 from attnhub_backends.triton.modifiers import Mods
 
 KERNELS = ("fwd_kernel", "combine_kernel", "bwd_prep_kernel", "dkdv_kernel", "dq_kernel")
@@ -167,10 +167,11 @@ def h100(request, monkeypatch) -> _Recorder:
     monkeypatch.setenv("ATTNHUB_TRITON_TUNE", "0")  # no tuning records read from this machine
     for name in ("ATTNHUB_TRITON_TMA", "ATTNHUB_TRITON_SPLITS", *configs.CFG_SETTING.values()):
         monkeypatch.delenv(name, raising=False)
-    for mod in (launch, ragged_launch):
-        monkeypatch.setattr(mod, "_on_gpu", lambda device: True)
-        monkeypatch.setattr(mod, "_sm_count", lambda device: 132)
-    monkeypatch.setattr(launch, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(device, "on_gpu", lambda dev: True)
+    monkeypatch.setattr(device, "sm_count", lambda dev: 132)
+    monkeypatch.setattr(ragged_launch, "_on_gpu", lambda dev: True)
+    monkeypatch.setattr(ragged_launch, "_sm_count", lambda dev: 132)
+    monkeypatch.setattr(device, "capability", lambda dev: (9, 0))
     monkeypatch.setattr(launch, "_FWD_LAUNCHES", OrderedDict())
     monkeypatch.setattr(ragged_launch, "_PLANS", OrderedDict())
     monkeypatch.setattr(configs, "_CHOSEN", {})
@@ -451,7 +452,7 @@ def test_tuning_keys_have_no_lengths(h100) -> None:
         for nq, nk in [(300, 1777), (1777, 1001), (4096, 16384)]
     ]
     for kernel in ("fwd", "dkdv", "dq"):
-        assert len({launch._key(kernel, r, x) for r in reqs}) == 1
+        assert len({shape.config_key(kernel, r, x) for r in reqs}) == 1
 
 
 # --- ragged kernels (SPEC §10-§11) -----------------------------------------------------------------

@@ -153,19 +153,19 @@ def test_repeated_calls_launch_the_compiled_kernel() -> None:
 
 def test_tma_eligibility(monkeypatch) -> None:
     """Descriptors only where TMA's rules hold; everything else keeps the pointer path."""
-    from attnhub_backends.triton import launch
+    from attnhub_backends.triton import device
 
     monkeypatch.delenv("ATTNHUB_TRITON_TMA", raising=False)
     x = torch.randn(2, 4, 64, 128, device="cuda", dtype=torch.bfloat16)
-    assert launch._tma_mode(x, x, x) == launch.DESCRIPTORS
-    assert launch._tma_mode(x.float(), x.float(), x.float()) == 0  # float32: pointers
-    assert launch._tma_mode(x[..., :64], x[..., :64], x[..., :64]) == 0  # head dim 64: pointers
+    assert device.tma_mode(x, x, x) == device.DESCRIPTORS
+    assert device.tma_mode(x.float(), x.float(), x.float()) == 0  # float32: pointers
+    assert device.tma_mode(x[..., :64], x[..., :64], x[..., :64]) == 0  # head dim 64: pointers
     odd = torch.randn(2 * 4 * 64 * 128 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(2, 4, 64, 128)
-    assert launch._tma_mode(odd, odd, odd) == 0  # base not 16-byte aligned
+    assert device.tma_mode(odd, odd, odd) == 0  # base not 16-byte aligned
     y = torch.randn(2, 4, 64, 97, device="cuda", dtype=torch.bfloat16)[..., :96]
-    assert launch._tma_mode(y, y, y) == 0  # head dim 96 (not a power of two), odd row stride
-    assert launch._tma_mode(x, x, x, packed=True) == launch.POINTERS  # decode-shaped: pointers
+    assert device.tma_mode(y, y, y) == 0  # head dim 96 (not a power of two), odd row stride
+    assert device.tma_mode(x, x, x, packed=True) == device.POINTERS  # decode-shaped: pointers
     monkeypatch.setenv("ATTNHUB_TRITON_TMA", "3")
-    assert launch._tma_mode(x, x, x, packed=True) == launch.DESCRIPTORS  # forced
+    assert device.tma_mode(x, x, x, packed=True) == device.DESCRIPTORS  # forced
     monkeypatch.setenv("ATTNHUB_TRITON_TMA", "0")
-    assert launch._tma_mode(x, x, x) == launch.POINTERS
+    assert device.tma_mode(x, x, x) == device.POINTERS

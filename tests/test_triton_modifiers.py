@@ -36,7 +36,7 @@ if not CHILD:
     def test_cap_max_policy() -> None:
         """The bound as every row's max only where its exponentials stay normal in P's dtype."""
         from attnhub.request import build_request
-        from attnhub_backends.triton.launch import _cap_max
+        from attnhub_backends.triton.shape import cap_max as _cap_max
 
         def req_for(dtype, softcap, scale=None, bias=None):
             q = torch.zeros(1, 1, 4, 8, dtype=dtype)
@@ -337,7 +337,7 @@ if CHILD:
     @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
     def test_softcap_rows_at_the_lower_bound(dtype) -> None:
         """Rows whose every score sits near -softcap: with the bound as every row's max
-        (launch._cap_max, softcap 40) their exponentials are about 2^-115, still normal floats;
+        (shape.cap_max, softcap 40) their exponentials are about 2^-115, still normal floats;
         then a softcap past the bound's range (50: the running max) on the same rows."""
 
         def edit(q, k):

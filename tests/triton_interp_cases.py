@@ -113,17 +113,17 @@ def test_tma_setting_is_checked(monkeypatch) -> None:
     """ATTNHUB_TRITON_TMA: empty means the default, anything but 0 or 3 is a clear error (was int('')
     deep in a launch); the interpreter always loads through pointers."""
     from attnhub.errors import AttnhubError
-    from attnhub_backends.triton import launch
+    from attnhub_backends.triton import device
 
     k = torch.zeros(2, 3, 40, 32, dtype=torch.float16)
     monkeypatch.setenv("ATTNHUB_TRITON_TMA", "")
-    assert launch._tma_mode(k, k, k) == 0  # the default: pointers on the CPU interpreter
+    assert device.tma_mode(k, k, k) == 0  # the default: pointers on the CPU interpreter
     monkeypatch.setenv("ATTNHUB_TRITON_TMA", "3")
-    assert launch._tma_mode(k, k, k, packed=True) == launch.POINTERS  # no descriptors in the interpreter
+    assert device.tma_mode(k, k, k, packed=True) == device.POINTERS  # no descriptors in the interpreter
     for bad in ("x", "1", "2", "4", "-1"):
         monkeypatch.setenv("ATTNHUB_TRITON_TMA", bad)
         with pytest.raises(AttnhubError, match="ATTNHUB_TRITON_TMA"):
-            launch._tma_mode(k, k, k)
+            device.tma_mode(k, k, k)
 
 
 def test_launch_reused_only_for_its_signature(monkeypatch) -> None:
@@ -160,17 +160,17 @@ def test_launch_reused_only_for_its_signature(monkeypatch) -> None:
 
 
 def test_rule_args_name_kernel_parameters() -> None:
-    """launch.rule_args' scalars are passed by name: each kernel takes all thirteen, in one run, and
+    """args.rule_args' scalars are passed by name: each kernel takes all thirteen, in one run, and
     its constexprs (as the named tuple ``R``, args.RuleC); a pinned config takes 4 to 6 integers (no
     warp-specialisation field)."""
     from attnhub.errors import AttnhubError
     from attnhub.request import build_request
-    from attnhub_backends.triton import args, configs, launch
+    from attnhub_backends.triton import args, configs
     from attnhub_backends.triton.loader import kernels
 
     x = torch.zeros(1, 2, 6, 5, 16)
     req, _ = build_request(x, x, x, Local((2, 3), 1), "scale_end", None, "bhsd", True)
-    scalars, consts = launch.rule_args(req)
+    scalars, consts = args.rule_args(req)
     assert len(scalars) == 13 and consts == {"NDIM": 2, "RULE": "local", "CAUSAL": False, "LOG2_STRIDE": 1}
     for name in ("fwd_kernel", "dkdv_kernel", "dq_kernel"):
         params = list(inspect.signature(getattr(kernels(), name).fn).parameters)

@@ -21,6 +21,11 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from attnhub.positions import axis_affine
+from attnhub.request import Request
+from attnhub.rules import Causal, Full, Local
+from attnhub_backends.triton.modifiers import plan_rule
+
 
 class TileC(NamedTuple):
     """Head dims (``DQK``, ``DV``), their power-of-two tiles (``BDQK``, ``BDV``), the query and key
@@ -38,7 +43,7 @@ class TileC(NamedTuple):
 
 
 class RuleC(NamedTuple):
-    """The rule's constexprs (``launch.rule_args``): ``NDIM`` (1 or 2), ``RULE`` ("full", "causal"
+    """The rule's constexprs (``args.rule_args``): ``NDIM`` (1 or 2), ``RULE`` ("full", "causal"
     or "local"), ``CAUSAL`` (a causal window too) and ``LOG2_STRIDE`` (a window's dilation)."""
 
     NDIM: int
@@ -50,7 +55,7 @@ class RuleC(NamedTuple):
 class ModsC(NamedTuple):
     """SPEC §9 switches of the dense kernels: ``SOFTCAP``, ``HAS_BIAS``, ``HAS_MASK`` (a boolean
     mask), ``HAS_SINKS`` (forward), ``CAP_MAX`` (forward: softcap's bound as every row's max,
-    ``launch._cap_max``), ``DBIAS`` (dq kernel: dS stored for the bias gradient) and ``HAS_ALIBI``
+    ``shape.cap_max``), ``DBIAS`` (dq kernel: dS stored for the bias gradient) and ``HAS_ALIBI``
     (ALiBi from the rule's positions, ``kernels._alibi_dist``)."""
 
     SOFTCAP: bool = False
@@ -143,3 +148,40 @@ def flat(kwargs: dict[str, Any]) -> dict[str, Any]:
         else:
             out[k] = v
     return out
+
+
+def rule_args(req: Request) -> tuple[dict[str, int], dict[str, Any]]:
+    """The rule's kernel arguments: runtime scalars and constexprs, by kernel parameter name.
+
+    Scalars (see kernels.py): each grid's row length (2-d), the affine position maps ``scale *
+    index + shift`` per axis (``positions.axis_affine``), the causal order's row length and the
+    window per axis. Constexprs: ``NDIM``, ``RULE`` ("full", "causal" or "local"), ``CAUSAL`` and
+    ``LOG2_STRIDE``. SPEC §11's offsets (1-d, none_front) add to the shifts; a boolean mask rides
+    on the rule Full (``modifiers.plan_rule``).
+    """
+    rule = plan_rule(req)
+    if req.ndim == 2:
+        (yq, xq), (yk, xk) = req.seq_q, req.seq_k
+        ay = axis_affine(yq, yk, req.sync)
+    else:
+        (xq,), (xk,) = req.seq_q, req.seq_k
+        ay = (1, 0, 1, 0)
+    ax = axis_affine(xq, xk, req.sync)
+    if req.q_offset or req.k_offset:
+        ax = (ax[0], ax[1] + req.q_offset, ax[2], ax[3] + req.k_offset)
+    wy = wx = 1
+    log2_stride = 0
+    if isinstance(rule, Local):
+        windows = rule.windows(req.ndim)
+        wy, wx = (windows[0], windows[1]) if req.ndim == 2 else (1, windows[0])
+        log2_stride = rule.log2_stride
+    scalars = dict(
+        q_cols=xq, k_cols=xk,
+        qy_scale=ay[0], qy_shift=ay[1], ky_scale=ay[2], ky_shift=ay[3],
+        qx_scale=ax[0], qx_shift=ax[1], kx_scale=ax[2], kx_shift=ax[3],
+        row_len=max(xq, xk), window_y=wy, window_x=wx,
+    )  # fmt: skip
+    kind = "full" if isinstance(rule, Full) else "causal" if isinstance(rule, Causal) else "local"
+    causal = isinstance(rule, Causal) or (isinstance(rule, Local) and rule.causal)
+    consts = {"NDIM": req.ndim, "RULE": kind, "CAUSAL": causal, "LOG2_STRIDE": log2_stride}
+    return scalars, consts

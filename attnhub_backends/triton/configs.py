@@ -1,7 +1,7 @@
 """Tile shapes, warps and pipeline stages: small candidate sets per GPU family, a short tuner.
 
 The first candidate of a set is the default, and a call uses it: a call compiles one config per
-kernel, whatever its lengths (the shape class of ``launch._key`` has none). Tuning is explicit:
+kernel, whatever its lengths (the shape class of ``shape.config_key`` has none). Tuning is explicit:
 inside :func:`tuning` (``attnhub warmup --tune``), a request whose work is large enough compiles
 each candidate, warms the GPU up, times each in two interleaved rounds of single calls from a cold
 L2 cache (median of 5 to 32), keeps the fastest for its shape class and records it on disk for this
@@ -113,7 +113,7 @@ def small_q_candidates(head_dim: int, elem_size: int) -> list[Cfg]:
 # (that helper under its runtime tile test broke Triton 3.6's pipeliner). H100, causal, B = 16k / L,
 # H 16, L 4k / 8k / 16k: 0.771 / 1.481 / 3.026 ms against 0.829 / 1.600 / 3.058 for the band walk
 # and 0.872 / 1.612 for 128 x 128 x 8 (tools/dev/s6_round7.sh at 0dabcb3, s6_round8.sh; 64 x 32, 64 x 128,
-# 2 or 4 stages and register caps slower); with the bound as row max (launch._cap_max) 0.732 / 1.363 /
+# 2 or 4 stages and register caps slower); with the bound as row max (shape.cap_max) 0.732 / 1.363 /
 # 2.604 ms (s6_round12.sh). The backward keeps the dense pair (fastest there too).
 _SOFTCAP_128 = [Cfg(64, 64, 4, 3), _band(64, 64, 4, 3), _band(128, 128, 8, 3)]
 

@@ -5,7 +5,7 @@ tile (forward, dq) or key tile (dk/dv) visits a contiguous run of tiles that nee
 list of tiles that do (see ``plan.py``); tiles a rule masks entirely are never visited.
 Logits are kept in the log2 domain (``log2(e)`` folded into the scale) so that ``exp2`` is used.
 
-The rule's runtime scalars (``launch.rule_args``) are the same thirteen kernel parameters in every
+The rule's runtime scalars (``args.rule_args``) are the same thirteen kernel parameters in every
 kernel (separate, so that the unspecialised ones can be named in ``do_not_specialize``), gathered
 into one tuple ``rule`` at the top of the kernel and unpacked only by ``_keep``:
 
@@ -147,7 +147,7 @@ def _softcap_probs(qk, m_i, qk_scale, softcap2, keep, MASKED: tl.constexpr, CAP_
     so the row max is taken on the raw products and only the max is capped (one per row).
 
     ``CAP_MAX``: every row's max is the bound softcap2 itself (``m_i`` holds it from the start; see
-    ``launch._cap_max``), so no max is taken and p = exp2(-2·softcap2·r)."""
+    ``shape.cap_max``), so no max is taken and p = exp2(-2·softcap2·r)."""
     r = _rcp(tl.math.exp2(qk * (qk_scale * 2.8853900817779268 / softcap2)) + 1.0)
     if CAP_MAX:
         m_new = m_i

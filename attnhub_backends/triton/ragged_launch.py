@@ -18,7 +18,9 @@ from attnhub import settings
 from attnhub.request import Request
 from attnhub.rules import Causal, Full, Local
 from attnhub_backends.triton import args as kargs
-from attnhub_backends.triton.launch import DESCRIPTORS, _dot_precision, _pad, _tma_mode, kv_descriptors
+from attnhub_backends.triton.device import DESCRIPTORS, kv_descriptors, tma_mode
+from attnhub_backends.triton.device import dot_precision as _dot_precision
+from attnhub_backends.triton.device import pad as _pad
 from attnhub_backends.triton.loader import interpret_mode, load
 from attnhub_backends.triton.loader import kernels as dense_kernels
 from attnhub_backends.triton.modifiers import ALIBI, strides4, uses_alibi
@@ -411,11 +413,11 @@ def _plan_forward(
         vb, vh, vn = v.stride(0) * seq_stride, v.stride(1), v.stride(2)
         sbt = 0
     pack = tp.max_q * group <= 64
-    # K/V through TMA on sm90 for 16-bit at head dims 64 and 128 (launch._tma_mode), packed
+    # K/V through TMA on sm90 for 16-bit at head dims 64 and 128 (device.tma_mode), packed
     # (decode) programs included, except over a small cache (see SMALL_DECODE_CACHE_BYTES); not for
     # paged caches (their rows are scattered over blocks).
     small = pack and small_decode_cache(k, v)
-    tma = not req.paged and _tma_mode(q, k, v, packed=small, dims=(64, 128)) == DESCRIPTORS
+    tma = not req.paged and tma_mode(q, k, v, packed=small, dims=(64, 128)) == DESCRIPTORS
     interp = interpret_mode() or not _on_gpu(q.device)
     if pack:
         bm = max(16, _pow2(tp.max_q * group))

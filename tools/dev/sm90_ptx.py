@@ -32,7 +32,7 @@ from triton.runtime.jit import create_function_from_signature  # noqa: E402
 from attnhub.request import Request  # noqa: E402
 from attnhub.rules import Causal  # noqa: E402
 from attnhub_backends.triton import args as kargs  # noqa: E402
-from attnhub_backends.triton import configs, launch, loader  # noqa: E402
+from attnhub_backends.triton import configs, device, launch, loader  # noqa: E402
 from attnhub_backends.triton.modifiers import Mods  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -72,9 +72,9 @@ def main() -> None:
 
     part = sys.argv[1] if len(sys.argv) > 1 else "softcap"
     out: list = []
-    launch._on_gpu = lambda d: True
-    launch._capability = lambda d: (9, 0)
-    launch._sm_count = lambda d: 132
+    device.on_gpu = lambda d: True
+    device.capability = lambda d: (9, 0)
+    device.sm_count = lambda d: 132
     launch._FWD_LAUNCHES = OrderedDict()
     configs._CHOSEN = {}
     module = _recording_module(make_backend(TARGET), loader.kernels(interpret=False), out)
