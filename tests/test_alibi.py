@@ -140,12 +140,16 @@ class IndexAlibi(ReferenceBackend):
     name = "t_index_alibi"
     priority = -1000
 
+    def _term(self, req, slopes):
+        """−slope·|i − j| on the indices: (B | 1, H, Nq, Nk)."""
+        return -slopes[:, :, None, None] * np.abs(np.arange(req.nq)[:, None] - np.arange(req.nk)[None, :])
+
     def _as_bias(self, req, operands):
+        """(request, operands) with the ALiBi term (``_term``) moved into the bias."""
         slopes = operands.more["alibi_slopes"] if operands is not None and operands.more else None
         if slopes is None:
             return req, operands
-        s = np.asarray(slopes, dtype=np.float64)
-        term = -s[:, :, None, None] * np.abs(np.arange(req.nq)[:, None] - np.arange(req.nk)[None, :])
+        term = self._term(req, np.asarray(slopes, dtype=np.float64))
         bias = term if operands.bias is None else np.asarray(operands.bias, np.float64) + term
         req = dataclasses.replace(req, bias=bias.shape, more=())
         ops = Operands(**{**{f: getattr(operands, f) for f in operands.__dataclass_fields__}, "bias": bias,
@@ -194,22 +198,14 @@ class DenseFloat64Alibi(IndexAlibi):
 
     name = "t_dense_alibi"
 
-    def _as_bias(self, req, operands):
+    def _term(self, req, slopes):
         from attnhub.positions import axis_affine
 
-        slopes = operands.more["alibi_slopes"] if operands is not None and operands.more else None
-        if slopes is None:
-            return req, operands
         (nq,), (nk,) = req.seq_q, req.seq_k
         aq, bq, ak, bk = axis_affine(nq, nk, req.sync)
         pq = aq * np.arange(nq) + bq + req.q_offset
         pk = ak * np.arange(nk) + bk + req.k_offset
-        term = -np.asarray(slopes, np.float64)[:, :, None, None] * np.abs(pq[:, None] - pk[None, :])
-        bias = term if operands.bias is None else np.asarray(operands.bias, np.float64) + term
-        req = dataclasses.replace(req, bias=bias.shape, more=())
-        ops = Operands(**{**{f: getattr(operands, f) for f in operands.__dataclass_fields__}, "bias": bias,
-                          "more": None})  # fmt: skip
-        return req, ops
+        return -slopes[:, :, None, None] * np.abs(pq[:, None] - pk[None, :])
 
 
 def test_certify_fails_a_float64_alibi_term_at_the_edge_offsets():

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from attnhub.modifiers.alibi import MODIFIER as ALIBI
 from attnhub.positions import check_position_range, grid_positions, rule_mask
 from attnhub.request import Request
 from attnhub.rules import ExplicitMask, Full
@@ -37,6 +38,16 @@ class _Block:
     ) -> None:
         self.rows, self.lo, self.hi, self.keep = rows, lo, hi, keep
         self.fq, self.fk = fq, fk  # the rows' and columns' flat positions (1-d: P(i), R(j))
+        self._alibi: tuple[np.ndarray, np.ndarray] | None = None
+
+    def alibi_distances(self) -> tuple[np.ndarray, np.ndarray]:
+        """(|P − R| less each row's nearest column's, that nearest distance (rows, 1)), float64 from
+        exact integers; computed once per block (forward and backward both read it)."""
+        if self._alibi is None:
+            d = np.abs(self.fq[:, None] - self.fk[None, :])
+            near = d.min(axis=1, keepdims=True)
+            self._alibi = (d - near).astype(np.float64), near.astype(np.float64)
+        return self._alibi
 
 
 def _blocks(req: Request) -> Iterator[_Block]:
@@ -94,8 +105,7 @@ def _logits(qg, k64, req: Request, blk: _Block, mods: _Mods):
     if mods.bias is not None:
         s = s + _restrict(mods.bias, req, blk)
     if mods.alibi is not None:  # SPEC §9: − slope · |P(i) − R(j)|, less the row's constant (_alibi_shift)
-        d = np.abs(blk.fq[:, None] - blk.fk[None, :])
-        s = s - _slopes(req, mods) * (d - d.min(axis=1, keepdims=True)).astype(np.float64)
+        s = s - _slopes(req, mods) * blk.alibi_distances()[0]
     return np.where(keep, s, -np.inf), dcap
 
 
@@ -110,8 +120,7 @@ def _alibi_shift(req: Request, blk: _Block, mods: _Mods) -> np.ndarray | float:
     it; lse adds it back and the sink's logit is compared against it. 0 without ALiBi."""
     if mods.alibi is None or blk.hi == blk.lo:
         return 0.0
-    near = np.abs(blk.fq[:, None] - blk.fk[None, :]).min(axis=1).astype(np.float64)
-    return -_slopes(req, mods) * near[:, None]
+    return -_slopes(req, mods) * blk.alibi_distances()[1]
 
 
 def _sink_logits(req: Request, mods: _Mods) -> np.ndarray | None:
@@ -159,7 +168,7 @@ def _kv(x: np.ndarray) -> np.ndarray:
 def _mods(req: Request, mask, ops) -> _Mods:
     bias = None if ops is None else ops.bias
     sinks = None if ops is None else ops.sinks
-    alibi = None if ops is None or not ops.more else ops.more.get("alibi_slopes")
+    alibi = None if ops is None or not ops.more else ops.more.get(ALIBI.name)
     return _Mods(
         alibi=None if alibi is None else np.asarray(alibi, dtype=np.float64),
         mask=None if mask is None else np.asarray(mask),

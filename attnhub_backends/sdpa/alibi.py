@@ -9,15 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnhub.modifiers.alibi import float32_alibi_problem, float64_alibi_problem
+from attnhub.modifiers.alibi import MODIFIER, float32_alibi_problem, float64_alibi_problem
 from attnhub.positions import axis_affine
 from attnhub.request import Request
 
-NAME = "alibi_slopes"
-
 
 def used(req: Request) -> bool:
-    return any(n == NAME for n, _ in req.more)
+    return MODIFIER.used(req)
 
 
 def reasons(req: Request) -> list[str]:
@@ -36,7 +34,7 @@ def reasons(req: Request) -> list[str]:
 def with_alibi(bias: Any, req: Request, operands: Any, q: Any, dtype: Any) -> Any:
     """``bias`` (or None) plus ``req``'s ALiBi term, in ``dtype``; ``bias`` itself without ALiBi.
     The term is formed in float64 (exact for every position of SPEC §11) and rounded once."""
-    slopes = operands.more.get(NAME) if operands is not None and operands.more else None
+    slopes = operands.more.get(MODIFIER.name) if operands is not None and operands.more else None
     if slopes is None:
         return bias
     import torch

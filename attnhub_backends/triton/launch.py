@@ -16,7 +16,7 @@ from attnhub.rules import ExplicitMask, Full
 from attnhub_backends.triton import args as kargs
 from attnhub_backends.triton import configs, device, mask_summary, plan, shape
 from attnhub_backends.triton.loader import interpret_mode, kernels
-from attnhub_backends.triton.modifiers import Mods, plan_rule, runtime_args, uses_alibi
+from attnhub_backends.triton.modifiers import Mods, dbias_from, ds_dtype, plan_rule, runtime_args, uses_alibi
 from attnhub_backends.triton.relaunch import Relauncher
 
 LOG2E = 1.4426950408889634
@@ -240,14 +240,11 @@ def backward(
         common["SWAP_HB"] = True
     dbias_full = None
     if req.bias is not None and req.bias_grad:
-        # dS per element in the bias's dtype (16-bit biases: half the bytes to write and to sum,
-        # the sum accumulated in float32), float32 for a float32 bias. Every (query tile, key tile) pair
-        # the dq kernel skips holds dS = 0.
+        # dS per element (modifiers.ds_dtype). Every (query tile, key tile) pair the dq kernel skips
+        # holds dS = 0.
         skips = not isinstance(rule, Full) or mods.mask is not None or req.ndim != 1
         alloc = torch.zeros if skips else torch.empty
-        bdt = mods.bias.dtype if mods.bias is not None else torch.float32
-        bdt = bdt if bdt in (torch.float16, torch.bfloat16) else torch.float32
-        dbias_full = alloc((b, hq, nq, nk), dtype=bdt, device=q.device)
+        dbias_full = alloc((b, hq, nq, nk), dtype=ds_dtype(mods.bias), device=q.device)
 
     def tiles(cfg: configs.Cfg, transposed: bool) -> tuple[torch.Tensor, int, int]:
         if mods.mask is not None:
@@ -300,10 +297,7 @@ def backward(
         return dq, dk, dvv
     dbias = None
     if dbias_full is not None:
-        dims = [d for d in range(4) if req.bias[d] == 1 and dbias_full.shape[d] != 1]
-        # torch sums 16-bit tensors in float32 and rounds once into their dtype: no float32 copy.
-        red = dbias_full.sum(dim=dims, keepdim=True) if dims else dbias_full
-        dbias = red.reshape(req.bias).to(mods.bias.dtype if mods.bias is not None else q.dtype)
+        dbias = dbias_from(dbias_full, req.bias, mods.bias.dtype if mods.bias is not None else q.dtype)
     dsinks = None
     if req.sinks and req.sinks_grad and mods.sinks is not None:
         p_sink = torch.exp(mods.sinks.float()[None, :, None] - lse)

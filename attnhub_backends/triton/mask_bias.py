@@ -14,6 +14,7 @@ from typing import Any
 
 from attnhub.request import Request
 from attnhub.rules import ExplicitMask, Full
+from attnhub_backends.triton.modifiers import dbias_from
 
 
 def applies(req: Request) -> bool:
@@ -41,6 +42,5 @@ def user_dbias(grads: tuple, req: Request, combined: Request, operands: Any) -> 
     """``grads`` with dbias summed back from the combined bias's shape to the caller's."""
     if len(grads) < 4 or grads[3] is None or not req.bias_grad:
         return grads if req.bias is not None or req.sinks else grads[:3]
-    dims = [d for d in range(4) if req.bias[d] == 1 and combined.bias[d] != 1]
-    db = grads[3].sum(dim=dims, keepdim=True) if dims else grads[3]
-    return (*grads[:3], db.reshape(operands.bias.shape).to(operands.bias.dtype), *grads[4:])
+    dbias = dbias_from(grads[3], req.bias, operands.bias.dtype).reshape(operands.bias.shape)
+    return (*grads[:3], dbias, *grads[4:])

@@ -13,13 +13,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from attnhub.modifiers.alibi import MODIFIER as ALIBI_MODIFIER
 from attnhub.modifiers.alibi import float32_alibi_problem
 from attnhub.request import Request
 from attnhub.rules import ExplicitMask, Full, Rule
 
 LOG2E = 1.4426950408889634
-#: SPEC §9's ALiBi keyword (attnhub/modifiers/alibi.py): its slopes are ``Operands.more[ALIBI]``.
-ALIBI = "alibi_slopes"
 
 
 @dataclass(frozen=True)
@@ -64,14 +63,34 @@ def from_call(req: Request, mask: Any, operands: Any) -> Mods:
         bmask = bmask.view(_u8())
     if bias is not None and bias.dim() != 4:
         bias = bias.reshape(req.bias)
-    alibi = operands.more.get(ALIBI) if req.more and operands is not None and operands.more else None
-    if alibi is not None and not alibi.is_contiguous():
-        alibi = alibi.contiguous()
-    return Mods(bias=bias, mask=bmask, sinks=sinks, softcap=req.softcap, alibi=alibi)
+    return Mods(bias=bias, mask=bmask, sinks=sinks, softcap=req.softcap, alibi=alibi_slopes(operands))
 
 
 def uses_alibi(req: Request) -> bool:
-    return any(n == ALIBI for n, _ in req.more)
+    return ALIBI_MODIFIER.used(req)
+
+
+def alibi_slopes(operands: Any) -> Any:
+    """The (B | 1, Hq) ALiBi slopes of a call (contiguous), or None."""
+    slopes = operands.more.get(ALIBI_MODIFIER.name) if operands is not None and operands.more else None
+    return slopes if slopes is None or slopes.is_contiguous() else slopes.contiguous()
+
+
+def ds_dtype(bias: Any) -> Any:
+    """The dtype of the per-pair dS buffer a bias gradient is summed from: the bias's own 16-bit
+    dtype (half the bytes to write and to sum, torch sums it in float32), else float32."""
+    import torch
+
+    dt = bias.dtype if bias is not None else torch.float32
+    return dt if dt in (torch.float16, torch.bfloat16) else torch.float32
+
+
+def dbias_from(ds: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """The bias's gradient from the per-pair dS (B, Hq, Nq, Nk): summed over the dimensions the
+    bias broadcasts along, in the bias's ``shape`` and ``dtype``."""
+    dims = [d for d in range(4) if shape[d] == 1 and ds.shape[d] != 1]
+    red = ds.sum(dim=dims, keepdim=True) if dims else ds
+    return red.reshape(shape).to(dtype)
 
 
 def _bool_dtype() -> Any:
@@ -91,8 +110,9 @@ def plan_rule(req: Request) -> Rule:
     return Full() if isinstance(req.rule, ExplicitMask) else req.rule
 
 
-def strides4(x: Any) -> tuple[int, int, int, int]:
-    """Element strides of a rank-4 broadcastable tensor, 0 along its size-1 dimensions."""
+def strides4(x: Any) -> tuple[int, ...]:
+    """Element strides of a broadcastable tensor (rank 4, or the (B | 1, Hq) slopes), 0 along its
+    size-1 dimensions."""
     return tuple(0 if n == 1 else s for n, s in zip(x.shape, x.stride(), strict=True))  # type: ignore[return-value]
 
 
@@ -108,11 +128,7 @@ def runtime_args(mods: Mods, dummy: Any, plan_b: int = 0, plan_h: int = 0, extra
     softcap2 = mods.softcap * LOG2E if mods.softcap is not None else 1.0
     mid: tuple = () if extra is False else (dummy if extra is None else extra,)
     alibi = mods.alibi if mods.alibi is not None else dummy
-    sa = (
-        (0 if mods.alibi.shape[0] == 1 else mods.alibi.stride(0), mods.alibi.stride(1))
-        if mods.alibi is not None
-        else (0, 0)
-    )
+    sa = strides4(mods.alibi) if mods.alibi is not None else (0, 0)
     return (bias, sb, mask, sm, *mid, softcap2, alibi, sa), plan_b, plan_h
 
 

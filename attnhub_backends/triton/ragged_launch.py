@@ -23,7 +23,7 @@ from attnhub_backends.triton.device import dot_precision as _dot_precision
 from attnhub_backends.triton.device import pad as _pad
 from attnhub_backends.triton.loader import interpret_mode, load
 from attnhub_backends.triton.loader import kernels as dense_kernels
-from attnhub_backends.triton.modifiers import ALIBI, strides4, uses_alibi
+from attnhub_backends.triton.modifiers import alibi_slopes, dbias_from, ds_dtype, strides4, uses_alibi
 from attnhub_backends.triton.relaunch import Relauncher
 
 LOG2E = 1.4426950408889634
@@ -63,17 +63,16 @@ def _rule(req: Request) -> tuple[dict[str, Any], int]:
 
 
 def _mods(req: Request, ops: Any, spare: torch.Tensor, dbias: torch.Tensor | None = None) -> tuple:
-    """The kernels' ``mods`` tuple (``ragged_kernels._row_mods``): the bias and its rank-4 element
-    strides, the ALiBi slopes and their (batch, head) strides (0 where broadcast: packed sequences
-    have one batch entry), the dq kernel's dS buffer and its strides; ``spare`` where absent."""
+    """The kernels' ``mods`` argument (unpacked at the top of each ragged kernel): the bias and its
+    rank-4 element strides, the ALiBi slopes and their (batch, head) strides (0 where broadcast:
+    packed sequences have one batch entry), the dq kernel's dS buffer and its strides; ``spare``
+    where absent."""
     bias = ops.bias if ops is not None and req.bias is not None else None
     if bias is not None and bias.dim() != 4:
         bias = bias.reshape(req.bias)
-    slopes = ops.more.get(ALIBI) if ops is not None and ops.more else None
-    if slopes is not None and not slopes.is_contiguous():
-        slopes = slopes.contiguous()
+    slopes = alibi_slopes(ops)
     sb = strides4(bias) if bias is not None else (0, 0, 0, 0)
-    sa = (0 if slopes.shape[0] == 1 else slopes.stride(0), slopes.stride(1)) if slopes is not None else (0, 0)
+    sa = strides4(slopes) if slopes is not None else (0, 0)
     sd = strides4(dbias) if dbias is not None else (0, 0, 0, 0)
     return (
         spare if bias is None else bias, sb, spare if slopes is None else slopes, sa,
@@ -583,8 +582,7 @@ def backward(
     if req.bias is not None and req.bias_grad:
         # dS per pair (float32, or the bias's 16-bit dtype): pairs no program visits (padding,
         # the rule's skipped tiles, other packed sequences) stay 0.
-        bdt = ops.bias.dtype if ops.bias.dtype in (torch.float16, torch.bfloat16) else torch.float32
-        dbias_full = torch.zeros((b, hq, nq, nk), dtype=bdt, device=q.device)
+        dbias_full = torch.zeros((b, hq, nq, nk), dtype=ds_dtype(ops.bias), device=q.device)
     dq = alloc((b, hq, nq, dqk), dtype=q.dtype, device=q.device)
     dk = alloc((b, hkv, nk, dqk), dtype=q.dtype, device=q.device)
     dvv = alloc((b, hkv, nk, dv), dtype=q.dtype, device=q.device)
@@ -622,9 +620,7 @@ def backward(
         return dq, dk, dvv
     dbias = None
     if dbias_full is not None:
-        dims = [d for d in range(4) if req.bias[d] == 1 and dbias_full.shape[d] != 1]
-        red = dbias_full.sum(dim=dims, keepdim=True) if dims else dbias_full
-        dbias = red.reshape(req.bias).to(ops.bias.dtype)
+        dbias = dbias_from(dbias_full, req.bias, ops.bias.dtype)
     dsinks = None
     if req.sinks_grad:
         # d lse / d sink = p_sink = exp(sink - lse); dL/dsink = -sum over rows of p_sink * delta.
