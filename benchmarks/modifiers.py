@@ -19,7 +19,7 @@ JSON lines.
   padding as -inf ((B, H, L, L)), forward and forward+backward with dbias.
 - alibi: causal L=8192, B=2, H=16, D=128: ALiBi in the kernel (``alibi_slopes=``) vs attnhub's
   triton with the term as an explicit (1, H, L, L) bias vs FlexAttention with an ALiBi
-  ``score_mod`` and a causal block mask.
+  ``score_mod`` and a causal block mask; and the same triton call without ALiBi (the floor).
 
 The triton calls go through the backend's ``forward_for_grad``/``backward`` in a small autograd
 function (the core's arguments for bias/softcap/sinks may not be on this tree yet). bfloat16
@@ -298,6 +298,8 @@ def case_alibi(out, quick: bool) -> None:
         "triton": lambda: attnhub.attention(q, k, v, mask="causal", alibi_slopes=slopes, backend="triton"),
         "triton-bias": lambda: attnhub.attention(q, k, v, mask="causal", bias=term, backend="triton"),
         "flex": _flex(q, k, v, block_mask=bm, score_mod=score_mod),
+        # The floor: the same kernel with no modifier (ALiBi in the kernel cannot be faster).
+        "triton-no-alibi": lambda: attnhub.attention(q, k, v, mask="causal", backend="triton"),
     }
     _row(f"alibi causal L={n} B={b} H={h}", timings(fns, True, [q, k, v]), 2 * b * h * n * n * d, out)
 

@@ -192,18 +192,24 @@ def _modify_with(qk, qk_scale, bias, softcap2, SOFTCAP: tl.constexpr, HAS_BIAS: 
 @triton.jit
 def _alibi_dist(rows, cols, rule, KEYS_FIRST: tl.constexpr = False):
     """(len(rows), len(cols)) float32 ``|P(i) − R(j)|`` of 1-d positions (SPEC §9's ALiBi distance:
-    the logits take ``− slope·log2(e)·dist``), (len(cols), len(rows)) with ``KEYS_FIRST``; the int32
-    difference is exact (SPEC §11's range)."""
+    the logits take ``− slope·log2(e)·dist``), (len(cols), len(rows)) with ``KEYS_FIRST``.
+
+    Positions are taken relative to the keys' origin ``kx_shift`` in int32 (exact in SPEC §11's
+    range) and converted per row and per column, so each score costs one float subtraction: an
+    int-to-float conversion per score runs on Hopper's quarter-rate pipe beside the exponentials.
+    Both operands are integers below 2**24 wherever a float32 kernel serves ALiBi (the nearest key
+    is at most ``alibi.FLOAT32_TERM_GAP`` away), so the difference is exact, or rounded once as a
+    conversion of the integer difference would be."""
     (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
      row_len, window_y, window_x) = rule  # fmt: skip
-    pq = qx_scale * rows + qx_shift
-    pk = kx_scale * cols + kx_shift
+    pq = (qx_scale * rows + (qx_shift - kx_shift)).to(tl.float32)
+    pk = (kx_scale * cols).to(tl.float32)
     # One return, no ternary: Triton 3.6 types both returns of a constexpr branch alike.
     if KEYS_FIRST:  # noqa: SIM108
         d = tl.abs(pk[:, None] - pq[None, :])
     else:
         d = tl.abs(pq[:, None] - pk[None, :])
-    return d.to(tl.float32)
+    return d
 
 
 @triton.jit

@@ -168,12 +168,13 @@ def _add_mods(x, xm, i, j, q_len, k_len, k_start, aq, bq, ak, bk,
         else:
             x = x + b
     if HAS_ALIBI:
-        pq = aq * i + bq
-        pk = ak * j + bk
+        # Per-row and per-column float positions from the keys' origin (``kernels._alibi_dist``).
+        pq = (aq * i + (bq - bk)).to(tl.float32)
+        pk = (ak * j).to(tl.float32)
         if KEYS_FIRST:
-            x = x - slope2[None, :] * tl.abs(pk[:, None] - pq[None, :]).to(tl.float32)
+            x = x - slope2[None, :] * tl.abs(pk[:, None] - pq[None, :])
         else:
-            x = x - slope2[:, None] * tl.abs(pq[:, None] - pk[None, :]).to(tl.float32)
+            x = x - slope2[:, None] * tl.abs(pq[:, None] - pk[None, :])
     return x
 
 

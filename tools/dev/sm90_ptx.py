@@ -5,6 +5,8 @@ the compiler rejects).
 
     python tools/dev/sm90_ptx.py [softcap|alibi|ragged] [DTYPE] [bias|alibi|both]
 
+With ``PTX_DUMP=DIR`` each launch's PTX is also written to DIR/KERNEL-N.ptx.
+
 softcap: the dense forward with softcap; alibi: the dense forward and backward with ALiBi and a
 bias; ragged: the ragged forward and backward with a bias (dbias) and ALiBi over padded lengths.
 
@@ -56,6 +58,10 @@ def _recording_module(backend, dense, out: list) -> object:
                         ops = collections.Counter(
                             m.group(1) for line in k.asm["ptx"].splitlines() if (m := OPS.match(line))
                         )
+                        if os.environ.get("PTX_DUMP"):  # the PTX itself, one file per launch
+                            path = f"{os.environ['PTX_DUMP']}/{name}-{len(out)}.ptx"
+                            with open(path, "w") as f:
+                                f.write(k.asm["ptx"])
                         keys = ("BM", "BN", "BAND", "CAP_MAX", "SOFTCAP")
                         flat = kargs.flat(kwargs)  # constexprs come as named tuples (args.py)
                         out.append((name, {x: flat[x] for x in keys if x in flat}, dict(sorted(ops.items()))))
