@@ -151,17 +151,6 @@ def test_bool_mask_with_lengths_and_bias():
         assert _rel(got, r.grad) < 1e-9
 
 
-def test_kvcache_contiguous_runs_on_sdpa_cpu():
-    """``attention_kvcache`` without a block table: lengths with sync none_end (SPEC §10)."""
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 8, 1, 16, generator=g)
-    kc, vc = (torch.randn(2, 2, 40, 16, generator=g) for _ in range(2))
-    lengths = torch.tensor([17, 40], dtype=torch.int32)
-    got = attnhub.attention_kvcache(q, kc, vc, lengths, backend="sdpa-cpu")
-    want = attnhub.attention_kvcache(q.double(), kc.double(), vc.double(), lengths, backend="reference")
-    assert np.abs(got.double().numpy() - want.numpy()).max() < 1e-5
-
-
 def test_math_kernel_limit_is_a_decline_with_its_reason():
     from attnhub_backends.sdpa import masks
 
