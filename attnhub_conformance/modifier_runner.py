@@ -100,11 +100,71 @@ def run_modified(cert: Certifier, case: Case, res: Result) -> None:
                 require_zero_rows(f"d{name}", grads[name], unused_rows(unused, case, d, grads[name].shape))
         if changed(ops, call, before, "the backward pass", modified):
             call = Call(ops, case, d)
+        if case.lse:
+            check_lse_gradient(cert, call, greq, prob, ref_lse, grad_tol)
+            if changed(ops, call, before, "the lse gradient's passes", modified):
+                call = Call(ops, case, d)
     if case.repeat:
         lse_got = call.canonical("lse", ops.to_f64(lse)) if case.lse else None
         require_repeat(cert, call, greq, res, modified, (got, lse_got), grads)
     if modified:
         raise CaseFailure("inputs modified", "; ".join(dict.fromkeys(modified)))
+
+
+def check_lse_gradient(
+    cert: Certifier, call: Call, greq, prob: oracle.Problem, ref_lse: np.ndarray, tol: float
+) -> None:
+    """SPEC §5 with §9-§11's modifiers: a gradient through the returned lse alone (``∂lse/∂s = P``
+    times a random ``dlse``; zero on rows with no keys) reaches q, k, v and the bias's and sinks'
+    gradients as the oracle's, or the call raises. A backend whose modified kernels leave lse's term
+    out (the bias's and sinks' gradients are where it is easiest to drop) fails; NumPy backends are
+    asked through ``backend.backward(..., dlse)`` where they declare "dlse"."""
+    case, ops, b = call.case, call.ops, cert.backend
+    rng = np.random.default_rng([cert.seed, zlib.crc32(f"{case.id}/dlse".encode())])
+    w = np.where(np.isfinite(ref_lse), rng.standard_normal(ref_lse.shape), 0.0)
+    zeros_out = np.zeros_like(call.d.dout)
+    ref, mag = oracle.backward(prob, zeros_out, w)
+    rounded = rounded_backward(prob, zeros_out, case.dtype, w) if is_half(case.dtype) else None
+    if case.paged:
+        ref, mag = (in_cache_form(g, case, call.d) for g in (ref, mag))
+        rounded = None if rounded is None else in_cache_form(rounded, case, call.d)
+    lse_dtype = "float64" if case.dtype == "float64" else "float32"
+    entry_w = w[0] if case.entry == "varlen" else w.reshape(call.lse_shape())
+    names = call.differentiated
+    if ops.framework == "numpy":
+        if "dlse" not in b.features:
+            return
+        (qc, kc, vc), mc, operands = call.canonical_inputs(greq)
+        out, lse = b.forward(qc, kc, vc, greq, mc, operands)
+        zeros = np.zeros(out.shape, dtype=out.dtype)
+        dl = w.reshape(np.shape(lse)).astype(numpy_dtype(lse_dtype))  # the canonical form lse has here
+        got = dict(
+            zip(
+                ("q", "k", "v", "bias", "sinks"),
+                b.backward(qc, kc, vc, out, lse, zeros, greq, mc, operands, dl),
+            )
+        )
+        grads = {n: None if got.get(n) is None else np.asarray(got[n], np.float64) for n in names}
+    else:
+        dlse = ops.array(entry_w, lse_dtype)
+
+        def lse_of(*xs: Any) -> Any:
+            return call.invoke(cert.name, dict(call.arrays, **dict(zip(names, xs))), return_lse=True)[1]
+
+        try:
+            raw = ops.grads(lse_of, [call.arrays[n] for n in names], dlse)
+        except Exception:  # an error (the backend cannot differentiate lse) is no silent drop
+            return
+        grads = {n: None if g is None else call.canonical(f"d{n}", ops.to_f64(g)) for n, g in zip(names, raw)}
+    for n in names:
+        key = {"q": "dq", "k": "dk", "v": "dv", "bias": "dbias", "sinks": "dsinks"}[n]
+        if grads[n] is None:
+            raise CaseFailure(f"grad lse {key}", "no gradient through lse, and no error either")
+        t, dt = tol, case.dtype
+        if n == "bias" and cert.tolerances(bias_dtype(case))[1] > t:
+            t, dt = cert.tolerances(bias_dtype(case))[1], bias_dtype(case)
+        base = None if rounded is None else getattr(rounded, key)
+        compare_grad(f"grad lse {key}", grads[n], getattr(ref, key), t, dt, getattr(mag, key), base)
 
 
 def in_cache_form(g: oracle.Grads, case: Case, d: ModData) -> oracle.Grads:

@@ -42,9 +42,10 @@ def _rounder(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
     return lambda x: np.asarray(x).astype(kind).astype(np.float64)
 
 
-def rounded_backward(p: Problem, dout: np.ndarray, dtype: str) -> Grads:
+def rounded_backward(p: Problem, dout: np.ndarray, dtype: str, dlse: np.ndarray | None = None) -> Grads:
     """dq, dk, dv (and dbias, dsinks where ``p`` has them) of the formula above in ``dtype``: the
-    oracle's exact softmax (:func:`oracle._parts`), then the rounded products."""
+    oracle's exact softmax (:func:`oracle._parts`), then the rounded products; ``dlse`` adds lse's
+    term as :func:`oracle.backward` does."""
     r = _rounder(dtype)
     u, prob, psink, _, g = oracle._parts(p)
     b, hq = p.q.shape[:2]
@@ -52,6 +53,8 @@ def rounded_backward(p: Problem, dout: np.ndarray, dtype: str) -> Grads:
     out = r(r(prob) @ v)
     dp = dout @ np.swapaxes(v, -1, -2)
     delta = (dout * out).sum(axis=-1, keepdims=True)
+    if dlse is not None:
+        delta = delta - dlse[..., None]
     ds = prob * (dp - delta)
     dt = r(ds if u is None else ds * (1.0 - u * u))
 
