@@ -69,6 +69,20 @@ def _positive_scale(q: Any, scale: float, causal: bool) -> tuple[Any, float]:
     return q, scale
 
 
+def _contiguous(g: Any) -> Any:
+    return g.contiguous()
+
+
+def _grad_made_contiguous(out: Any) -> Any:
+    """``out``, with the gradient that reaches the kernel's backward made contiguous: torch 2.11's
+    cuDNN backward gives a wrong dq with GQA when dO's strides are not out's (a bshd or bhds
+    caller's out is a transposed view, so its gradient arrives transposed; certify on an H200,
+    cuDNN 9.19: dq relative error 1.4)."""
+    if out.requires_grad:
+        out.register_hook(_contiguous)
+    return out
+
+
 def _grads_by_autograd(backend: Backend, q, k, v, dout, req, mask, operands=None) -> tuple[Any, ...]:
     """(dq, dk, dv), or (dq, dk, dv, dbias, None) where the bias requires grad."""
     import torch
@@ -612,7 +626,8 @@ class _SdpaCuda(_SdpaBase):
         # The kernels need unit-stride head dims (layout "bhds" arrives transposed); the capability
         # probe assumed them.
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-        if self.contiguous_for_grad and torch.is_grad_enabled() and req.needs_grad:
+        contiguous = self.contiguous_for_grad and torch.is_grad_enabled() and req.needs_grad
+        if contiguous:
             q, k, v = (x.contiguous() for x in (q, k, v))
         q, scale = _positive_scale(q, req.scale, plan.causal)
         flags = _flags(self.kernel)
@@ -621,15 +636,15 @@ class _SdpaCuda(_SdpaBase):
                 out = torch._C._nn.scaled_dot_product_attention(
                     q, k, v, attn_mask, 0.0, plan.causal, scale=scale, enable_gqa=mode == "gqa"
                 )
-            return out, None
-        saved = flags.pin()
-        try:
-            out = torch._C._nn.scaled_dot_product_attention(
-                q, k, v, attn_mask, 0.0, plan.causal, scale=scale, enable_gqa=mode == "gqa"
-            )
-        finally:
-            flags.restore(saved)
-        return out, None
+        else:
+            saved = flags.pin()
+            try:
+                out = torch._C._nn.scaled_dot_product_attention(
+                    q, k, v, attn_mask, 0.0, plan.causal, scale=scale, enable_gqa=mode == "gqa"
+                )
+            finally:
+                flags.restore(saved)
+        return (_grad_made_contiguous(out) if contiguous else out), None
 
     def _bind_fast(self, req: Request) -> Callable[[Any], Any] | None:
         import torch
@@ -654,7 +669,8 @@ class _SdpaCuda(_SdpaBase):
             def fast(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
                 strided = contiguous and not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous())
                 if _unit_last_stride(q, k, v) and not strided:
-                    return pinned(q, k, v), None
+                    out = pinned(q, k, v)
+                    return (_grad_made_contiguous(out) if contiguous else out), None
                 return general(q, k, v, mask)
 
             if direct is None:
@@ -662,7 +678,8 @@ class _SdpaCuda(_SdpaBase):
 
             def fastest(q: Any, k: Any, v: Any, mask: Any) -> tuple[Any, Any]:
                 if q.is_contiguous() and k.is_contiguous() and v.is_contiguous():
-                    return direct(q, k, v), None
+                    out = direct(q, k, v)
+                    return (_grad_made_contiguous(out) if contiguous else out), None
                 return fast(q, k, v, mask)
 
             return fastest
@@ -817,8 +834,9 @@ class SdpaCudnn(_SdpaCuda):
     heavy_calls_from: ClassVar[float] = 2e10
     builds_per_shape: ClassVar[bool] = True
     direct_name: ClassVar[str] = "_scaled_dot_product_cudnn_attention"
-    #: torch 2.11's cuDNN backward returns wrong dq for transposed (bshd/bhds views) inputs with
-    #: GQA (certify on an H200, cuDNN 9.19: dq relative error 1.38); copies make them contiguous.
+    #: torch 2.11's cuDNN backward returns wrong dq for transposed (bshd/bhds views) inputs, or a
+    #: transposed dO, with GQA (certify on an H200, cuDNN 9.19: dq relative error 1.38 and 1.4);
+    #: copies make them contiguous (:func:`_grad_made_contiguous` for dO).
     contiguous_for_grad: ClassVar[bool] = True
 
     def _direct_args(self, causal: bool, lse: bool) -> tuple:
