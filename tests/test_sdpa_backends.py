@@ -306,6 +306,21 @@ def test_sdpa_cuda_gradients_of_transposed_views(name, hkv, dtype):
     _check(name, q, k, v, dtype, mask="causal")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", CUDA)
+def test_sdpa_cuda_gradients_of_a_bshd_call(name, dtype):
+    """layout="bshd": the caller's out is a transposed view of the kernel's, so the gradient the
+    caller passes reaches the kernel transposed. Certify (H200, cuDNN 9.19, 2026-11-29) found
+    sdpa-cudnn's dq wrong there with GQA (relative error 1.4, float16) with contiguous inputs."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    q, k, v = _inputs((2, 23, 4, 32), (2, 31, 2), 32, dtype, device="cuda", seed=6, grad=True)
+    if reasons := _try(name, q, k, v, mask="causal", layout="bshd"):
+        pytest.skip("; ".join(reasons))
+    _check(name, q, k, v, dtype, mask="causal", layout="bshd")
+
+
 def test_probe_reasons_are_captured_not_printed(capfd):
     """torch's can_use_*(debug=True) prints its reasons from C++ to file descriptor 2 (past Python's
     warnings): the probe captures them for explain instead of printing one per new shape."""
