@@ -31,8 +31,10 @@ def grads(kernel, dtype, transposed_do: bool, seed: int = 0):
     do = torch.randn(b, lq, hq, d, device="cuda", generator=g)  # the caller's (bshd) gradient
     do_bhsd = do.transpose(1, 2) if transposed_do else do.transpose(1, 2).contiguous()
     x = [t.to(dtype).requires_grad_(True) for t in (q, k, v)]
+    gqa = kernel == SDPBackend.CUDNN_ATTENTION  # efficient takes no enable_gqa: kv heads repeated
+    kv = x[1:] if gqa else [t.repeat_interleave(hq // hkv, dim=1) for t in x[1:]]
     with sdpa_kernel(kernel):
-        out = F.scaled_dot_product_attention(*x, is_causal=True, enable_gqa=True)
+        out = F.scaled_dot_product_attention(x[0], *kv, is_causal=True, enable_gqa=gqa)
     got = torch.autograd.grad(out, x, do_bhsd.to(dtype))
     r = [t.detach().double().requires_grad_(True) for t in x]
     ref_out = F.scaled_dot_product_attention(*r, is_causal=True, enable_gqa=True)
@@ -47,8 +49,11 @@ def inf_in_v(kernel, seed: int):
     k = torch.randn(b, hkv, n, d, device="cuda", generator=g)
     v = torch.randn(b, hkv, n, d, device="cuda", generator=g)
     v[2, 1, 12, 1] = float("inf")
+    k, v = (t.repeat_interleave(hq // hkv, dim=1) for t in (k, v))
+    if kernel != SDPBackend.EFFICIENT_ATTENTION:  # flash and cuDNN take 16-bit inputs only
+        q, k, v = (t.half() for t in (q, k, v))
     with sdpa_kernel(kernel):
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     rows = out[2, 2:4, 12:, 1]  # rows attending key 12: +Inf by SPEC §4
     return int(torch.isnan(rows).sum()), int(torch.isinf(rows).sum()), rows.numel()
 
