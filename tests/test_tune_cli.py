@@ -97,8 +97,14 @@ def test_shipped_profiles_are_package_data_and_valid():
 
 @pytest.mark.gpu
 def test_tune_cuda_decode_auto_picks_the_fastest_measured(cache_dir):
-    """On a GPU: a quick tune of the decode class, then auto follows it (the fastest measured)."""
+    """On a GPU: a quick tune of the decode class, then auto follows it: the fastest measured (ties
+    within ``MEASURED_TIE`` in the prior's order) among the backends that build no plan per shape,
+    which a decode step puts last whatever they measured (each step has a new cache length:
+    ``dispatch.DECODE_ROWS``; the H200 of 2026-11-29 measured cudnn fastest here, auto correctly
+    chose sdpa-flash, and this test, older than that rule, failed)."""
     import torch
+
+    from attnhub.dispatch import MEASURED_TIE
 
     result = attnhub.tune("cuda", quick=True, dtypes=("bfloat16",), families=("decode",), warmup=5, rep=20)
     assert len(result.classes) == 1, result.classes
@@ -109,7 +115,11 @@ def test_tune_cuda_decode_auto_picks_the_fastest_measured(cache_dir):
     k = torch.randn(8, 8, 8192, 128, device="cuda", dtype=torch.bfloat16)
     exp = attnhub.explain(q, k, k, sync="none_end")
     assert exp.measured is not None and exp.measured.exact, str(exp)
-    assert exp.chosen == min(measured, key=measured.get), str(exp)
+    table = attnhub.REGISTRY.backends()
+    steady = {n: t for n, t in measured.items() if not getattr(table[n], "builds_per_shape", False)}
+    assert steady, measured
+    assert exp.chosen in steady, str(exp)
+    assert steady[exp.chosen] <= min(steady.values()) * (1 + MEASURED_TIE), (steady, str(exp))
     assert "CHOSEN (measured" in str(exp)
 
 
