@@ -10,6 +10,7 @@ per torch tensor version (:mod:`attnhub.readings`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from typing import Any
 
@@ -41,15 +42,15 @@ def _int32_array(name: str, x: Any, ndim: int, ad: Adapter) -> tuple[int, ...]:
     return shape
 
 
-def _check_cu_seqlens(name: str, cu: Any, total: int, ad: Adapter) -> int:
-    """SPEC §12: from 0, non-decreasing, ending at ``total``; returns the longest sequence (or
-    ``total`` where the values cannot be read). Read once per torch tensor version."""
+def _check_cu_seqlens(name: str, cu: Any, total: int, ad: Adapter) -> int | None:
+    """SPEC §12: from 0, non-decreasing, ending at ``total``; returns the longest sequence, or None
+    where the values cannot be read (traced). Read once per torch tensor version."""
     (n,) = _int32_array(name, cu, 1, ad)
     if n < 1:
         raise SpecError(f"{name}.shape", "(N + 1,) with N >= 0", (n,))
     r = reading(cu)
     if r is None or r.values is None:
-        return total
+        return None
     facts = r.facts.get("cu_seqlens")
     if facts is None:
         vals = r.values
@@ -66,6 +67,24 @@ def _check_cu_seqlens(name: str, cu: Any, total: int, ad: Adapter) -> int:
     return longest
 
 
+def _graph_break_under_compile(fn: Any) -> Any:
+    """``fn``, run eagerly while torch.compile traces it (:func:`attnhub.torch_ops.eager`): a
+    traced call would reach the backends' launches (the Triton interpreter's NumPy code failed
+    under Dynamo, 2026-11-29)."""
+
+    @functools.wraps(fn)
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.compiler.is_compiling():
+            from attnhub import torch_ops
+
+            return torch_ops.eager(fn, *args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return entry
+
+
+@_graph_break_under_compile
 def attention_varlen(
     q: Any,
     k: Any,
@@ -106,12 +125,19 @@ def attention_varlen(
         raise SpecError(
             "cu_seqlens_k.shape", f"{tuple(cu_seqlens_q.shape)} like cu_seqlens_q", tuple(cu_seqlens_k.shape)
         )
-    mq = longest_q if max_seqlen_q is None else int_arg("max_seqlen_q", max_seqlen_q)
-    mk = longest_k if max_seqlen_k is None else int_arg("max_seqlen_k", max_seqlen_k)
-    if mq < longest_q or mk < longest_k:
-        raise SpecError(
-            "max_seqlen_q/max_seqlen_k", f">= the longest sequences ({longest_q}, {longest_k})", (mq, mk)
-        )
+    hint_q = None if max_seqlen_q is None else int_arg("max_seqlen_q", max_seqlen_q)
+    hint_k = None if max_seqlen_k is None else int_arg("max_seqlen_k", max_seqlen_k)
+    if longest_q is None or longest_k is None:
+        # Traced cu_seqlens (jax.jit, tf.function): a max_seqlen hint cannot be checked against
+        # them, so the totals bound the sequences instead (exact, if slower); never a SpecError.
+        mq, mk = tq, tk
+    else:
+        mq = longest_q if hint_q is None else hint_q
+        mk = longest_k if hint_k is None else hint_k
+        if mq < longest_q or mk < longest_k:
+            raise SpecError(
+                "max_seqlen_q/max_seqlen_k", f">= the longest sequences ({longest_q}, {longest_k})", (mq, mk)
+            )
     extras = Extras(
         softcap=softcap, sinks=sinks, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=mq, max_seqlen_k=mk, more=added_modifiers("attention_varlen", modifiers),
@@ -130,6 +156,7 @@ def attention_varlen(
     return out
 
 
+@_graph_break_under_compile
 def attention_kvcache(
     q: Any,
     k_cache: Any,

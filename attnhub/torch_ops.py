@@ -92,6 +92,14 @@ def eager_call(q, k, v, mask, sync, scale, layout, backend, return_lse, extras) 
     return plan.execute(q, k, v, mask, extras)
 
 
+@torch._dynamo.disable
+def eager(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` run eagerly under torch.compile (a graph break): the entry points
+    that have no custom op (``attention_varlen``, ``attention_kvcache``), which Dynamo would
+    otherwise trace into, kernel launches included."""
+    return fn(*args, **kwargs)
+
+
 @torch._dynamo.assume_constant_result
 def _decide(
     qm: tuple, km: tuple, vm: tuple, mask: Any, sync: Any, scale: Any, layout: Any, return_lse: Any,

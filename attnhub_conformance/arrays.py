@@ -240,29 +240,40 @@ class Ops:
         return self._traced(fn)(*inputs)
 
     def traced_grads(self, fn: Callable[..., Any], inputs: Sequence[Any], dout: Any, ones: bool) -> list[Any]:
-        """Gradients of ``fn(*inputs).sum()`` (``ones``) or of ``(fn(*inputs) * dout).sum()``, the loss
-        and its gradient traced together, as a training step under the framework's tracer is."""
-        fw = self.framework
+        """Gradients of ``fn(q, k, v).sum()`` (``ones``) or of ``(fn(q, k, v) * dout).sum()`` with
+        respect to the three inputs, traced as :meth:`traced_grads_of` traces them."""
+        return self.traced_grads_of(fn, inputs, (0, 1, 2), dout, ones)
 
-        def loss(q: Any, k: Any, v: Any, d: Any) -> Any:
-            out = fn(q, k, v)
+    def traced_grads_of(
+        self, fn: Callable[..., Any], inputs: Sequence[Any], wrt: Sequence[int], dout: Any, ones: bool
+    ) -> list[Any]:
+        """Gradients of ``fn(*inputs).sum()`` (``ones``) or of ``(fn(*inputs) * dout).sum()`` with
+        respect to ``inputs[i]`` for ``i`` in ``wrt``: the loss and its gradient traced together,
+        as a training step under the framework's tracer is, every input traced (lengths, tables
+        and slopes too, as a jitted step receives them)."""
+        fw = self.framework
+        wrt = tuple(wrt)
+
+        def loss(*args: Any) -> Any:
+            *xs, d = args
+            out = fn(*xs)
             if fw == "tensorflow":
                 return self.tf.reduce_sum(out if ones else out * d)
             return (out if ones else out * d).sum()
 
         if fw == "jax":
-            return list(self.jax.jit(self.jax.grad(loss, argnums=(0, 1, 2)))(*inputs, dout))
+            return list(self.jax.jit(self.jax.grad(loss, argnums=wrt))(*inputs, dout))
         if fw == "tensorflow":
             tf = self.tf
 
-            def step(q: Any, k: Any, v: Any, d: Any) -> Any:
+            def step(*args: Any) -> Any:
                 with tf.GradientTape() as tape:
-                    tape.watch([q, k, v])
-                    value = loss(q, k, v, d)
-                return tape.gradient(value, [q, k, v])
+                    tape.watch([args[i] for i in wrt])
+                    value = loss(*args)
+                return tape.gradient(value, [args[i] for i in wrt])
 
             return list(self.traced_call(step, [*inputs, dout]))
         if fw == "torch":
             value = self._traced(loss)(*inputs, dout)
-            return list(self.torch.autograd.grad(value, list(inputs)))
+            return list(self.torch.autograd.grad(value, [inputs[i] for i in wrt]))
         raise ValueError("NumPy has no tracer: traced cases need torch, tensorflow or jax inputs")

@@ -22,7 +22,12 @@ from attnhub_conformance.case import (  # noqa: F401  (re-exported: the grids' c
     Case,
     rule_token,
 )
-from attnhub_conformance.modifier_cases import full_grid_part, quick_grid_part, secondary_cases
+from attnhub_conformance.modifier_cases import (
+    full_grid_part,
+    quick_grid_part,
+    secondary_cases,
+    traced_modifier_cases,
+)
 
 
 def _main_dtype(dtypes: tuple[str, ...]) -> str:
@@ -157,7 +162,7 @@ def quick_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
     add(Case(m, (21,), (21,), Causal(), grad=True, large_logits=True, scale=0.5))
     c += grad_of_sum_cases(m)
     if framework != "numpy":  # NumPy has no tracer
-        c += traced_cases(m)
+        c += traced_cases(m) + traced_modifier_cases(m)
     for dt in dtypes:  # SPEC §4 in every declared dtype
         c += nonfinite_cases(dt)
     # determinism
@@ -277,7 +282,7 @@ def full_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
         c.append(Case(main, (37,), (29,), rule, heads_q=4, heads_kv=2, grad=True, lse=True, repeat=True))
     c += grad_of_sum_cases(main)
     if framework != "numpy":  # NumPy has no tracer
-        c += traced_cases(main, full=True)
+        c += traced_cases(main, full=True) + traced_modifier_cases(main)
     # the other dtypes: a reduced product (declined cases are cheap)
     for dt in DTYPES:
         if dt == main:

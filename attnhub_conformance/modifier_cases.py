@@ -75,6 +75,20 @@ def quick_cases(main: str) -> list[Case]:
     ]  # fmt: skip
 
 
+def traced_modifier_cases(m: str) -> list[Case]:
+    """§9-§11 arguments through the framework's tracer (jax.jit, tf.function, torch.compile), every
+    array traced: a bias with its gradient, softcap and sinks; lengths on the left; packed
+    sequences (in the grids of frameworks with a tracer)."""
+    t = dict(dim_qk=16, dim_v=16, traced=True, grad=True)
+    return [
+        Case(m, (40,), (40,), Causal(), "none_end", heads_q=4, heads_kv=2, bias="1hqk", bias_grad=True,
+             softcap=30.0, sinks=True, cotangent="ones", **t),
+        Case(m, (33,), (33,), Causal(), "none_end", q_lengths=(29, 5), k_lengths=(33, 9), padding_side="left",
+             **t),
+        varlen(m, Causal(), "none_front", (13, 0, 21), (13, 4, 21), **t),
+    ]  # fmt: skip
+
+
 def alibi_quick_cases(m: str) -> list[Case]:
     """ALiBi (SPEC §9, ``alibi_slopes``): positions of each sync mode (flash-attn's causal is
     none_end), per-head and per-batch slopes, with a bias and softcap, lengths on the left, packed

@@ -77,6 +77,8 @@ def make_mod_data(case: Case, rng: np.random.Generator) -> ModData:
     k = rng.standard_normal((batch, hkv, nk, case.dim_qk))
     v = rng.standard_normal((batch, hkv, nk, case.dim_v))
     dout = rng.standard_normal((batch, hq, nq, case.dim_v))
+    if case.cotangent == "ones":  # the gradient of out.sum()
+        dout = np.ones_like(dout)
     q, k, v, dout = (round_to(a, case.dtype) for a in (q, k, v, dout))
     d = ModData(q, k, v, dout)
     if case.rule == "bool":

@@ -54,11 +54,21 @@ def run_modified(cert: Certifier, case: Case, res: Result) -> None:
     if case.repeat and "deterministic" not in b.features:
         res.status, res.reasons = "declined", ["does not declare deterministic"]
         return
+    if case.traced and (why := ops.tracer_obstacle()):
+        res.status, res.reasons = "declined", [why]
+        return
 
     modified: list[str] = []
     before = snapshot(ops, call)
     ops.poison(req.batch * req.heads_q * req.nq * (req.dim_v + 1) * 8)
-    result = call.invoke(cert.name)
+    if case.traced:  # every array traced, lengths, tables and slopes included
+        try:
+            result = ops.traced_call(_invoke_all(cert, call), list(call.arrays.values()))
+        except BackendUnsupported as exc:
+            res.status, res.reasons = "declined", [f"under {ops.tracer}: {r}" for r in exc.reasons]
+            return
+    else:
+        result = call.invoke(cert.name)
     out, lse = result if case.lse else (result, None)
     cert._hygiene(fw, "out", out, call.out_shape(), case.dtype, req.device)
     if case.lse:
@@ -281,7 +291,14 @@ def gradients(
 
     try:
         ops.poison(0)
-        grads = ops.grads(fn, [call.arrays[n] for n in names], dout)
+        if case.traced:
+            every = list(call.arrays)
+            grads = ops.traced_grads_of(
+                _invoke_all(cert, call, return_lse=False), [call.arrays[n] for n in every],
+                [every.index(n) for n in names], dout, ones=case.cotangent == "ones",
+            )  # fmt: skip
+        else:
+            grads = ops.grads(fn, [call.arrays[n] for n in names], dout)
     except BackendUnsupported as exc:  # e.g. a traced (jax.vjp) request the backend declines
         res.status, res.reasons = "declined", [f"gradient call: {r}" for r in exc.reasons]
         return None
@@ -294,6 +311,17 @@ def gradients(
         cert._hygiene(fw, f"grad d{n}", g, shape, dt, greq.device)
         result[n] = call.canonical(f"d{n}", ops.to_f64(g))
     return result
+
+
+def _invoke_all(cert: Certifier, call: Call, return_lse: bool | None = None) -> Any:
+    """``fn(*arrays)``: the entry point called on every one of the call's arrays, in order (what
+    a tracer receives as its arguments)."""
+    names = list(call.arrays)
+
+    def fn(*xs: Any) -> Any:
+        return call.invoke(cert.name, dict(zip(names, xs)), return_lse=return_lse)
+
+    return fn
 
 
 def _dout_for(call: Call) -> np.ndarray:
