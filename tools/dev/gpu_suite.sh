@@ -15,6 +15,9 @@
 #         kernels before and after (carry .baseline-triton). About 1 450 tests: more than its 400 s
 #         at -n 16 on an H200 (2026-11-29: cut at 73%); a and b together cover every GPU test;
 # PART cert NAME: NAME's full certification on the GPU (reports NAME-h200-full.json/.md).
+# PART certs: cuda, cudnn and the three sdpa backends' full certifications side by side (about
+#         70 s each on an H200, 2026-11-29), their reports and logs in one certs.tar.gz (a call
+#         brings back 8 files at most); jax's takes more than 470 s at -j 4: give it `cert jax`.
 set -u
 DEST="${OUT:-.}"
 PART="${1:-a}"
@@ -65,6 +68,15 @@ elif [ "$PART" = cert ]; then
     name="${2:?which backend: gpu_suite.sh cert NAME}"
     step 560 "certify-$name.log" attnhub certify "$name" --device cuda -j 16 --seed "${SEED:-20261129}" \
         --report "$DEST/$name-h200-full"
+elif [ "$PART" = certs ]; then
+    work=$(mktemp -d)
+    for name in cuda cudnn sdpa-flash sdpa-efficient sdpa-cudnn; do
+        timeout 300 attnhub certify "$name" --device cuda -j 3 --seed "${SEED:-20261129}" \
+            --report "$work/$name-h200-full" >"$work/certify-$name.log" 2>&1 &
+    done
+    wait
+    grep -h "cases:" "$work"/certify-*.log
+    tar -czf "$DEST/certs.tar.gz" -C "$work" .
 else
     step 400 tests-core.log $PYTEST $TRITON_FILES $CUDA_FILES tests/test_sdpa_backends.py tests/test_cudnn_backend.py tests/test_conformance_gpu.py tests/test_fast_path.py tests/test_jax_gpu.py tests/test_torch_compile.py tests/test_sdpa_nan.py
     bench_before_after 60 "--lengths 4096"
