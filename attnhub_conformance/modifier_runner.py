@@ -111,7 +111,7 @@ def run_modified(cert: Certifier, case: Case, res: Result) -> None:
         if changed(ops, call, before, "the backward pass", modified):
             call = Call(ops, case, d)
         if case.lse:
-            check_lse_gradient(cert, call, greq, prob, ref_lse, grad_tol)
+            check_lse_gradient(cert, call, greq, prob, ref_lse, grad_tol, modified)
             if changed(ops, call, before, "the lse gradient's passes", modified):
                 call = Call(ops, case, d)
     if case.repeat:
@@ -122,7 +122,13 @@ def run_modified(cert: Certifier, case: Case, res: Result) -> None:
 
 
 def check_lse_gradient(
-    cert: Certifier, call: Call, greq, prob: oracle.Problem, ref_lse: np.ndarray, tol: float
+    cert: Certifier,
+    call: Call,
+    greq,
+    prob: oracle.Problem,
+    ref_lse: np.ndarray,
+    tol: float,
+    modified: list[str],
 ) -> None:
     """SPEC §5 with §9-§11's modifiers: a gradient through the returned lse alone (``∂lse/∂s = P``
     times a random ``dlse``; zero on rows with no keys) reaches q, k, v and the bias's and sinks'
@@ -144,15 +150,9 @@ def check_lse_gradient(
     if ops.framework == "numpy":
         if "dlse" not in b.features:
             return
-        (qc, kc, vc), mc, operands = call.canonical_inputs(greq)
-        out, lse = b.forward(qc, kc, vc, greq, mc, operands)
-        zeros = np.zeros(out.shape, dtype=out.dtype)
-        dl = w.reshape(np.shape(lse)).astype(numpy_dtype(lse_dtype))  # the canonical form lse has here
+        dl = w.astype(numpy_dtype(lse_dtype))
         got = dict(
-            zip(
-                ("q", "k", "v", "bias", "sinks"),
-                b.backward(qc, kc, vc, out, lse, zeros, greq, mc, operands, dl),
-            )
+            zip(("q", "k", "v", "bias", "sinks"), numpy_backward(b, call, greq, None, dl, modified)[2])
         )
         grads = {n: None if got.get(n) is None else np.asarray(got[n], np.float64) for n in names}
     else:
@@ -251,18 +251,8 @@ def gradients(
     fw = ops.framework
     names = call.differentiated
     if fw == "numpy":
-        (qc, kc, vc), mc, operands = call.canonical_inputs(greq)
-        extra = [getattr(operands, f.name) for f in dataclasses.fields(operands)]
-        arrays = [qc, kc, vc] + [x for x in (mc, *extra) if isinstance(x, np.ndarray)]
-        keep = [x.copy() for x in arrays]
         dout = call.d.dout.astype(numpy_dtype(case.dtype))
-        # As the core calls it (attnhub.plan.Plan): the §9-§11 arrays as ``operands``.
-        out, lse = b.forward(qc, kc, vc, greq, mc, operands)
-        if not all(same(x, y) for x, y in zip(arrays, keep)):
-            modified.append("backend.forward wrote into its inputs")
-            for x, y in zip(arrays, keep):
-                x[...] = y  # the backward gets the inputs it should have had
-        got = b.backward(qc, kc, vc, out, lse, dout, greq, mc, operands, None)
+        (qc, kc, vc), operands, got = numpy_backward(b, call, greq, dout, None, modified)
         allowed = (5,) if (greq.bias is not None or greq.sinks) else (3, 5)
         if len(got) not in allowed:
             raise CaseFailure("grad", f"backward returned {len(got)} gradients; this request takes {allowed}")
@@ -280,8 +270,6 @@ def gradients(
             cert._hygiene(fw, f"grad d{n}", g, like.shape, str(like.dtype) if n in ("bias", "sinks")
                           else case.dtype, greq.device)  # fmt: skip
             result[n] = np.asarray(g, dtype=np.float64)
-        if not all(same(x, y) for x, y in zip(arrays, keep)):
-            modified.append("backend.backward wrote into its inputs")
         return result  # canonical already: (1, Hq, Tq, D) for varlen
     dout = ops.array(_dout_for(call), case.dtype)
 
@@ -311,6 +299,30 @@ def gradients(
         cert._hygiene(fw, f"grad d{n}", g, shape, dt, greq.device)
         result[n] = call.canonical(f"d{n}", ops.to_f64(g))
     return result
+
+
+def numpy_backward(b, call: Call, greq, dout: Any, dlse: Any, modified: list[str]) -> tuple:
+    """((q, k, v), operands, backend.backward's gradients) for a NumPy backend, called as the core
+    calls it (attnhub.plan.Plan: the §9-§11 arrays as ``operands``); ``dout`` None: zeros (lse's
+    gradient alone). Writes into the inputs are noted in ``modified`` and undone after the forward,
+    so the backward gets the inputs it should have had."""
+    (qc, kc, vc), mc, operands = call.canonical_inputs(greq)
+    extra = [getattr(operands, f.name) for f in dataclasses.fields(operands)]
+    arrays = [qc, kc, vc] + [x for x in (mc, *extra) if isinstance(x, np.ndarray)]
+    keep = [x.copy() for x in arrays]
+    out, lse = b.forward(qc, kc, vc, greq, mc, operands)
+    if not all(same(x, y) for x, y in zip(arrays, keep)):
+        modified.append("backend.forward wrote into its inputs")
+        for x, y in zip(arrays, keep):
+            x[...] = y
+    if dout is None:
+        dout = np.zeros(np.shape(out), dtype=np.asarray(out).dtype)
+    if dlse is not None:
+        dlse = dlse.reshape(np.shape(lse))  # the canonical form lse has here
+    got = b.backward(qc, kc, vc, out, lse, dout, greq, mc, operands, dlse)
+    if not all(same(x, y) for x, y in zip(arrays, keep)):
+        modified.append("backend.backward wrote into its inputs")
+    return (qc, kc, vc), operands, got
 
 
 def _invoke_all(cert: Certifier, call: Call, return_lse: bool | None = None) -> Any:
