@@ -321,6 +321,22 @@ def test_sdpa_cuda_gradients_of_a_bshd_call(name, dtype):
     _check(name, q, k, v, dtype, mask="causal", layout="bshd")
 
 
+def test_the_gradient_reaching_cudnn_is_made_contiguous():
+    """The mechanism behind test_sdpa_cuda_gradients_of_a_bshd_call, on the CPU: a transposed
+    upstream gradient leaves sdpa-cudnn's output hook contiguous, with its values unchanged."""
+    from attnhub_backends.sdpa.backend import SdpaCudnn, _grad_made_contiguous
+
+    assert SdpaCudnn.contiguous_for_grad
+    x = torch.randn(2, 3, 4, 5, requires_grad=True)
+    out = _grad_made_contiguous(x * 2.0)
+    seen = []
+    out.register_hook(lambda g: seen.append(g) or g)  # runs after the backend's hook
+    g = torch.randn(2, 4, 3, 5).transpose(1, 2)
+    assert not g.is_contiguous()
+    (dx,) = torch.autograd.grad(out, [x], g)
+    assert seen[0].is_contiguous() and torch.equal(seen[0], g) and torch.equal(dx, 2.0 * g)
+
+
 def test_probe_reasons_are_captured_not_printed(capfd):
     """torch's can_use_*(debug=True) prints its reasons from C++ to file descriptor 2 (past Python's
     warnings): the probe captures them for explain instead of printing one per new shape."""
