@@ -282,7 +282,7 @@ def full_grid(dtypes: tuple[str, ...], framework: str) -> list[Case]:
         c.append(Case(main, (37,), (29,), rule, heads_q=4, heads_kv=2, grad=True, lse=True, repeat=True))
     c += grad_of_sum_cases(main)
     if framework != "numpy":  # NumPy has no tracer
-        c += traced_cases(main, full=True) + traced_modifier_cases(main)
+        c += traced_cases(main, full=True) + traced_modifier_cases(main, full=True)
     # the other dtypes: a reduced product (declined cases are cheap)
     for dt in DTYPES:
         if dt == main:

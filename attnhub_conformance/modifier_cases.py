@@ -75,18 +75,26 @@ def quick_cases(main: str) -> list[Case]:
     ]  # fmt: skip
 
 
-def traced_modifier_cases(m: str) -> list[Case]:
+def traced_modifier_cases(m: str, full: bool = False) -> list[Case]:
     """§9-§11 arguments through the framework's tracer (jax.jit, tf.function, torch.compile), every
     array traced: a bias with its gradient, softcap and sinks; lengths on the left; packed
-    sequences (in the grids of frameworks with a tracer)."""
-    t = dict(dim_qk=16, dim_v=16, traced=True, grad=True)
-    return [
+    sequences; a paged cache (a jitted decode step); full mode adds a contiguous cache and offsets
+    with sinks (in the grids of frameworks with a tracer)."""
+    t = dict(dim_qk=16, dim_v=16, traced=True)
+    c = [
         Case(m, (40,), (40,), Causal(), "none_end", heads_q=4, heads_kv=2, bias="1hqk", bias_grad=True,
-             softcap=30.0, sinks=True, cotangent="ones", **t),
+             softcap=30.0, sinks=True, cotangent="ones", grad=True, **t),
         Case(m, (33,), (33,), Causal(), "none_end", q_lengths=(29, 5), k_lengths=(33, 9), padding_side="left",
-             **t),
-        varlen(m, Causal(), "none_front", (13, 0, 21), (13, 4, 21), **t),
+             grad=True, **t),
+        varlen(m, Causal(), "none_front", (13, 0, 21), (13, 4, 21), grad=True, **t),
+        kvcache(m, Causal(), 3, 48, (20, 33), paged=16, heads_q=4, heads_kv=2, lse=True, **t),
     ]  # fmt: skip
+    if full:
+        c += [
+            kvcache(m, Causal(), 2, 40, (7, 40), lse=True, **t),
+            Case(m, (9,), (14,), Causal(), q_offset=8, k_offset=2, sinks=True, grad=True, **t),
+        ]
+    return c
 
 
 def alibi_quick_cases(m: str) -> list[Case]:
