@@ -91,18 +91,7 @@ def run_modified(cert: Certifier, case: Case, res: Result) -> None:
         grads = gradients(cert, call, greq, res, modified)
         if grads is None:
             return
-        ref, mag = oracle.backward(prob, d.dout)
-        rounded = rounded_backward(prob, d.dout, case.dtype) if is_half(case.dtype) else None
-        if case.paged:  # dk, dv of the cache itself: each key's gradient in its block (SPEC §10)
-            ref, mag = (in_cache_form(g, case, d) for g in (ref, mag))
-            rounded = None if rounded is None else in_cache_form(rounded, case, d)
-        for name in call.differentiated:
-            key = {"q": "dq", "k": "dk", "v": "dv", "bias": "dbias", "sinks": "dsinks"}[name]
-            tol, dt = grad_tol, case.dtype
-            if name == "bias" and cert.tolerances(bias_dtype(case))[1] > tol:  # dbias in the bias's dtype
-                tol, dt = cert.tolerances(bias_dtype(case))[1], bias_dtype(case)
-            base = None if rounded is None else getattr(rounded, key)
-            compare_grad(key, grads[name], getattr(ref, key), tol, dt, getattr(mag, key), base)
+        compare_grads(cert, call, grads, expected_grads(prob, case, d, d.dout), grad_tol, "")
         require_zero_rows("dq", grads["q"], empty)
         unused = oracle.unused_keys(case)
         if unused is not None:
@@ -138,12 +127,7 @@ def check_lse_gradient(
     case, ops, b = call.case, call.ops, cert.backend
     rng = np.random.default_rng([cert.seed, zlib.crc32(f"{case.id}/dlse".encode())])
     w = np.where(np.isfinite(ref_lse), rng.standard_normal(ref_lse.shape), 0.0)
-    zeros_out = np.zeros_like(call.d.dout)
-    ref, mag = oracle.backward(prob, zeros_out, w)
-    rounded = rounded_backward(prob, zeros_out, case.dtype, w) if is_half(case.dtype) else None
-    if case.paged:
-        ref, mag = (in_cache_form(g, case, call.d) for g in (ref, mag))
-        rounded = None if rounded is None else in_cache_form(rounded, case, call.d)
+    expected = expected_grads(prob, case, call.d, np.zeros_like(call.d.dout), w)
     lse_dtype = "float64" if case.dtype == "float64" else "float32"
     entry_w = w[0] if case.entry == "varlen" else w.reshape(call.lse_shape())
     names = call.differentiated
@@ -167,14 +151,40 @@ def check_lse_gradient(
             return
         grads = {n: None if g is None else call.canonical(f"d{n}", ops.to_f64(g)) for n, g in zip(names, raw)}
     for n in names:
-        key = {"q": "dq", "k": "dk", "v": "dv", "bias": "dbias", "sinks": "dsinks"}[n]
         if grads[n] is None:
-            raise CaseFailure(f"grad lse {key}", "no gradient through lse, and no error either")
+            raise CaseFailure(f"grad lse {GRAD_KEYS[n]}", "no gradient through lse, and no error either")
+    compare_grads(cert, call, grads, expected, tol, "grad lse ")
+
+
+#: The caller's array -> the name of its gradient (oracle.Grads' fields).
+GRAD_KEYS = {"q": "dq", "k": "dk", "v": "dv", "bias": "dbias", "sinks": "dsinks"}
+
+
+def expected_grads(
+    prob: oracle.Problem, case: Case, d: ModData, dout: np.ndarray, dlse: np.ndarray | None = None
+):
+    """(the oracle's gradients, their magnitudes, the half-precision formula's gradients or None),
+    for a paged case in the cache's own form (each key's gradient in its block, SPEC §10)."""
+    ref, mag = oracle.backward(prob, dout, dlse)
+    rounded = rounded_backward(prob, dout, case.dtype, dlse) if is_half(case.dtype) else None
+    if case.paged:
+        ref, mag = (in_cache_form(g, case, d) for g in (ref, mag))
+        rounded = None if rounded is None else in_cache_form(rounded, case, d)
+    return ref, mag, rounded
+
+
+def compare_grads(cert: Certifier, call: Call, grads: dict, expected: tuple, tol: float, prefix: str) -> None:
+    """Each differentiated array's gradient against ``expected`` (:func:`expected_grads`) under
+    SPEC §6; dbias in the bias's dtype where its tolerance is the looser one."""
+    case = call.case
+    ref, mag, rounded = expected
+    for name in call.differentiated:
+        key = GRAD_KEYS[name]
         t, dt = tol, case.dtype
-        if n == "bias" and cert.tolerances(bias_dtype(case))[1] > t:
+        if name == "bias" and cert.tolerances(bias_dtype(case))[1] > t:  # dbias in the bias's dtype
             t, dt = cert.tolerances(bias_dtype(case))[1], bias_dtype(case)
         base = None if rounded is None else getattr(rounded, key)
-        compare_grad(f"grad lse {key}", grads[n], getattr(ref, key), t, dt, getattr(mag, key), base)
+        compare_grad(f"{prefix}{key}", grads[name], getattr(ref, key), t, dt, getattr(mag, key), base)
 
 
 def in_cache_form(g: oracle.Grads, case: Case, d: ModData) -> oracle.Grads:
