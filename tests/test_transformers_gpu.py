@@ -25,11 +25,13 @@ from tests.test_transformers import (  # noqa: E402
     DECODERS,
     SMALL,
     CallCounter,
+    _check_grads,
     _grads,
     _ids,
     _left_mask,
     _positions,
     _rel,
+    t5_config,
 )
 
 pytestmark = pytest.mark.gpu
@@ -127,11 +129,7 @@ def test_t5_left_padded_cuda():
     """Issue 39: a left-padded T5 batch on the GPU (its relative position bias with the padding as
     lengths): prefill, greedy generation identical to eager, and a training step whose gradients
     (the bias's buckets included) match eager's; every attention call served by attnhub."""
-    config = transformers.T5Config(
-        vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, dropout_rate=0.0,
-        relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-        initializer_factor=4.0,
-    )  # fmt: skip
+    config = t5_config()
     import copy
 
     torch.manual_seed(0)
@@ -164,7 +162,4 @@ def test_t5_left_padded_cuda():
         grads.append(_grads(model))
     bias_grads = [n for n in grads[1] if "relative_attention_bias" in n]
     assert bias_grads and all(grads[1][n].abs().max() > 0 for n in bias_grads)
-    floor = max(float(g.abs().max()) for g in grads[0].values()) * 1e-3
-    for n in grads[0]:
-        err = float((grads[1][n] - grads[0][n]).abs().max()) / max(float(grads[0][n].abs().max()), floor)
-        assert err <= F32_GRAD_TOL, (n, err)
+    _check_grads(grads[1], grads[0], F32_GRAD_TOL)
