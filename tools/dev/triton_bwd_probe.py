@@ -1,7 +1,9 @@
-"""Backward of the triton backend at one shape: every (dK/dV, dQ) candidate pair pinned, the tuned
-default, and SDPA flash, in one process (the tuner's pick against the measured best).
+"""Backward of the triton backend at one shape: every (dK/dV, dQ) candidate pair pinned (plus any
+``--extra`` configs, e.g. FlexAttention's own H100 choice), the tuned default, SDPA flash and
+FlexAttention (with the same ALiBi ``score_mod`` when ``--alibi``), in one process.
 
-Usage (GPU): python tools/dev/triton_bwd_probe.py [--dim 128] [--length 16384] [--causal]
+Usage (GPU): python tools/dev/triton_bwd_probe.py [--dim 128] [--length 16384] [--batch B]
+    [--heads H] [--causal] [--alibi] [--extra dkdv:64,128,8,3 --extra dq:128,64,8,3]
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--length", type=int, default=16384)
+    ap.add_argument("--batch", type=int, default=0, help="default: 16384 // length")
+    ap.add_argument("--heads", type=int, default=0, help="default: 2048 // dim")
     ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--alibi", action="store_true", help="ALiBi slopes in the kernel (and in Flex)")
+    ap.add_argument("--extra", action="append", default=[], help="KERNEL:bm,bn,warps,stages")
     args = ap.parse_args()
 
     import torch
@@ -23,10 +29,11 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import attnhub
+    from attnhub.modifiers.alibi import alibi_slopes
     from attnhub_backends.triton import configs
 
     d, n = args.dim, args.length
-    b, h = max(1, 16384 // n), 2048 // d
+    b, h = args.batch or max(1, 16384 // n), args.heads or 2048 // d
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (
         torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
@@ -34,21 +41,29 @@ def main() -> None:
     )
     do = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
     mask = "causal" if args.causal else None
+    slopes = torch.tensor(alibi_slopes(h), device="cuda") if args.alibi else None
     flops = 2.5 * 4 * b * h * n * n * d * (0.5 if args.causal else 1.0)
 
     def bwd_ms(out) -> float:
         return triton.testing.do_bench(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True))
 
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-        flash = bwd_ms(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=args.causal))
-    print(f"B={b} H={h} L={n} D={d} causal={args.causal}: sdpa-flash {flash:.3f} ms")
-    out = attnhub.attention(q, k, v, mask=mask, backend="triton")
-    ms = bwd_ms(out)
+    def ours():
+        return attnhub.attention(q, k, v, mask=mask, alibi_slopes=slopes, backend="triton")
+
+    title = f"B={b} H={h} L={n} D={d} causal={args.causal} alibi={args.alibi}:"
+    if not args.alibi:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            flash = bwd_ms(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=args.causal))
+        title += f" sdpa-flash {flash:.3f} ms"
+    print(title, f"flex {_flex_ms(q, k, v, do, slopes, args.causal):.3f} ms", flush=True)
+    ms = bwd_ms(ours())
     picked = {key[0]: cfg for key, cfg in configs.chosen().items() if key[0] in ("dkdv", "dq")}
-    print(f"tuned   {ms:8.3f} ms {flops / ms / 1e9:6.1f} TF/s flash/triton {flash / ms:.2f}  {picked}")
-    cands = {
-        kern: configs.candidates(kern, d, 2, torch.cuda.get_device_capability()) for kern in ("dkdv", "dq")
-    }
+    print(f"tuned   {ms:8.3f} ms {flops / ms / 1e9:6.1f} TF/s  {picked}", flush=True)
+    cap = torch.cuda.get_device_capability()
+    cands = {kern: list(configs.candidates(kern, d, 2, cap)) for kern in ("dkdv", "dq")}
+    for spec in args.extra:
+        kern, _, nums = spec.partition(":")
+        cands[kern].append(configs.Cfg(*(int(x) for x in nums.split(","))))
     for a in cands["dkdv"]:
         for c in cands["dq"]:
             pinned = env_set(
@@ -57,13 +72,33 @@ def main() -> None:
             )
             try:
                 with pinned:
-                    out = attnhub.attention(q, k, v, mask=mask, backend="triton")
-                    ms = bwd_ms(out)
+                    ms = bwd_ms(ours())
             except Exception as exc:  # noqa: BLE001 - a candidate that does not fit: shown
                 print(f"dkdv {a} dq {c}: {type(exc).__name__}")
                 continue
-            print(f"pinned  {ms:8.3f} ms {flops / ms / 1e9:6.1f} TF/s flash/triton {flash / ms:.2f}  "
-                  f"dkdv {a.bm},{a.bn},{a.warps},{a.stages} dq {c.bm},{c.bn},{c.warps},{c.stages}")  # fmt: skip
+            print(f"pinned  {ms:8.3f} ms {flops / ms / 1e9:6.1f} TF/s  "
+                  f"dkdv {a.bm},{a.bn},{a.warps},{a.stages} dq {c.bm},{c.bn},{c.warps},{c.stages}", flush=True)  # fmt: skip
+
+
+def _flex_ms(q, k, v, do, slopes, causal: bool) -> float:
+    """FlexAttention's compiled backward at the same call (ALiBi as a ``score_mod``)."""
+    import torch
+    import triton.testing
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    b, h, n, _ = q.shape
+    bm = None
+    if causal:
+        bm = create_block_mask(lambda bb, hh, qi, ki: qi >= ki, None, None, n, n, device="cuda")
+    mod = None
+    if slopes is not None:
+
+        def mod(score, bb, hh, qi, ki):
+            return score - slopes[hh] * (qi - ki).abs()
+
+    flex = torch.compile(flex_attention)
+    out = flex(q, k, v, score_mod=mod, block_mask=bm)
+    return triton.testing.do_bench(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True))
 
 
 if __name__ == "__main__":
