@@ -213,6 +213,42 @@ def _alibi_dist(rows, cols, rule, KEYS_FIRST: tl.constexpr = False):
 
 
 @triton.jit
+def _alibi_origin(row0, rule):
+    """The key-relative position (int32, as ``_alibi_dist`` takes positions) of query row ``row0``:
+    the origin ``c`` of the causal ALiBi split (``_alibi_keys``)."""
+    (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
+     row_len, window_y, window_x) = rule  # fmt: skip
+    return qx_scale * row0 + (qx_shift - kx_shift)
+
+
+@triton.jit
+def _alibi_keys(cols, c, slope2, rule):
+    """``slope2·(R(j) − c)`` for the key tile ``cols``: the part of a causal ALiBi term that varies
+    along a row.
+
+    A causal rule attends R(j) <= P(i) only, where ``−slope·|P(i) − R(j)|`` equals
+    ``slope·(R(j) − c) − slope·(P(i) − c)`` for any c: a key term and a row term. The row term moves
+    every logit of a row alike, so the softmax ignores it and only lse takes it back
+    (``_alibi_rows``); the key term is one vector per tile, so a score costs one fused multiply-add
+    (``t + key term``) in place of a subtraction and a multiply-add. With c the tile's first query
+    row both terms stay as small as ``|P(i) − R(j)|`` plus a tile's rows where the softmax weight is
+    (keys near the diagonal), so the rounding is the per-score form's. Pairs the rule excludes are
+    excluded after the term is added, whatever its value."""
+    (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
+     row_len, window_y, window_x) = rule  # fmt: skip
+    return slope2 * (kx_scale * cols - c).to(tl.float32)
+
+
+@triton.jit
+def _alibi_rows(rows, row0, slope2, rule):
+    """``slope2·(P(i) − c)`` for the query rows ``rows`` of a tile starting at ``row0``: the row term of
+    the causal ALiBi split (``_alibi_keys``), subtracted from the rows' lse."""
+    (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
+     row_len, window_y, window_x) = rule  # fmt: skip
+    return slope2 * (qx_scale * (rows - row0)).to(tl.float32)
+
+
+@triton.jit
 def _head_batch(SWAP_HB: tl.constexpr):
     """(axis-1 id, batch) of a program: grid axes (tiles, heads, batch), or (tiles, batch, heads)
     with ``SWAP_HB``, so that the programs of one head's tiles for every batch entry run together
@@ -325,6 +361,7 @@ def _fwd_step(
     HAS_BIAS: tl.constexpr = M.HAS_BIAS
     HAS_MASK: tl.constexpr = M.HAS_MASK
     HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
+    ALIBI_SPLIT: tl.constexpr = HAS_ALIBI and R.CAUSAL and not W.PACK  # _alibi_keys
     CAP_MAX: tl.constexpr = M.CAP_MAX
     NEG: tl.constexpr = W.NEG
     TMA: tl.constexpr = W.TMA
@@ -335,7 +372,7 @@ def _fwd_step(
     )  # fmt: skip
     qk = _dot(q, kt, DOT_PRECISION)
     if SOFTCAP and not HAS_BIAS and not HAS_ALIBI and not NEG:
-        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, slope2 = mod
+        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, slope2, alibi_c = mod
         keep = None
         if MASKED:
             keep = _keep(offs_m, cols, Nk, rule, R)
@@ -344,13 +381,15 @@ def _fwd_step(
                                          start_n, BN)  # fmt: skip
         m_new, m_use, p = _softcap_probs(qk, m_i, qk_scale, softcap2, keep, MASKED, CAP_MAX)
     elif SOFTCAP or HAS_BIAS or HAS_ALIBI:
-        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, slope2 = mod
+        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, slope2, alibi_c = mod
         bias = 0.0
         if HAS_BIAS:
             bias = _row_tile(bias_ptr + brow[:, None] + (cols * sbn)[None, :], row_ok, cols, Nk, start_n, BN,
                              0.0, not MASKED)  # fmt: skip
         qk, _ = _modify_with(qk, qk_scale, bias, softcap2, SOFTCAP, HAS_BIAS)
-        if HAS_ALIBI:
+        if ALIBI_SPLIT:
+            qk = qk + _alibi_keys(cols, alibi_c, slope2, rule)[None, :]
+        elif HAS_ALIBI:
             qk = qk - slope2[:, None] * _alibi_dist(offs_m, cols, rule)
         if MASKED:
             keep = _keep(offs_m, cols, Nk, rule, R)
@@ -364,7 +403,7 @@ def _fwd_step(
     elif MASKED:
         keep = _keep(offs_m, cols, Nk, rule, R)
         if HAS_MASK:
-            bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, slope2 = mod
+            bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, slope2, alibi_c = mod
             keep = keep & _mask_tile(mask_ptr + mrow[:, None] + (cols * smn)[None, :], row_ok, cols, Nk,
                                      start_n, BN)  # fmt: skip
         qk = tl.where(keep, qk * qk_scale, float("-inf"))
@@ -407,6 +446,7 @@ def _fwd_band_step(
     HAS_BIAS: tl.constexpr = M.HAS_BIAS
     HAS_MASK: tl.constexpr = M.HAS_MASK
     HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
+    ALIBI_SPLIT: tl.constexpr = HAS_ALIBI and R.CAUSAL and not W.PACK  # _alibi_keys
     TMA: tl.constexpr = W.TMA
     EVEN_K: tl.constexpr = W.EVEN_K
     start_n = t * BN
@@ -417,13 +457,15 @@ def _fwd_band_step(
     )  # fmt: skip
     qk = _dot(q, kt, DOT_PRECISION)
     if SOFTCAP or HAS_BIAS or HAS_ALIBI:
-        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, slope2 = mod
+        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, slope2, alibi_c = mod
         bias = 0.0
         if HAS_BIAS:
             bias = _row_tile(bias_ptr + brow[:, None] + (cols * sbn)[None, :], row_ok, cols, Nk, start_n, BN,
                              0.0, EVEN_K)  # fmt: skip
         qk, _ = _modify_with(qk, qk_scale, bias, softcap2, SOFTCAP, HAS_BIAS)
-        if HAS_ALIBI:
+        if ALIBI_SPLIT:
+            qk = qk + _alibi_keys(cols, alibi_c, slope2, rule)[None, :]
+        elif HAS_ALIBI:
             qk = qk - slope2[:, None] * _alibi_dist(offs_m, cols, rule)
         if (t < full_lo) | (t >= full_hi):
             keep = _keep(offs_m, cols, Nk, rule, R)
@@ -438,7 +480,7 @@ def _fwd_band_step(
         if (t < full_lo) | (t >= full_hi):
             keep = _keep(offs_m, cols, Nk, rule, R)
             if HAS_MASK:
-                bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, slope2 = mod
+                bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, slope2, alibi_c = mod
                 keep = keep & _mask_tile(mask_ptr + mrow[:, None] + (cols * smn)[None, :], row_ok, cols, Nk,
                                          start_n, BN)  # fmt: skip
             qk = tl.where(keep, qk, float("-inf"))
@@ -492,6 +534,7 @@ def fwd_kernel(
     HAS_MASK: tl.constexpr = M.HAS_MASK
     HAS_SINKS: tl.constexpr = M.HAS_SINKS
     HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
+    ALIBI_SPLIT: tl.constexpr = HAS_ALIBI and R.CAUSAL and not W.PACK  # _alibi_keys
     CAP_MAX: tl.constexpr = M.CAP_MAX
     PACK: tl.constexpr = W.PACK
     TMA: tl.constexpr = W.TMA
@@ -562,9 +605,13 @@ def fwd_kernel(
     brow = b.to(tl.int64) * sbb + hrow64 * sbh + offs_m * sbm
     mrow = b.to(tl.int64) * smb + hrow64 * smh + offs_m * smm
     slope2 = 0.0
-    if HAS_ALIBI:  # the rows' ALiBi slopes, log2 domain
+    alibi_c = 0
+    if ALIBI_SPLIT:  # the program's head's ALiBi slope (log2 domain) and the split's origin
+        slope2 = tl.load(ALIBI + b * sab + hrow * sah) * LOG2E
+        alibi_c = _alibi_origin(pid_m * BM, rule)
+    elif HAS_ALIBI:  # the rows' ALiBi slopes, log2 domain
         slope2 = tl.load(ALIBI + b * sab + hrow * sah + offs_m * 0, mask=row_ok, other=0.0) * LOG2E
-    mod = (BIAS, brow, sbn, MASKP, mrow, smn, softcap2, slope2)
+    mod = (BIAS, brow, sbn, MASKP, mrow, smn, softcap2, slope2, alibi_c)
     if HAS_MASK:  # no PACK: hrow is one head; rows of plan.lists or plan.band_lists
         row = PLAN + (b * plan_b + hrow * plan_h + pid_m).to(tl.int64) * plan_stride
     else:
@@ -596,8 +643,13 @@ def fwd_kernel(
                 qk_scale, skn, svn, Nk, rule, mod, row_ok,
                 T, R, M, W, False,
             )  # fmt: skip
+    row_term = 0.0
+    if ALIBI_SPLIT:  # the logits were taken without the ALiBi split's row term (_alibi_keys)
+        row_term = _alibi_rows(offs_m, pid_m * BM, slope2, rule)
     if HAS_SINKS:  # the sink: one more exponential in the row sum, none in the accumulator
         sink = tl.load(SINKS + hrow + offs_m * 0, mask=row_ok, other=float("-inf")).to(tl.float32) * LOG2E
+        if ALIBI_SPLIT:
+            sink = sink + row_term
         sink = tl.where(split == 0, sink, float("-inf"))
         m_f = tl.maximum(m_i, sink)
         m_fu = tl.where(m_f == float("-inf"), 0.0, m_f)
@@ -607,7 +659,7 @@ def fwd_kernel(
         m_i = m_f
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * LN2)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i)) - row_term) * LN2)
     o_rows = O + split.to(tl.int64) * o_split + b.to(tl.int64) * sob + tl.cast(hrow, tl.int64) * soh
     tl.store(
         (o_rows + offs_m * son)[:, None] + offs_dv[None, :] * sod,
@@ -740,6 +792,7 @@ def _dkdv_step(
     HAS_BIAS: tl.constexpr = M.HAS_BIAS
     HAS_MASK: tl.constexpr = M.HAS_MASK
     HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
+    ALIBI_SPLIT: tl.constexpr = HAS_ALIBI and R.CAUSAL  # _alibi_keys
     PADQ: tl.constexpr = BDQK != DQK
     PADV: tl.constexpr = BDV != DV
     rows = start_m + offs_mb
@@ -765,7 +818,10 @@ def _dkdv_step(
             qkt, qk_scale, bias_base + (offs_n * sbn)[:, None] + (rows * sbm)[None, :], ld, softcap2,
             SOFTCAP, HAS_BIAS,
         )  # fmt: skip
-        if HAS_ALIBI:
+        if ALIBI_SPLIT:
+            st = st + _alibi_keys(offs_n, _alibi_origin(start_m, rule), slope2, rule)[:, None]
+            lse2 = lse2 + _alibi_rows(rows, start_m, slope2, rule)
+        elif HAS_ALIBI:
             st = st - slope2 * _alibi_dist(rows, offs_n, rule, True)
         pt = tl.math.exp2(st - lse2[None, :])
     else:
@@ -905,6 +961,7 @@ def _dq_step(
     HAS_BIAS: tl.constexpr = M.HAS_BIAS
     HAS_MASK: tl.constexpr = M.HAS_MASK
     HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
+    ALIBI_SPLIT: tl.constexpr = HAS_ALIBI and R.CAUSAL  # _alibi_keys
     DBIAS: tl.constexpr = M.DBIAS
     PADQ: tl.constexpr = BDQK != DQK
     PADV: tl.constexpr = BDV != DV
@@ -914,7 +971,7 @@ def _dq_step(
     vt = _load_tile(v_ptrs + tl.cast(start_n, tl.int64) * svn, ok, (offs_dv < DV)[:, None], MASKED, PADV)
     qk = _dot(q, kt, DOT_PRECISION)
     if SOFTCAP or HAS_BIAS or HAS_MASK or HAS_ALIBI:
-        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, db_ptr, dbrow, slope2 = mod
+        bias_ptr, brow, sbn, mask_ptr, mrow, smn, softcap2, db_ptr, dbrow, slope2, alibi_c = mod
         ld = row_ok[:, None] & (cols < Nk)[None, :]
     if SOFTCAP or HAS_BIAS or HAS_ALIBI:
         s, th = _modify(
@@ -926,7 +983,9 @@ def _dq_step(
             SOFTCAP,
             HAS_BIAS,
         )
-        if HAS_ALIBI:
+        if ALIBI_SPLIT:
+            s = s + _alibi_keys(cols, alibi_c, slope2, rule)[None, :]
+        elif HAS_ALIBI:
             s = s - slope2 * _alibi_dist(offs_m, cols, rule)
         p = tl.math.exp2(s - lse2[:, None])
     else:
@@ -965,6 +1024,7 @@ def dq_kernel(
     SWAP_HB: tl.constexpr = T.SWAP_HB
     HAS_MASK: tl.constexpr = M.HAS_MASK
     HAS_ALIBI: tl.constexpr = M.HAS_ALIBI
+    ALIBI_SPLIT: tl.constexpr = HAS_ALIBI and R.CAUSAL  # _alibi_keys
     rule = (q_cols, k_cols, qy_scale, qy_shift, ky_scale, ky_shift, qx_scale, qx_shift, kx_scale, kx_shift,
             row_len, window_y, window_x)  # fmt: skip
     sqb, sqh, sqn, sqd = sq
@@ -1004,12 +1064,16 @@ def dq_kernel(
     v_ptrs = v_base + offs_n[None, :] * svn + offs_dv[:, None] * svd
     b64 = b.to(tl.int64)
     slope2 = 0.0
+    alibi_c = 0
     if HAS_ALIBI:
         slope2 = tl.load(ALIBI + b * sab + h * sah) * LOG2E
+    if ALIBI_SPLIT:  # the split's origin; the rows' lse2 in the logits' split form (_alibi_keys)
+        alibi_c = _alibi_origin(pid_m * BM, rule)
+        lse2 = lse2 + _alibi_rows(offs_m, pid_m * BM, slope2, rule)
     mod = (
         BIAS, b64 * sbb + h.to(tl.int64) * sbh + offs_m * sbm, sbn,
         MASKP, b64 * smb + h.to(tl.int64) * smh + offs_m * smm, smn, softcap2,
-        DB, (row_base + offs_m) * Nk, slope2,
+        DB, (row_base + offs_m) * Nk, slope2, alibi_c,
     )  # fmt: skip
     if HAS_MASK:
         row = PLAN + (b * plan_b + h * plan_h + pid_m).to(tl.int64) * plan_stride
