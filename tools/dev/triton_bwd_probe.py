@@ -96,6 +96,7 @@ def _flex_ms(q, k, v, do, slopes, causal: bool) -> float:
         def mod(score, bb, hh, qi, ki):
             return score - slopes[hh] * (qi - ki).abs()
 
+    torch._functorch.config.donated_buffer = False  # the backward is timed repeatedly (retain_graph)
     flex = torch.compile(flex_attention)
     out = flex(q, k, v, score_mod=mod, block_mask=bm)
     return triton.testing.do_bench(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True))
