@@ -135,6 +135,26 @@ _LOCAL: dict[int, list[Cfg]] = {
 }  # fmt: skip
 
 
+# The ALiBi backward (16-bit, head dim 128, Hopper): three pipeline stages and FlexAttention's
+# dq tile. H200, bfloat16, causal B 2, H 16, L 8k with ALiBi slopes (tools/dev/triton_bwd_probe.py
+# --alibi at 22e893a): 3.788 ms against 4.329 with the dense pair (64 x 128 x 8 x 2, 64 x 64 x 4 x 2);
+# dk/dv 64 x 128 x 8 x 3 with the dense dq 3.962, with dq 128 x 64 x 8 x 2 3.940. The dense lists
+# keep their H100 picks until the dense grid is re-measured with these.
+_ALIBI_BWD_128 = {
+    "dkdv": [Cfg(64, 128, 8, 3), Cfg(64, 128, 8, 2)],
+    "dq": [Cfg(128, 64, 8, 3), Cfg(64, 64, 4, 2)],
+}
+
+
+def alibi_backward_candidates(
+    kernel: str, head_dim: int, elem_size: int, capability: tuple[int, int]
+) -> list[Cfg] | None:
+    """Backward candidates for a request with ALiBi slopes, or None where the dense list serves."""
+    if kernel not in _ALIBI_BWD_128 or elem_size != 2 or not 64 < head_dim <= 128 or capability[0] < 9:
+        return None
+    return _ALIBI_BWD_128[kernel]
+
+
 def local_candidates(head_dim: int, capability: tuple[int, int]) -> list[Cfg]:
     """Forward candidates for a Local rule, 16-bit dtypes, head dim <= 128."""
     found = _LOCAL[64 if head_dim <= 64 else 128]

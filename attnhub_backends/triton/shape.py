@@ -37,6 +37,10 @@ def candidates(kernel: str, req: Request, x: torch.Tensor) -> list[configs.Cfg]:
         found = configs.softcap_candidates(d, x.element_size(), device.capability(x.device))
         if found is not None:
             return found
+    if kernel != "fwd" and uses_alibi(req):
+        found = configs.alibi_backward_candidates(kernel, d, x.element_size(), device.capability(x.device))
+        if found is not None:
+            return found
     return configs.candidates(kernel, d, x.element_size(), device.capability(x.device))
 
 
@@ -66,7 +70,7 @@ def config_key(kernel: str, req: Request, x: torch.Tensor) -> tuple:
         type(rule).__name__, getattr(rule, "causal", False), req.ndim, kernel == "fwd" and req.nq <= 16,
         interpret_mode(), _window_key(rule, req.ndim),
         settings.raw("ATTNHUB_TRITON_TMA"), settings.raw(configs.CFG_SETTING[kernel]),
-        req.softcap is not None, req.bias is not None, req.sinks, req.bias_grad,
+        req.softcap is not None, req.bias is not None, req.sinks, req.bias_grad, uses_alibi(req),
     )  # fmt: skip
 
 

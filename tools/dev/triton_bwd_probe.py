@@ -22,6 +22,9 @@ def main() -> None:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--alibi", action="store_true", help="ALiBi slopes in the kernel (and in Flex)")
     ap.add_argument("--extra", action="append", default=[], help="KERNEL:bm,bn,warps,stages")
+    ap.add_argument(
+        "--pair", action="append", default=[], help="only these: DKDV_CFG/DQ_CFG (a,b,c,d/e,f,g,h)"
+    )
     args = ap.parse_args()
 
     import torch
@@ -64,20 +67,24 @@ def main() -> None:
     for spec in args.extra:
         kern, _, nums = spec.partition(":")
         cands[kern].append(configs.Cfg(*(int(x) for x in nums.split(","))))
-    for a in cands["dkdv"]:
-        for c in cands["dq"]:
-            pinned = env_set(
-                ATTNHUB_TRITON_DKDV_CFG=f"{a.bm},{a.bn},{a.warps},{a.stages}",
-                ATTNHUB_TRITON_DQ_CFG=f"{c.bm},{c.bn},{c.warps},{c.stages}",
-            )
-            try:
-                with pinned:
-                    ms = bwd_ms(ours())
-            except Exception as exc:  # noqa: BLE001 - a candidate that does not fit: shown
-                print(f"dkdv {a} dq {c}: {type(exc).__name__}")
-                continue
-            print(f"pinned  {ms:8.3f} ms {flops / ms / 1e9:6.1f} TF/s  "
-                  f"dkdv {a.bm},{a.bn},{a.warps},{a.stages} dq {c.bm},{c.bn},{c.warps},{c.stages}", flush=True)  # fmt: skip
+    pairs = [(a, c) for a in cands["dkdv"] for c in cands["dq"]]
+    if args.pair:
+        pairs = [
+            tuple(configs.Cfg(*(int(x) for x in half.split(","))) for half in p.split("/")) for p in args.pair
+        ]
+    for a, c in pairs:
+        pinned = env_set(
+            ATTNHUB_TRITON_DKDV_CFG=f"{a.bm},{a.bn},{a.warps},{a.stages}",
+            ATTNHUB_TRITON_DQ_CFG=f"{c.bm},{c.bn},{c.warps},{c.stages}",
+        )
+        try:
+            with pinned:
+                ms = bwd_ms(ours())
+        except Exception as exc:  # noqa: BLE001 - a candidate that does not fit: shown
+            print(f"dkdv {a} dq {c}: {type(exc).__name__}")
+            continue
+        print(f"pinned  {ms:8.3f} ms {flops / ms / 1e9:6.1f} TF/s  "
+              f"dkdv {a.bm},{a.bn},{a.warps},{a.stages} dq {c.bm},{c.bn},{c.warps},{c.stages}", flush=True)  # fmt: skip
 
 
 def _flex_ms(q, k, v, do, slopes, causal: bool) -> float:
