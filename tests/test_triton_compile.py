@@ -768,3 +768,18 @@ def test_decode_splits_fill_one_wave_for_few_groups(monkeypatch, groups, lk, spl
     assert got == splits
     if groups <= 132 and tiles >= 16:
         assert groups * got <= 2 * 132
+
+
+def test_the_alibi_backward_takes_its_own_tiles(h100) -> None:
+    """On Hopper (16-bit, head dim 128) the ALiBi backward launches the tiles measured for it
+    (``configs.alibi_backward_candidates``) and the same call without ALiBi keeps the dense pair:
+    the shape class keys on ALiBi, so neither call's pick is reused for the other."""
+    slopes = torch.rand(1, 2)
+    _call(h100, 512, 512, backward=True, mods=Mods(alibi=slopes), more=(("alibi_slopes", (1, 2)),))
+    _call(h100, 512, 512, backward=True)
+    picked = {(key[0], key[-1]): cfg for key, cfg in configs.chosen().items() if key[0] != "fwd"}
+    cap = (9, 0)
+    for kernel in ("dkdv", "dq"):
+        assert picked[(kernel, True)] == configs.alibi_backward_candidates(kernel, 128, 2, cap)[0]
+        assert picked[(kernel, False)] == configs.candidates(kernel, 128, 2, cap)[0]
+        assert picked[(kernel, True)] != picked[(kernel, False)]
