@@ -75,6 +75,7 @@ FEATURE_ROWS = (
     "kvcache paged",
     "offsets",
     "modifiers combined",
+    "bad input rejected",
     "randomised",
     "inputs unchanged",
     "framework numpy",

@@ -13,6 +13,7 @@ offsets applied to one side only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from attnhub.rules import Causal, Full, Local
 from attnhub_conformance.case import BIAS_SHAPES, DTYPES, SYNCS, Case
@@ -43,6 +44,16 @@ class RaggedCase(Case):
     @property
     def modified(self) -> bool:
         return Case.modified.fget(self) or self.nan_padding or bool(self.expect_spec_error)  # type: ignore[attr-defined]
+
+    @cached_property
+    def features(self) -> tuple[str, ...]:
+        """A case that must raise SpecError certifies the rejection, not what the call would have
+        computed: its one row is "bad input rejected" (its inputs are not checked afterwards). It
+        showed ALiBi as passed for backends that compute no ALiBi: the core rejects ALiBi with 2-d
+        sequences before any backend is asked."""
+        if self.expect_spec_error:
+            return ("bad input rejected",)
+        return Case.features.func(self)  # type: ignore[attr-defined]
 
 
 def _other(main: str) -> str:

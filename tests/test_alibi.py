@@ -120,6 +120,20 @@ def test_backends_without_alibi_decline_with_its_reason():
     assert "does not compute ALiBi (alibi_slopes=)" in str(info.value)
 
 
+def test_a_backend_without_alibi_is_never_shown_passing_it():
+    """The 2-d ALiBi case expects the core's SpecError before any backend is asked: it certifies
+    the rejection (row "bad input rejected"), not ALiBi. It used to mark the row "alibi" passed, so
+    the support matrix showed ALiBi for backends that compute none (cuda, jax, tf)."""
+    from attnhub_conformance.report import aggregate
+
+    with plugged_in(NoAlibi()):
+        results = run_all(Certifier("t_no_alibi", seed=3, framework="numpy"), alibi_quick_cases("float32"))
+    matrix = aggregate(results)
+    assert matrix["alibi"]["float32"]["passed"] == 0 < matrix["alibi"]["float32"]["declined"]
+    assert matrix["bad input rejected"]["float32"]["passed"] == 1
+    assert not [r.id for r in results if r.status == "FAIL"]
+
+
 def test_nearest_key_gap():
     def req(lq, lk, sync="none_front", rule=None, qo=0, ko=0):
         q = np.zeros((1, 1, lq, 4))
