@@ -149,10 +149,13 @@ _ALIBI_BWD_128 = {
 def alibi_backward_candidates(
     kernel: str, head_dim: int, elem_size: int, capability: tuple[int, int]
 ) -> list[Cfg] | None:
-    """Backward candidates for a request with ALiBi slopes, or None where the dense list serves."""
-    if kernel not in _ALIBI_BWD_128 or elem_size != 2 or not 64 < head_dim <= 128 or capability[0] < 9:
+    """Backward candidates for a request with ALiBi slopes, or None where the dense list serves:
+    Hopper only (where they were measured), the dense list after them as fallbacks."""
+    if kernel not in _ALIBI_BWD_128 or elem_size != 2 or not 64 < head_dim <= 128 or capability[0] != 9:
         return None
-    return _ALIBI_BWD_128[kernel]
+    return list(
+        dict.fromkeys([*_ALIBI_BWD_128[kernel], *candidates(kernel, head_dim, elem_size, capability)])
+    )
 
 
 def local_candidates(head_dim: int, capability: tuple[int, int]) -> list[Cfg]:
