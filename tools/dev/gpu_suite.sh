@@ -7,7 +7,10 @@
 # The device machine's copy carries the working tree but not this checkout's git history (its
 # HEAD is stale), so the commit is passed in; commit first, so that the tree is that commit.
 #
-# PART a: every GPU test but the cuda and triton backends' own files (about 7 minutes on an H200);
+# PART a: every GPU test but the cuda and triton backends' own files and the slow ones below (-n 16
+#         cut the full set at 94 % of its 400 s on an H200, 2026-11-29, leaving the slow ones);
+# PART slow: the GPU tests that check whole models or many requests against the float64 oracle
+#         (transformers, random requests, ragged modifiers, jax modifiers; about 300 s at -n 8);
 # PART b: the cuda and triton backends' files, then the dense triton kernels before and after
 #         issue 38's argument packing (attnhub bench), and host overhead;
 # PART core: one call's worth after a change to the backend contract and the kernels' arguments:
@@ -31,6 +34,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 TRITON_FILES="tests/test_triton_gpu.py tests/test_triton_modifiers_gpu.py tests/test_triton_ragged_gpu.py tests/test_triton_compile.py tests/test_triton_ragged.py tests/test_host_path_gpu.py"
 TIMED="tests/test_first_use_gpu.py tests/test_tune_cli.py"
 CUDA_FILES="tests/test_cuda_gpu.py tests/test_cuda_modifiers_gpu.py tests/test_peaked_row_gradients.py tests/test_tiling_cuda_gpu.py"
+SLOW_FILES="tests/test_transformers_gpu.py tests/test_random_requests_gpu.py tests/test_ragged_modifiers_gpu.py tests/test_jax_modifiers_gpu.py"
 step() { local limit=$1 log=$2; shift 2; echo "== $*"; timeout "$limit" "$@" >"$DEST/$log" 2>&1; echo "   rc $? -> $log"; tail -n 2 "$DEST/$log"; }
 # A program (timeout runs it), -v: every result line names its test, so a run its limit cuts still
 # says which tests failed (-q printed only dots, and the -rfE summary comes at the very end).
@@ -54,11 +58,13 @@ bench_before_after() {
 }
 if [ "$PART" = a ]; then
     ignores=""
-    for f in $TRITON_FILES $CUDA_FILES $TIMED tests/test_distributed_multigpu.py; do ignores="$ignores --ignore=$f"; done
+    for f in $TRITON_FILES $CUDA_FILES $TIMED $SLOW_FILES tests/test_distributed_multigpu.py; do ignores="$ignores --ignore=$f"; done
     step 400 tests-a.log $PYTEST tests/ $ignores
     # Tests that time the GPU (first-use measurement, tune's picks) in a process of their own: with
     # 15 other workers on the GPU their timings are noise (2026-11-29: both failed under -n 16).
     step 120 tests-a-timed.log python3 -m pytest -v -m gpu -p no:cacheprovider -rfE $TIMED
+elif [ "$PART" = slow ]; then
+    step 450 tests-slow.log python3 -m pytest -v -m gpu -n 8 -p no:cacheprovider -rfE --durations=10 $SLOW_FILES
 elif [ "$PART" = b ]; then
     step 330 tests-b.log $PYTEST $TRITON_FILES $CUDA_FILES
     bench_before_after 60 "--lengths 4096"
