@@ -66,12 +66,10 @@ def main() -> None:
     cands = {kern: list(configs.candidates(kern, d, 2, cap)) for kern in ("dkdv", "dq")}
     for spec in args.extra:
         kern, _, nums = spec.partition(":")
-        cands[kern].append(configs.Cfg(*(int(x) for x in nums.split(","))))
+        cands[kern].append(_cfg(nums))
     pairs = [(a, c) for a in cands["dkdv"] for c in cands["dq"]]
     if args.pair:
-        pairs = [
-            tuple(configs.Cfg(*(int(x) for x in half.split(","))) for half in p.split("/")) for p in args.pair
-        ]
+        pairs = [tuple(_cfg(half) for half in p.split("/")) for p in args.pair]
     for a, c in pairs:
         pinned = env_set(
             ATTNHUB_TRITON_DKDV_CFG=f"{a.bm},{a.bn},{a.warps},{a.stages}",
@@ -87,13 +85,20 @@ def main() -> None:
               f"dkdv {a.bm},{a.bn},{a.warps},{a.stages} dq {c.bm},{c.bn},{c.warps},{c.stages}", flush=True)  # fmt: skip
 
 
+def _cfg(text: str):
+    """``bm,bn,warps,stages`` as a triton ``Cfg``."""
+    from attnhub_backends.triton import configs
+
+    return configs.Cfg(*(int(x) for x in text.split(",")))
+
+
 def _flex_ms(q, k, v, do, slopes, causal: bool) -> float:
     """FlexAttention's compiled backward at the same call (ALiBi as a ``score_mod``)."""
     import torch
     import triton.testing
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    b, h, n, _ = q.shape
+    n = q.shape[2]
     bm = None
     if causal:
         bm = create_block_mask(lambda bb, hh, qi, ki: qi >= ki, None, None, n, n, device="cuda")
