@@ -134,6 +134,21 @@ def test_a_backend_without_alibi_is_never_shown_passing_it():
     assert not [r.id for r in results if r.status == "FAIL"]
 
 
+class NoOffsets(ReferenceBackend):
+    name = "t_no_offsets"
+    priority = -1000
+    features = ReferenceBackend.features - {"offsets"}
+
+
+def test_the_2d_alibi_rejection_is_certified_for_backends_without_offsets():
+    """The rejection of ALiBi with 2-d sequences does not depend on offsets: a backend without them
+    passes that case (it was declined as 'does not take q_offset/k_offset')."""
+    (case,) = [c for c in alibi_quick_cases("float32") if getattr(c, "expect_spec_error", "")]
+    with plugged_in(NoOffsets()):
+        (result,) = run_all(Certifier("t_no_offsets", seed=3, framework="numpy"), [case])
+    assert result.status == "pass", (result.status, result.reasons, result.message)
+
+
 def test_nearest_key_gap():
     def req(lq, lk, sync="none_front", rule=None, qo=0, ko=0):
         q = np.zeros((1, 1, lq, 4))
